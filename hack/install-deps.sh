@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suites need (idempotent).
+# Kernel suite: qemu (software emulation), busybox, kmod, LVM, thin tools, nvme-cli, mkfs.
+# Host suite: e2fsprogs/xfsprogs/util-linux for the file backend on loop devices.
+set -euo pipefail
+pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux git make)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "packages ready: ${pkgs[*]}"
