@@ -1,0 +1,142 @@
+package backend
+
+import (
+	"context"
+)
+
+// Backend is the storage of one Store: it creates, resizes and deletes block
+// volumes and reports capacity. Implementations are safe for concurrent use.
+//
+// Volume ids are CSI volume ids (see VolumeID); a backend derives its native
+// names (LV name, file name) from them and never from the CSI name.
+type Backend interface {
+	// Create makes a volume of at least sizeBytes bytes, rounded UP to the
+	// backend's allocation unit (LVM extent, page), and returns it with its
+	// real size (field case B01: never smaller than requested).
+	// Idempotent: a volume with this id that already exists and is at least
+	// sizeBytes is returned unchanged (also one left behind by a crash, when
+	// the backend can tell it is Plinth's). Errors: ErrInvalidArgument (bad id
+	// or sizeBytes <= 0), ErrAlreadyExists (the id exists but is smaller than
+	// requested, or the name is taken by something that is not Plinth's),
+	// ErrInsufficientCapacity (no room once the reserve is honoured, B07).
+	Create(ctx context.Context, id string, sizeBytes int64) (Volume, error)
+
+	// Expand grows the volume to at least sizeBytes bytes (rounded up like
+	// Create) and returns it. A volume already that big is returned unchanged;
+	// volumes never shrink. Errors: ErrNotFound, ErrInsufficientCapacity,
+	// ErrInvalidArgument.
+	Expand(ctx context.Context, id string, sizeBytes int64) (Volume, error)
+
+	// Delete removes the volume and its data. Deleting an unknown id is
+	// success (CSI DeleteVolume is idempotent). ErrInUse when the device is
+	// held open (mounted, exported) and the kernel refuses removal.
+	Delete(ctx context.Context, id string) error
+
+	// Get returns one volume. ErrNotFound when absent.
+	Get(ctx context.Context, id string) (Volume, error)
+
+	// List returns every volume of this Store that Plinth created (backend
+	// objects without Plinth's mark are not listed), ordered by id. It costs
+	// one report of the backend (e.g. one lvs), never one command per volume.
+	List(ctx context.Context) ([]Volume, error)
+
+	// Capacity reports the Store's physical capacity and use.
+	Capacity(ctx context.Context) (Capacity, error)
+
+	// DevicePath returns the block device node of the volume (e.g.
+	// /dev/<vg>/<lv>, /dev/loop3), attaching or activating it when needed.
+	// ErrNotFound when the volume does not exist.
+	DevicePath(ctx context.Context, id string) (string, error)
+}
+
+// Volume is one block volume as the backend sees it.
+type Volume struct {
+	// ID is the CSI volume id ("vol-" + 40 hex digits).
+	ID string
+	// Name is the backend-native name (LV name, file name).
+	Name string
+	// SizeBytes is the real size of the block device in bytes (after
+	// rounding up to the allocation unit); for thin volumes the virtual size.
+	SizeBytes int64
+	// Thin is true when the volume is thin-provisioned (thin LV, sparse file).
+	Thin bool
+	// DevicePath is the block device node when known and active, else "".
+	DevicePath string
+}
+
+// Capacity is the physical capacity of a Store as the backend reports it.
+// Policy (reserve, overcommit) is applied by Available, not by the backend.
+type Capacity struct {
+	// TotalBytes is the physical space volumes are carved from: the VG size
+	// for linear LVs, the thin pool's data size for thin LVs, the
+	// filesystem size for the file backend.
+	TotalBytes int64
+	// FreeBytes is the physical space still free in that same space: VG free
+	// (linear), thin pool data size × (1 − data used) (thin, never VG free —
+	// field case B06), filesystem free for unprivileged use (file).
+	FreeBytes int64
+	// ProvisionedBytes is the sum of the sizes of Plinth's volumes (virtual
+	// sizes for thin volumes).
+	ProvisionedBytes int64
+	// Thin is true when volumes are thin-provisioned from TotalBytes
+	// (overcommit applies).
+	Thin bool
+	// DataUsedRatio and MetadataUsedRatio are the thin pool's data and
+	// metadata use, 0..1 (0 for non-thin backends).
+	DataUsedRatio     float64
+	MetadataUsedRatio float64
+	// ExtentBytes is the allocation unit sizes are rounded up to (bytes).
+	ExtentBytes int64
+}
+
+// Allocatable is physical − reserve, clamped at 0 (B07: no underflow).
+// reserveBytes < 0 counts as 0.
+func (c Capacity) Allocatable(reserveBytes int64) int64 {
+	if reserveBytes < 0 {
+		reserveBytes = 0
+	}
+	return clamp(c.TotalBytes - reserveBytes)
+}
+
+// Available is the number of bytes a new volume may still take, the one
+// figure DESIGN.md "Capacity" makes every part use:
+//
+//   - thin: (total − reserve) × overcommitPercent/100 − provisioned; also
+//     bounded by nothing else, since thin volumes use pool space lazily
+//     (B06: never derived from VG free);
+//   - linear / file: free − reserve (the free space is what is physically
+//     left, whoever else uses the VG or filesystem).
+//
+// overcommitPercent <= 0 means 100 (no overcommit); it applies to thin
+// capacity only. The result is clamped at 0 (B07).
+func (c Capacity) Available(reserveBytes int64, overcommitPercent int64) int64 {
+	if reserveBytes < 0 {
+		reserveBytes = 0
+	}
+	if !c.Thin {
+		return clamp(c.FreeBytes - reserveBytes)
+	}
+	if overcommitPercent <= 0 {
+		overcommitPercent = 100
+	}
+	base := clamp(c.TotalBytes - reserveBytes)
+	// base × pct / 100 without overflow for realistic sizes (< 2^63 / 10^4).
+	scaled := base/100*overcommitPercent + base%100*overcommitPercent/100
+	return clamp(scaled - c.ProvisionedBytes)
+}
+
+func clamp(v int64) int64 {
+	if v < 0 {
+		return 0
+	}
+	return v
+}
+
+// RoundUp rounds sizeBytes up to a multiple of unitBytes (B01). unitBytes <= 0
+// returns sizeBytes unchanged.
+func RoundUp(sizeBytes, unitBytes int64) int64 {
+	if unitBytes <= 0 || sizeBytes%unitBytes == 0 {
+		return sizeBytes
+	}
+	return (sizeBytes/unitBytes + 1) * unitBytes
+}
