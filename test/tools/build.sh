@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# build.sh [TARGET...] — builds the pinned test peers into bin/ (or $PLINTH_TESTBIN).
+#
+# Targets (default: all): kubernetes (kube-apiserver, kube-controller-manager,
+# kubectl, etcd and plinth-scheduler in ONE `go build` from the scheduler/
+# module, so they share compilation), csi-provisioner, csi-attacher,
+# csi-resizer, csi-sanity (one module each under test/tools/<peer>/), cue.
+# Versions come from test/tools/versions.env only.
+#
+# Idempotent: each binary has a stamp in bin/.stamps/<name> (version, Go
+# version, hash of its module's go.mod/go.sum and, for plinth-scheduler, of
+# Plinth's own sources it compiles); a binary whose stamp matches is skipped.
+# Also makes bin/assets (etcd, kube-apiserver, kubectl) for KUBEBUILDER_ASSETS.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BIN=${PLINTH_TESTBIN:-$ROOT/bin}
+STAMPS=$BIN/.stamps
+export GOFLAGS="${GOFLAGS:--buildvcs=false -trimpath}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+. "$HERE/versions.env"
+. "$HERE/peers.sh"
+mkdir -p "$BIN" "$STAMPS" "$BIN/tools"
+
+# Two builds at once (two shells running make testbin) would race on bin/.
+exec 9>"$BIN/.build.lock"
+flock 9
+
+GOVER=$(go env GOVERSION)
+SUMMARY=()
+log() { printf '[testbin] %s\n' "$*"; }
+hash_files() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
+stamp_ok() { # NAME KEY
+	[[ -x $BIN/$1 && -f $STAMPS/$1 && "$(<"$STAMPS/$1")" == "$2" ]]
+}
+# check_pin DIR MODULE WANT: the module's go.mod must pin what versions.env says.
+check_pin() {
+	local got
+	got=$(cd "$1" && go list -m -f '{{.Version}}' "$2")
+	if [[ $got != "$3" ]]; then
+		echo "[testbin] $1/go.mod pins $2 $got but versions.env says $3" >&2
+		exit 1
+	fi
+}
+
+build_kubernetes() {
+	local mod=$ROOT/scheduler
+	check_pin "$mod" k8s.io/kubernetes "$KUBERNETES_VERSION"
+	check_pin "$mod" go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
+	local modhash srchash
+	modhash=$(hash_files "$mod/go.mod" "$mod/go.sum")
+	# plinth-scheduler compiles Plinth code: the scheduler module and schema/.
+	srchash=$(find "$mod" "$ROOT/schema" -name '*.go' -not -path '*/testdata/*' 2>/dev/null | LC_ALL=C sort | xargs -r cat | sha256sum | cut -c1-16)
+	local -A pkg=(
+		[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
+		[kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
+		[kubectl]=k8s.io/kubernetes/cmd/kubectl
+		[etcd]=go.etcd.io/etcd/server/v3
+		[plinth-scheduler]=./cmd/plinth-scheduler
+	)
+	local -A key=(
+		[kube-apiserver]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash"
+		[kube-controller-manager]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash"
+		[kubectl]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash"
+		[etcd]="etcd $ETCD_VERSION $GOVER mod=$modhash"
+		[plinth-scheduler]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash src=$srchash"
+	)
+	local names=() pkgs=() n
+	for n in kube-apiserver kube-controller-manager kubectl etcd plinth-scheduler; do
+		if stamp_ok "$n" "${key[$n]}"; then
+			SUMMARY+=("$(printf '%-24s %-10s up to date' "$n" "$(cut -d' ' -f2 <<<"${key[$n]}")")")
+		else
+			names+=("$n"); pkgs+=("${pkg[$n]}")
+		fi
+	done
+	((${#names[@]})) || return 0
+
+	# Version stamping as upstream's hack/lib/version.sh does, so --version and
+	# /version report the pinned release instead of v0.0.0-master.
+	local kv=$KUBERNETES_VERSION maj min ldflags="-s -w" p
+	maj=${kv#v}; maj=${maj%%.*}; min=${kv#v*.}; min=${min%%.*}
+	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X $p.gitVersion=$kv -X $p.gitMajor=$maj -X $p.gitMinor=$min -X $p.gitTreeState=clean -X $p.buildDate=2026-01-01T00:00:00Z"
+	done
+
+	log "building ${names[*]} (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION) in one go build from scheduler/ ..."
+	local tmp start secs
+	tmp=$(mktemp -d "$BIN/.build.XXXXXX")
+	start=$SECONDS
+	if ! (cd "$mod" && go build -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"); then
+		rm -rf "$tmp"; echo "[testbin] go build in scheduler/ failed" >&2; exit 1
+	fi
+	secs=$((SECONDS - start))
+	[[ -f $tmp/server ]] && mv "$tmp/server" "$tmp/etcd" # main package go.etcd.io/etcd/server/v3
+	for n in "${names[@]}"; do
+		mv -f "$tmp/$n" "$BIN/$n"
+		printf '%s\n' "${key[$n]}" >"$STAMPS/$n"
+		SUMMARY+=("$(printf '%-24s %-10s built in %ds (one go build for: %s)' "$n" "$(cut -d' ' -f2 <<<"${key[$n]}")" "$secs" "${names[*]}")")
+	done
+	rm -rf "$tmp"
+	log "kubernetes group done in ${secs}s"
+}
+
+build_peer() { # NAME
+	local PEER_NAME=$1 PEER_MOD PEER_VAR PEER_PKG PEER_VER
+	peer_fields
+	local dir=$HERE/$PEER_NAME
+	check_pin "$dir" "$PEER_MOD" "$PEER_VER"
+	local k="$PEER_NAME $PEER_VER $GOVER mod=$(hash_files "$dir/go.mod" "$dir/go.sum")"
+	if stamp_ok "$PEER_NAME" "$k"; then
+		SUMMARY+=("$(printf '%-24s %-10s up to date' "$PEER_NAME" "$PEER_VER")")
+		return 0
+	fi
+	log "building $PEER_NAME $PEER_VER from test/tools/$PEER_NAME ..."
+	local start=$SECONDS
+	# Upstream's Makefile stamps main.version the same way (csi-sanity ignores it).
+	if ! (cd "$dir" && go build -ldflags "-s -w -X main.version=$PEER_VER" -o "$BIN/.$PEER_NAME.tmp" "$PEER_PKG"); then
+		rm -f "$BIN/.$PEER_NAME.tmp"; echo "[testbin] go build of $PEER_NAME failed" >&2; exit 1
+	fi
+	mv -f "$BIN/.$PEER_NAME.tmp" "$BIN/$PEER_NAME"
+	printf '%s\n' "$k" >"$STAMPS/$PEER_NAME"
+	local secs=$((SECONDS - start))
+	SUMMARY+=("$(printf '%-24s %-10s built in %ds' "$PEER_NAME" "$PEER_VER" "$secs")")
+	log "$PEER_NAME done in ${secs}s"
+}
+
+build_cue() {
+	local out=$BIN/tools/cue-$CUE_VERSION k="cue $CUE_VERSION $GOVER"
+	if [[ -x $out && -f $STAMPS/cue && "$(<"$STAMPS/cue")" == "$k" ]] || [[ -x $out && ! -f $STAMPS/cue ]]; then
+		# A cue-<version> from `make tools` is the same go install.
+		printf '%s\n' "$k" >"$STAMPS/cue"
+		SUMMARY+=("$(printf '%-24s %-10s up to date (bin/tools/cue-%s)' cue "$CUE_VERSION" "$CUE_VERSION")")
+		return 0
+	fi
+	log "installing cue $CUE_VERSION ..."
+	local start=$SECONDS tmp
+	tmp=$(mktemp -d "$BIN/.build.XXXXXX")
+	GOBIN=$tmp go install "cuelang.org/go/cmd/cue@$CUE_VERSION"
+	mv -f "$tmp/cue" "$out"; rm -rf "$tmp"
+	printf '%s\n' "$k" >"$STAMPS/cue"
+	SUMMARY+=("$(printf '%-24s %-10s built in %ds (bin/tools/cue-%s)' cue "$CUE_VERSION" "$((SECONDS - start))" "$CUE_VERSION")")
+}
+
+make_assets() {
+	mkdir -p "$BIN/assets"
+	local n
+	for n in etcd kube-apiserver kubectl; do
+		[[ -x $BIN/$n ]] && ln -sfn "../$n" "$BIN/assets/$n"
+	done
+	return 0
+}
+
+TOTAL=$SECONDS
+targets=("$@")
+((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer cue)
+for t in "${targets[@]}"; do
+	case $t in
+	kubernetes) build_kubernetes ;;
+	cue) build_cue ;;
+	*) build_peer "$t" ;;
+	esac
+done
+make_assets
+log "summary ($BIN, ${GOVER}):"
+printf '  %s\n' "${SUMMARY[@]}"
+log "total $((SECONDS - TOTAL))s"

@@ -1,0 +1,23 @@
+# Sourced by build.sh and update-peer.sh: the CSI test peers, one Go module each
+# under test/tools/<peer>/. Fields: peer name (= binary name), upstream module,
+# versions.env variable, main package.
+PEERS=(
+	"csi-provisioner github.com/kubernetes-csi/external-provisioner/v6 CSI_PROVISIONER_VERSION github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
+	"csi-attacher github.com/kubernetes-csi/external-attacher/v4 CSI_ATTACHER_VERSION github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher"
+	"csi-resizer github.com/kubernetes-csi/external-resizer/v2 CSI_RESIZER_VERSION github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer"
+	"csi-sanity github.com/kubernetes-csi/csi-test/v5 CSI_SANITY_VERSION github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity"
+)
+
+# peer_fields NAME: sets PEER_MOD, PEER_VAR, PEER_PKG, PEER_VER for NAME.
+peer_fields() {
+	local line
+	for line in "${PEERS[@]}"; do
+		set -- $line
+		if [[ $1 == "$PEER_NAME" ]]; then
+			PEER_MOD=$2 PEER_VAR=$3 PEER_PKG=$4 PEER_VER=${!3}
+			return 0
+		fi
+	done
+	echo "unknown peer: $PEER_NAME (known: ${PEERS[*]%% *})" >&2
+	return 1
+}
