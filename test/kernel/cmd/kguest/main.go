@@ -1,0 +1,165 @@
+// Command kguest boots the kernel-test guest once and runs Go test binaries
+// in it one after another (test/kernel/run.sh uses it). Each binary runs with
+// PLINTH_KERNEL_TEST=1 and -test.v; its output streams to stdout. The exit
+// code is 0 only when every binary passed.
+//
+//	kguest [-disks 2G,4G,4G] [-timeout 30m] [-mem MiB] [-sh SCRIPT] BINARY...
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/plinth-storage/plinth/test/kernel/guest"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(s, "G"):
+		mult, s = 1<<30, strings.TrimSuffix(s, "G")
+	case strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, strings.TrimSuffix(s, "M")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n * mult, err
+}
+
+// prefixWriter prefixes each console line so it is told apart from test output.
+type prefixWriter struct {
+	w   io.Writer
+	bol bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		if p.bol {
+			io.WriteString(p.w, "guest-console| ")
+		}
+		io.WriteString(p.w, strings.TrimRight(line, "\r\n")+map[bool]string{true: "\n", false: ""}[strings.HasSuffix(line, "\n")])
+		p.bol = strings.HasSuffix(line, "\n")
+	}
+	return len(b), nil
+}
+
+func run() int {
+	disks := flag.String("disks", "2G,4G,4G", "comma-separated sizes of the spare virtio disks /dev/vda, /dev/vdb, ...")
+	timeout := flag.Duration("timeout", 30*time.Minute, "bound on the guest's whole life")
+	mem := flag.Int("mem", 1024, "guest memory in MiB")
+	shell := flag.String("sh", "", "run this shell script in the guest (after the binaries), output to stdout")
+	flag.Parse()
+	var sizes []int64
+	for _, s := range strings.Split(*disks, ",") {
+		if s == "" {
+			continue
+		}
+		n, err := parseSize(s)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kguest: bad disk size %q\n", s)
+			return 2
+		}
+		sizes = append(sizes, n)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	start := time.Now()
+	g, err := guest.Boot(ctx, guest.Options{
+		DiskBytes: sizes,
+		MemoryMiB: *mem,
+		Timeout:   *timeout,
+		Console:   &prefixWriter{w: os.Stderr, bol: true},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kguest: %v\n", err)
+		return 1
+	}
+	defer g.Stop()
+	fmt.Printf("TIMING guest-boot %.1fs (pid %d)\n", g.BootTime.Seconds(), g.PID())
+
+	failed := 0
+	var summary []string
+	for _, bin := range flag.Args() {
+		name := filepath.Base(bin)
+		if err := copyFile(bin, filepath.Join(g.ShareDir(), name)); err != nil {
+			fmt.Fprintf(os.Stderr, "kguest: %v\n", err)
+			return 1
+		}
+		fmt.Printf("=== KERNEL %s\n", name)
+		t0 := time.Now()
+		script := fmt.Sprintf("cd /tmp && PLINTH_KERNEL_TEST=1 %s/%s -test.v -test.count=1 -test.timeout=15m", guest.SharePath, name)
+		w := bufio.NewWriter(os.Stdout)
+		res, err := g.Run(ctx, script, flushWriter{w})
+		w.Flush()
+		d := time.Since(t0)
+		status := "ok"
+		if err != nil || res.ExitCode != 0 {
+			failed++
+			status = fmt.Sprintf("FAIL (exit %d, %v)", res.ExitCode, err)
+		}
+		fmt.Printf("=== KERNEL %s %s %.1fs\n", name, status, d.Seconds())
+		summary = append(summary, fmt.Sprintf("  %-20s %s %.1fs", name, status, d.Seconds()))
+		if err != nil && ctx.Err() != nil {
+			break
+		}
+	}
+	if *shell != "" {
+		res, err := g.Run(ctx, *shell, os.Stdout)
+		if err != nil || res.ExitCode != 0 {
+			failed++
+			summary = append(summary, fmt.Sprintf("  -sh script: exit %d, %v", res.ExitCode, err))
+		}
+	}
+	g.Stop()
+	fmt.Printf("TIMING kernel-suite %.1fs (boot %.1fs)\n", time.Since(start).Seconds(), g.BootTime.Seconds())
+	for _, s := range summary {
+		fmt.Println(s)
+	}
+	if failed > 0 {
+		fmt.Printf("kguest: %d test binaries failed\n", failed)
+		return 1
+	}
+	return 0
+}
+
+type flushWriter struct{ w *bufio.Writer }
+
+func (f flushWriter) Write(b []byte) (int, error) {
+	n, err := f.w.Write(b)
+	f.w.Flush()
+	return n, err
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Kernel suite (make test-kernel): builds a CGO_ENABLED=0 test binary for every
+# package in test/kernel/packages.txt, boots ONE qemu guest (Debian's kernel,
+# software emulation, -smp 1; see guest/ for the one qemu command line), runs
+# the binaries in it one after another, streams their output here and exits
+# non-zero if any failed. qemu runs under timeout(1); no qemu survives the run.
+# Assets come from setup.sh (make kernel-assets).
+#
+# Contract for guest tests (details in README.md):
+#   - Gate every test: if os.Getenv("PLINTH_KERNEL_TEST") != "1" {
+#       t.Skip("kernel test: set PLINTH_KERNEL_TEST=1 (runs in the qemu guest via make test-kernel)") }
+#     The binary runs as root with -test.v, cwd /tmp (tmpfs), TMPDIR=/tmp.
+#   - Disks: /dev/vda 2 GiB (spare, unassigned), /dev/vdb 4 GiB (agents/lvm),
+#     /dev/vdc 4 GiB (agents/nvmet): all empty, raw, sparse. Binaries run
+#     sequentially in the same guest: leave your disk as you found it is not
+#     required, but use only your own disk.
+#   - configfs mounted at /sys/kernel/config; modules loaded: dm_mod dm_thin_pool
+#     dm_snapshot configfs nvmet nvmet_tcp nvme_fabrics nvme_tcp nvme loop ext4 xfs
+#     virtio_* 9p. /etc/nvme/hostnqn and /etc/nvme/hostid exist.
+#   - Tools in PATH: busybox, lvm2 (all lv*/vg*/pv* names, lvm.conf without udev),
+#     thin_check & co, dmsetup, nvme, mkfs.ext4, mkfs.xfs, e2fsck, resize2fs,
+#     xfs_growfs, blkid, wipefs, losetup, modprobe.
+#   - Network: lo up (127.0.0.1 for nvme-tcp); eth0 10.0.2.15 (qemu user net,
+#     restricted: no outbound traffic; host services forwarded at 10.0.2.100).
+# Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G).
+set -euo pipefail
+export GOFLAGS="${GOFLAGS:--buildvcs=false -trimpath}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+D=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$D/../.." && pwd)
+W=$D/.work
+cd "$ROOT"
+[ -f "$W/vmlinux" ] && [ -f "$W/initramfs.cpio" ] || "$D/setup.sh"
+start=$EPOCHREALTIME
+rm -rf "$W/tests"
+mkdir -p "$W/tests" "$W/bin"
+bins=()
+while read -r pkg; do
+	pkg=${pkg%%#*}
+	pkg=$(echo "$pkg" | xargs)
+	[ -n "$pkg" ] || continue
+	name=$(echo "${pkg#./}" | tr '/' '_').test
+	CGO_ENABLED=0 go test -c -o "$W/tests/$name" "$pkg"
+	# a package without test files yields no binary
+	[ -f "$W/tests/$name" ] && bins+=("$W/tests/$name")
+done < "$D/packages.txt"
+go build -o "$W/bin/kguest" ./test/kernel/cmd/kguest
+awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN{printf "TIMING build-test-binaries %.1fs\n", b-a}'
+exec "$W/bin/kguest" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G}" "${bins[@]}"

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Prepares the kernel-test guest (make kernel-assets). Idempotent.
+#   1. resolves the current Debian kernel through `apt-cache depends linux-image-amd64`
+#      (never a pinned ABI), `apt-get download` + `dpkg -x` into .work/kernel/root
+#      (never into /boot), depmod, and extracts the uncompressed ELF vmlinux
+#      (PVH boot, no in-guest decompression under TCG);
+#   2. builds the uncompressed initramfs .work/initramfs.cpio: busybox, kmod, lvm2 + thin
+#      tools, nvme-cli, mkfs.ext4/xfs, blkid, wipefs, losetup, the needed modules,
+#      lvm.conf without udev, /etc/nvme/hostnqn, and guest-init.sh as /init.
+# A stamp (.work/stamp = kernel version + sha256 of the inputs) skips the work when
+# nothing changed. Output: .work/vmlinux, .work/initramfs.cpio, .work/kernel.version.
+# Host packages: hack/install-deps.sh.
+set -euo pipefail
+D=$(cd "$(dirname "$0")" && pwd)
+W=$D/.work
+mkdir -p "$W"
+start=$EPOCHREALTIME
+elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}'; }
+
+# linux-image-amd64 -> linux-image-<abi>-amd64
+resolve() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
+pkg=$(resolve)
+if [ -z "$pkg" ]; then
+	apt-get update -qq
+	pkg=$(resolve)
+fi
+[ -n "$pkg" ] || { echo "setup: cannot resolve linux-image-amd64" >&2; exit 1; }
+kver=${pkg#linux-image-}
+
+TOOLPKGS=(busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs util-linux)
+inputs_hash() {
+	{
+		echo "$pkg"
+		cat "$D/setup.sh" "$D/guest-init.sh"
+		dpkg-query -W "${TOOLPKGS[@]}" 2>&1
+	} | sha256sum | cut -c1-16
+}
+stamp="$kver $(inputs_hash)"
+if [ "$(cat "$W/stamp" 2>/dev/null)" = "$stamp" ] && [ -f "$W/vmlinux" ] && [ -f "$W/initramfs.cpio" ]; then
+	echo "kernel-assets: up to date ($stamp) in $(elapsed "$start")s"
+	exit 0
+fi
+rm -f "$W/stamp"
+
+# --- kernel
+K=$W/kernel
+if [ "$(cat "$K/version" 2>/dev/null)" != "$kver" ] || [ ! -f "$W/vmlinux" ]; then
+	rm -rf "$K" "$W/vmlinux"
+	mkdir -p "$K"
+	(cd "$K" && apt-get download "$pkg" 2>&1 | grep -v -i unsandboxed || true)
+	deb=$(ls "$K/${pkg}"_*.deb)
+	dpkg -x "$deb" "$K/root"
+	rm -f "$deb"
+	depmod -b "$K/root" "$kver"
+	# extract-vmlinux: the xz stream inside the bzImage that decompresses to an ELF
+	img=$K/root/boot/vmlinuz-$kver
+	for pos in $(grep -abo $'\xfd7zXZ\x00' "$img" | cut -d: -f1); do
+		tail -c +$((pos + 1)) "$img" | xz -dc --single-stream > "$W/vmlinux.tmp" 2>/dev/null || true
+		if [ -s "$W/vmlinux.tmp" ] && [ "$(head -c4 "$W/vmlinux.tmp" | od -An -c | tr -d ' ')" = '177ELF' ]; then
+			mv "$W/vmlinux.tmp" "$W/vmlinux"
+			break
+		fi
+	done
+	rm -f "$W/vmlinux.tmp"
+	[ -f "$W/vmlinux" ] || { echo "setup: no xz-compressed ELF in $img" >&2; exit 1; }
+	echo "$kver" > "$K/version"
+	echo "kernel-assets: kernel $kver fetched in $(elapsed "$start")s"
+fi
+
+# --- initramfs
+t0=$EPOCHREALTIME
+KDIR=$K/root
+ST=$(mktemp -d "$W/initramfs.XXXXXX")
+trap 'rm -rf "$ST"' EXIT
+mkdir -p "$ST"/{bin,sbin,etc/lvm,etc/nvme,proc,sys,dev,run,tmp,mnt,root,lib64,usr/bin,usr/sbin,lib/x86_64-linux-gnu}
+cp /bin/busybox "$ST/bin/busybox"
+for a in $(/bin/busybox --list); do
+	[ -e "$ST/bin/$a" ] || ln -s busybox "$ST/bin/$a"
+done
+copy_bin() { # copy_bin <path> <dest-dir>: the binary and its shared libraries (ldd)
+	local src=$1 dst=$2
+	mkdir -p "$ST/$dst"
+	rm -f "$ST/bin/$(basename "$src")"
+	cp -L "$src" "$ST/$dst/"
+	ldd "$src" 2>/dev/null | grep -oE '/[^ ]+\.so[^ ]*' | while read -r lib; do
+		[ -e "$ST$lib" ] || { mkdir -p "$ST$(dirname "$lib")"; cp -L "$lib" "$ST$lib"; }
+	done
+}
+bin_of() { command -v "$1" || { [ -x "/sbin/$1" ] && echo "/sbin/$1"; } || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || { echo "setup: $1 missing (hack/install-deps.sh)" >&2; exit 1; }; }
+for b in lvm dmsetup nvme mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs pdata_tools blkid wipefs losetup; do
+	copy_bin "$(bin_of "$b")" sbin
+done
+copy_bin "$(bin_of kmod)" sbin
+for t in modprobe insmod rmmod lsmod depmod modinfo; do
+	rm -f "$ST/bin/$t"
+	ln -sf kmod "$ST/sbin/$t"
+done
+ln -sf mke2fs "$ST/sbin/mkfs.ext4"
+ln -sf e2fsck "$ST/sbin/fsck.ext4"
+for t in thin_check thin_repair thin_dump thin_restore thin_metadata_size; do
+	ln -sf pdata_tools "$ST/sbin/$t"
+done
+for t in pvcreate pvremove pvs pvscan pvresize pvdisplay vgcreate vgremove vgs vgchange vgscan vgdisplay \
+	vgextend vgreduce lvcreate lvremove lvs lvextend lvresize lvchange lvdisplay lvrename; do
+	rm -f "$ST/bin/$t"
+	ln -sf lvm "$ST/sbin/$t"
+done
+# lvm without udev, systemd, lvmetad, lvmpolld, devices file
+cat > "$ST/etc/lvm/lvm.conf" <<'CONF'
+config { checks = 1 }
+devices {
+  use_devicesfile = 0
+  obtain_device_list_from_udev = 0
+  external_device_info_source = "none"
+  scan = [ "/dev" ]
+}
+activation {
+  udev_sync = 0
+  udev_rules = 0
+  verify_udev_operations = 1
+  monitoring = 0
+}
+global {
+  use_lvmlockd = 0
+  use_lvmpolld = 0
+  thin_check_executable = "/sbin/thin_check"
+}
+CONF
+echo "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001" > "$ST/etc/nvme/hostnqn"
+echo "00000000-0000-4000-8000-000000000001" > "$ST/etc/nvme/hostid"
+echo "root:x:0:0:root:/root:/bin/sh" > "$ST/etc/passwd"
+echo "root:x:0:" > "$ST/etc/group"
+# modules and their dependencies; signatures stripped (faster load under TCG)
+MODS="virtio_pci virtio_blk virtio_net virtio_console dm-mod dm-thin-pool dm-snapshot configfs
+	nvmet nvmet-tcp nvme-tcp nvme-fabrics nvme-core nvme loop ext4 xfs 9p 9pnet_virtio crc32c_intel"
+mkdir -p "$ST/lib/modules/$kver"
+for m in $MODS; do
+	modprobe -d "$KDIR" -S "$kver" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}'
+done | sort -u | while read -r ko; do
+	rel=${ko#"$KDIR"}
+	mkdir -p "$ST$(dirname "$rel")"
+	cp "$ko" "$ST$rel"
+	strip --strip-debug "$ST$rel"
+done
+M=$KDIR/lib/modules/$kver
+cp "$M/modules.order" "$M/modules.builtin" "$M/modules.builtin.modinfo" "$ST/lib/modules/$kver/"
+depmod -b "$ST" "$kver"
+cp "$D/guest-init.sh" "$ST/init"
+chmod +x "$ST/init"
+(cd "$ST" && find . -print0 | cpio --null -o -H newc --quiet) > "$W/initramfs.cpio.tmp"
+mv "$W/initramfs.cpio.tmp" "$W/initramfs.cpio"
+echo "$kver" > "$W/kernel.version"
+echo "$stamp" > "$W/stamp"
+echo "kernel-assets: initramfs $(du -h "$W/initramfs.cpio" | cut -f1) built in $(elapsed "$t0")s; total $(elapsed "$start")s ($stamp)"
