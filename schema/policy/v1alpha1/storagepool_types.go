@@ -1,0 +1,182 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DriftPolicy says what Plinth does when the kernel or the API objects no longer match policy.
+// +kubebuilder:validation:Enum=Report;Correct
+type DriftPolicy string
+
+const (
+	// DriftPolicyReport reports drift as the Drifted condition and plinth_drift_objects only.
+	DriftPolicyReport DriftPolicy = "Report"
+	// DriftPolicyCorrect reports drift and converges the drifted object back to policy.
+	DriftPolicyCorrect DriftPolicy = "Correct"
+)
+
+// StoragePoolSpec declares where capacity lives: which nodes carry the pool and which backend
+// holds its volumes on each of them.
+// +kubebuilder:validation:XValidation:rule="!has(self.overcommitPercent) || has(self.backend.zfs) || (has(self.backend.lvm) && has(self.backend.lvm.thinPool))",message="overcommitPercent is only valid on thin backends (lvm.thinPool or zfs)"
+type StoragePoolSpec struct {
+	// NodeSelector selects the nodes that carry this pool. Empty selects no node.
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	// Backend holds exactly one of lvm, zfs or file.
+	Backend Backend `json:"backend"`
+
+	// Reserve is headroom never provisioned on each node: a quantity in bytes ("10Gi") or a
+	// percent of the physical size from 1% to 100% ("5%"). Default "0".
+	// +optional
+	// +kubebuilder:validation:Pattern=`^(([0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?)|(([1-9][0-9]?|100)%))$`
+	Reserve string `json:"reserve,omitempty"`
+
+	// OvercommitPercent is the maximum provisioned ÷ physical × 100 of a thin backend
+	// (LVM thin pool or ZFS sparse zvols); 100 means no overcommit. Only valid on thin backends.
+	// +optional
+	// +kubebuilder:validation:Minimum=100
+	// +kubebuilder:validation:Maximum=10000
+	OvercommitPercent *int32 `json:"overcommitPercent,omitempty"`
+
+	// DriftPolicy is Report (default) or Correct.
+	// +optional
+	// +kubebuilder:default=Report
+	DriftPolicy DriftPolicy `json:"driftPolicy,omitempty"`
+}
+
+// Backend holds exactly one storage backend.
+// +kubebuilder:validation:XValidation:rule="[has(self.lvm), has(self.zfs), has(self.file)].filter(x, x).size() == 1",message="exactly one of lvm, zfs or file must be set"
+type Backend struct {
+	// LVM keeps volumes as logical volumes of one volume group, optionally in a thin pool.
+	// +optional
+	LVM *LVMBackend `json:"lvm,omitempty"`
+	// ZFS keeps volumes as zvols under a parent dataset.
+	// +optional
+	ZFS *ZFSBackend `json:"zfs,omitempty"`
+	// File keeps volumes as sparse files attached to loop devices: for development and nodes
+	// without LVM.
+	// +optional
+	File *FileBackend `json:"file,omitempty"`
+}
+
+// LVMBackend is an LVM volume group, created by the agent on the declared devices when they are
+// empty (see lvm(8) "VALID NAMES" for the name rules).
+type LVMBackend struct {
+	// VolumeGroup is the VG name: at most 63 bytes of [A-Za-z0-9+_.-], not starting with "-",
+	// so that the device-mapper name of every volume fits in 127 bytes.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9+_.][A-Za-z0-9+_.-]*$`
+	VolumeGroup string `json:"volumeGroup"`
+
+	// Devices are the block devices (absolute /dev paths) that form the VG. The agent creates
+	// physical volumes only on devices that carry no signature. Empty means the VG must exist.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:Pattern=`^/dev/[A-Za-z0-9/_.:+-]+$`
+	Devices []string `json:"devices,omitempty"`
+
+	// ThinPool, when set, holds every volume of the pool as a thin LV in this thin pool.
+	// +optional
+	ThinPool *ThinPool `json:"thinPool,omitempty"`
+}
+
+// ThinPool is an LVM thin pool inside the volume group (lvmthin(7)).
+type ThinPool struct {
+	// Name of the thin pool LV: at most 63 bytes of [A-Za-z0-9+_.-], not starting with "-".
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9+_.][A-Za-z0-9+_.-]*$`
+	Name string `json:"name"`
+
+	// SizePercent is the share of the VG the thin pool takes when created, 1–100. Default 90.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:default=90
+	SizePercent int32 `json:"sizePercent,omitempty"`
+}
+
+// ZFSBackend is a zpool; volumes are zvols under ParentDataset (zfsprops(7)).
+type ZFSBackend struct {
+	// Pool is the zpool name: at most 63 bytes, starts with a letter, [A-Za-z0-9_.:-].
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9_.:-]*$`
+	Pool string `json:"pool"`
+
+	// ParentDataset is the dataset path below the pool that holds the zvols, such as
+	// "k8s/volumes"; at most 150 bytes so that generated zvol names stay under ZFS's 255.
+	// +optional
+	// +kubebuilder:validation:MaxLength=150
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.:-]+(/[A-Za-z0-9_.:-]+)*$`
+	ParentDataset string `json:"parentDataset,omitempty"`
+
+	// VolBlockSize is the zvol volblocksize, a power of two from 4K to 128K. Default "16K".
+	// +optional
+	// +kubebuilder:validation:Enum="4K";"8K";"16K";"32K";"64K";"128K"
+	VolBlockSize string `json:"volBlockSize,omitempty"`
+
+	// Properties are extra ZFS properties set on each zvol (for example compression: lz4).
+	// +optional
+	Properties map[string]string `json:"properties,omitempty"`
+}
+
+// FileBackend keeps each volume as a sparse file in Directory, attached to a loop device.
+type FileBackend struct {
+	// Directory is the absolute path that holds the volume files.
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:Pattern=`^/.*`
+	Directory string `json:"directory"`
+}
+
+// StoragePool declares where capacity lives.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=spool,categories=plinth
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Status",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type StoragePool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   StoragePoolSpec `json:"spec"`
+	Status PolicyStatus    `json:"status,omitempty"`
+}
+
+// StoragePoolList is a list of StoragePools.
+//
+// +kubebuilder:object:root=true
+type StoragePoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []StoragePool `json:"items"`
+}
+
+// GetConditions returns the status conditions.
+func (in *StoragePool) GetConditions() []metav1.Condition { return in.Status.Conditions }
+
+// SetConditions replaces the status conditions.
+func (in *StoragePool) SetConditions(c []metav1.Condition) { in.Status.Conditions = c }
+
+// IsThin reports whether the backend provisions thinly (LVM thin pool or ZFS zvols, which
+// Plinth creates sparse), the only backends where OvercommitPercent applies.
+func (b Backend) IsThin() bool {
+	return (b.LVM != nil && b.LVM.ThinPool != nil) || b.ZFS != nil
+}
+
+// Kind returns "lvm", "zfs" or "file", or "" when no backend is set.
+func (b Backend) Kind() string {
+	switch {
+	case b.LVM != nil:
+		return "lvm"
+	case b.ZFS != nil:
+		return "zfs"
+	case b.File != nil:
+		return "file"
+	}
+	return ""
+}

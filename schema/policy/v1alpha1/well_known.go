@@ -1,0 +1,37 @@
+package v1alpha1
+
+// Labels Plinth puts on what it renders; they name the policy objects that produced it.
+const (
+	// LabelPool names the StoragePool (on Stores, Agents' stores, VolumeStates, StorageClasses).
+	LabelPool = "plinth.dev/pool"
+	// LabelPlacement names the Placement (on StorageClasses).
+	LabelPlacement = "plinth.dev/placement"
+	// LabelProtocol names the Protocol (on StorageClasses).
+	LabelProtocol = "plinth.dev/protocol"
+	// LabelNode names the Node (on Stores, Agents and VolumeStates).
+	LabelNode = "plinth.dev/node"
+	// LabelManagedBy is app.kubernetes.io/managed-by, set to "plinth".
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+)
+
+// StorageClass parameters written by render and read by the CSI controller.
+const (
+	ParamPlacement = "plinth.dev/placement"
+	ParamPool      = "plinth.dev/pool"
+	ParamProtocol  = "plinth.dev/protocol"
+	// ParamFSType is the parameter external-provisioner passes as the volume's fsType.
+	ParamFSType = "csi.storage.k8s.io/fstype"
+)
+
+const (
+	// DriverName is the CSI driver name and StorageClass provisioner.
+	DriverName = "csi.plinth.dev"
+	// TopologyKeyNode is the CSI topology key of local volumes: the node name.
+	TopologyKeyNode = "topology.plinth.dev/node"
+	// LabelNVMeInitiator marks nodes whose nvme-tcp initiator works ("true").
+	LabelNVMeInitiator = "plinth.dev/nvme-initiator"
+	// AnnotationHostNQN holds a node's NVMe host NQN, from /etc/nvme/hostnqn.
+	AnnotationHostNQN = "plinth.dev/host-nqn"
+	// FinalizerInUse keeps a Placement whose StorageClass is still used.
+	FinalizerInUse = "plinth.dev/in-use"
+)

@@ -1,0 +1,44 @@
+package v1alpha1
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+// VolumeIDPrefix starts every CSI volume id.
+const VolumeIDPrefix = "vol-"
+
+// VolumeID returns the CSI volume id (= VolumeState name) of a CreateVolume name: "vol-" and the
+// first 40 hex digits of sha256(name). It is 44 bytes of [a-z0-9-], whatever the name holds
+// (CSI allows 128 bytes of any UTF-8, CSI spec "Size Limits"), so LV, zvol, file and NQN names
+// derived from it always fit their limits.
+func VolumeID(csiName string) string {
+	sum := sha256.Sum256([]byte(csiName))
+	return VolumeIDPrefix + hex.EncodeToString(sum[:])[:40]
+}
+
+// IsVolumeID reports whether id has the shape VolumeID returns.
+func IsVolumeID(id string) bool {
+	if len(id) != len(VolumeIDPrefix)+40 || id[:len(VolumeIDPrefix)] != VolumeIDPrefix {
+		return false
+	}
+	for _, c := range id[len(VolumeIDPrefix):] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// StoreName returns the Store name of a pool on a node: "<pool>.<node>", or
+// "<pool>.<first 16 hex digits of sha256(node)>" when that would exceed 253 bytes (the
+// DNS-1123 subdomain limit of object names). Look Stores up by the labels plinth.dev/pool and
+// plinth.dev/node, never by parsing this name.
+func StoreName(pool, node string) string {
+	name := pool + "." + node
+	if len(name) <= 253 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(node))
+	return pool + "." + hex.EncodeToString(sum[:])[:16]
+}

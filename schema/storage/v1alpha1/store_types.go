@@ -1,0 +1,121 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	policyv1alpha1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+)
+
+// StoreSpec is a pool's backend resolved for one node.
+type StoreSpec struct {
+	// Pool is the StoragePool name.
+	Pool string `json:"pool"`
+	// NodeName is the Node that holds the store.
+	NodeName string `json:"nodeName"`
+	// Backend is the pool's backend as declared (exactly one of lvm, zfs, file).
+	Backend policyv1alpha1.Backend `json:"backend"`
+	// Reserve is the pool's reserve: bytes quantity or percent of physical size.
+	// +optional
+	Reserve string `json:"reserve,omitempty"`
+	// OvercommitPercent is the pool's overcommit limit (thin backends), 100 when unset.
+	// +optional
+	OvercommitPercent int32 `json:"overcommitPercent,omitempty"`
+	// DriftPolicy is the pool's drift policy.
+	// +optional
+	DriftPolicy policyv1alpha1.DriftPolicy `json:"driftPolicy,omitempty"`
+}
+
+// Capacity is a store's capacity in bytes. Available is the one number every part uses:
+// (total − reserve) × overcommitPercent/100 for thin backends, minus provisioned, never negative.
+type Capacity struct {
+	// Total is the physical size in bytes (VG size, thin pool data size, zpool size, filesystem size).
+	Total int64 `json:"total"`
+	// Allocatable is total − reserve in bytes, clamped at 0.
+	Allocatable int64 `json:"allocatable"`
+	// Provisioned is the sum of the sizes of the volumes in bytes (virtual sizes for thin).
+	Provisioned int64 `json:"provisioned"`
+	// Available is what a new volume may take, in bytes.
+	Available int64 `json:"available"`
+}
+
+// ThinUsage is how full a thin pool is, as lvs(8) data_percent and metadata_percent report it.
+type ThinUsage struct {
+	// DataPercent is the used share of the thin pool's data, "0.00"–"100.00".
+	DataPercent string `json:"dataPercent"`
+	// MetadataPercent is the used share of the thin pool's metadata, "0.00"–"100.00".
+	MetadataPercent string `json:"metadataPercent"`
+}
+
+// DriftItem is one difference between the declaration and what the agent sees.
+type DriftItem struct {
+	// Kind of the drifted thing: LogicalVolume, Zvol, Export, VolumeGroup, ThinPool.
+	Kind string `json:"kind"`
+	// Name of the drifted thing (LV name, NQN, ...).
+	Name string `json:"name"`
+	// Reason is a PascalCase reason such as Missing, Resized, Orphan.
+	Reason string `json:"reason"`
+	// Message says what differs.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// StoreStatus is written by the node agent.
+type StoreStatus struct {
+	// ObservedGeneration is the metadata.generation the agent last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions hold Ready, Reconciling, Stalled and Drifted.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Capacity in bytes.
+	// +optional
+	Capacity *Capacity `json:"capacity,omitempty"`
+	// Thin is the thin pool usage, for thin backends.
+	// +optional
+	Thin *ThinUsage `json:"thin,omitempty"`
+	// ExtentBytes is the allocation unit volumes round up to (LVM extent size, zvol
+	// volblocksize, 1 MiB for files).
+	// +optional
+	ExtentBytes int64 `json:"extentBytes,omitempty"`
+	// Drift lists what differs between declaration and kernel.
+	// +optional
+	Drift []DriftItem `json:"drift,omitempty"`
+	// LastHeartbeatTime is when the agent last refreshed this status.
+	// +optional
+	LastHeartbeatTime *metav1.Time `json:"lastHeartbeatTime,omitempty"`
+}
+
+// Store is one pool on one node.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,categories=plinth
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.capacity.available`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Store struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   StoreSpec   `json:"spec"`
+	Status StoreStatus `json:"status,omitempty"`
+}
+
+// StoreList is a list of Stores.
+//
+// +kubebuilder:object:root=true
+type StoreList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Store `json:"items"`
+}
+
+// GetConditions returns the status conditions.
+func (in *Store) GetConditions() []metav1.Condition { return in.Status.Conditions }
+
+// SetConditions replaces the status conditions.
+func (in *Store) SetConditions(c []metav1.Condition) { in.Status.Conditions = c }

@@ -1,0 +1,149 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	policyv1alpha1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+)
+
+// VolumePhase is the lifecycle phase of a volume.
+// +kubebuilder:validation:Enum=Pending;Creating;Ready;Expanding;Deleting;Failed
+type VolumePhase string
+
+const (
+	VolumePending   VolumePhase = "Pending"
+	VolumeCreating  VolumePhase = "Creating"
+	VolumeReady     VolumePhase = "Ready"
+	VolumeExpanding VolumePhase = "Expanding"
+	VolumeDeleting  VolumePhase = "Deleting"
+	VolumeFailed    VolumePhase = "Failed"
+)
+
+// ReasonInsufficientCapacity on the Ready condition of a VolumeState means the store has no
+// room; the CSI controller turns it into RESOURCE_EXHAUSTED (CSI spec, CreateVolume errors).
+const ReasonInsufficientCapacity = "InsufficientCapacity"
+
+// FrozenPolicy is the policy a volume was created with, read from the live policy objects by
+// CreateVolume and never changed afterwards: later policy edits do not touch existing volumes.
+type FrozenPolicy struct {
+	// Placement is the Placement name.
+	Placement string `json:"placement"`
+	// Pool is the StoragePool name.
+	Pool string `json:"pool"`
+	// Protocol is the Protocol name.
+	Protocol string `json:"protocol"`
+	// Backend is the pool's backend at creation.
+	Backend policyv1alpha1.Backend `json:"backend"`
+	// ProtocolSpec is the protocol at creation.
+	ProtocolSpec policyv1alpha1.ProtocolSpec `json:"protocolSpec"`
+	// Filesystem is the placement's filesystem at creation.
+	// +optional
+	Filesystem policyv1alpha1.Filesystem `json:"filesystem,omitempty"`
+}
+
+// Publication is one node allowed to use the volume (CSI ControllerPublishVolume).
+type Publication struct {
+	// NodeName is the Node the volume is published to.
+	NodeName string `json:"nodeName"`
+	// HostNQN is that node's NVMe host NQN (empty for local volumes).
+	// +optional
+	HostNQN string `json:"hostNQN,omitempty"`
+	// AccessMode is the CSI access mode, such as SINGLE_NODE_WRITER.
+	AccessMode string `json:"accessMode"`
+	// ReadOnly publishes read-only.
+	// +optional
+	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// VolumeStateSpec is the desired state of one volume. The object name is the CSI volume id.
+type VolumeStateSpec struct {
+	// CSIName is the CreateVolume name as the CO gave it (up to 128 bytes, any characters).
+	CSIName string `json:"csiName"`
+	// StoreName is the Store that holds the volume.
+	StoreName string `json:"storeName"`
+	// CapacityBytes is the desired size in bytes, already rounded up to the store's unit.
+	// +kubebuilder:validation:Minimum=1
+	CapacityBytes int64 `json:"capacityBytes"`
+	// VolumeMode is Filesystem or Block.
+	// +kubebuilder:validation:Enum=Filesystem;Block
+	VolumeMode string `json:"volumeMode"`
+	// Policy is the policy frozen at creation.
+	Policy FrozenPolicy `json:"policy"`
+	// Publications are the nodes allowed to use the volume.
+	// +optional
+	Publications []Publication `json:"publications,omitempty"`
+	// PublicationGeneration increases on every change of Publications; the agent refuses
+	// export ACL changes older than the highest it acted on (fencing).
+	// +optional
+	PublicationGeneration int64 `json:"publicationGeneration,omitempty"`
+}
+
+// Export is where an NVMe-oF volume is served.
+type Export struct {
+	// NQN is the subsystem NQN (at most 223 bytes, NVMe Base Specification 4.5).
+	NQN string `json:"nqn"`
+	// Address is the target's IP address (traddr).
+	Address string `json:"address"`
+	// Port is the TCP service id (trsvcid).
+	Port int32 `json:"port"`
+}
+
+// VolumeStateStatus is written by the node agent.
+type VolumeStateStatus struct {
+	// ObservedGeneration is the metadata.generation the agent last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// ObservedPublicationGeneration is the spec.publicationGeneration the export reflects.
+	// +optional
+	ObservedPublicationGeneration int64 `json:"observedPublicationGeneration,omitempty"`
+	// Phase of the volume.
+	// +optional
+	Phase VolumePhase `json:"phase,omitempty"`
+	// DevicePath is the block device on the storage node, such as /dev/vg0/vol-....
+	// +optional
+	DevicePath string `json:"devicePath,omitempty"`
+	// Export is set when the volume is exported over NVMe-oF.
+	// +optional
+	Export *Export `json:"export,omitempty"`
+	// ActualBytes is the real size of the volume in bytes (≥ spec.capacityBytes when Ready).
+	// +optional
+	ActualBytes int64 `json:"actualBytes,omitempty"`
+	// Conditions hold Ready (reason InsufficientCapacity when there is no room), Reconciling,
+	// Stalled.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// VolumeState is one volume: the CSI controller writes spec, the agent writes status.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=vs,categories=plinth
+// +kubebuilder:printcolumn:name="Store",type=string,JSONPath=`.spec.storeName`
+// +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.spec.capacityBytes`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type VolumeState struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   VolumeStateSpec   `json:"spec"`
+	Status VolumeStateStatus `json:"status,omitempty"`
+}
+
+// VolumeStateList is a list of VolumeStates.
+//
+// +kubebuilder:object:root=true
+type VolumeStateList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VolumeState `json:"items"`
+}
+
+// GetConditions returns the status conditions.
+func (in *VolumeState) GetConditions() []metav1.Condition { return in.Status.Conditions }
+
+// SetConditions replaces the status conditions.
+func (in *VolumeState) SetConditions(c []metav1.Condition) { in.Status.Conditions = c }
