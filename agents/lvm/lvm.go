@@ -1,0 +1,474 @@
+package lvm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/go-logr/logr"
+
+	"github.com/plinth-storage/plinth/agents/backend"
+)
+
+// TagManaged marks every LV Plinth creates (lvm tags allow '/' and '.').
+const TagManaged = "plinth.dev/managed"
+
+// DefaultThinPoolSizePercent is the share of the VG a new thin pool takes
+// when Config.ThinPoolSizePercent is 0.
+const DefaultThinPoolSizePercent = 90
+
+// Config binds an LVM backend to one Store: a StoragePool's lvm backend
+// resolved for one node.
+type Config struct {
+	// VolumeGroup is the VG name.
+	VolumeGroup string
+	// Devices are the block devices the VG is created on when it does not
+	// exist; each must be empty (no signature of any kind).
+	Devices []string
+	// ThinPool, when set, makes volumes thin LVs in this pool (created with
+	// ThinPoolSizePercent of the VG); when empty volumes are linear LVs.
+	ThinPool string
+	// ThinPoolSizePercent is the pool's share of the VG at creation, 1..100
+	// (0 means DefaultThinPoolSizePercent).
+	ThinPoolSizePercent int
+	// ReserveBytes is headroom never provisioned (B07).
+	ReserveBytes int64
+	// OvercommitPercent is max provisioned ÷ physical × 100 for thin pools
+	// (0 means 100).
+	OvercommitPercent int64
+	// Run runs an external command; nil means os/exec. Tests substitute it.
+	Run Runner
+}
+
+// Runner runs name with args and returns stdout, stderr and the exit code;
+// err is non-nil only when the command could not run or did not exit.
+type Runner func(ctx context.Context, name string, args ...string) (stdout, stderr []byte, exitCode int, err error)
+
+// ExecRunner runs commands with os/exec, in the C locale so messages are
+// stable.
+func ExecRunner(ctx context.Context, name string, args ...string) ([]byte, []byte, int, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.Exited() {
+		return stdout.Bytes(), stderr.Bytes(), ee.ExitCode(), nil
+	}
+	if err != nil {
+		return stdout.Bytes(), stderr.Bytes(), -1, err
+	}
+	return stdout.Bytes(), stderr.Bytes(), 0, nil
+}
+
+// LVM is the backend of one VG (and optional thin pool). Safe for concurrent
+// use: mutations are serialised.
+type LVM struct {
+	cfg Config
+	mu  sync.Mutex
+}
+
+var _ backend.Backend = (*LVM)(nil)
+
+// New validates cfg and returns the backend. It runs no command; call Ensure
+// before use on a node.
+func New(cfg Config) (*LVM, error) {
+	if err := ValidateNames(cfg.VolumeGroup, ""); err != nil {
+		return nil, err
+	}
+	if cfg.ThinPool != "" {
+		if err := ValidateNames(cfg.VolumeGroup, cfg.ThinPool); err != nil {
+			return nil, fmt.Errorf("thin pool: %w", err)
+		}
+	}
+	if cfg.ThinPoolSizePercent == 0 {
+		cfg.ThinPoolSizePercent = DefaultThinPoolSizePercent
+	}
+	if cfg.ThinPoolSizePercent < 1 || cfg.ThinPoolSizePercent > 100 {
+		return nil, fmt.Errorf("thin pool size %d%%: want 1..100: %w", cfg.ThinPoolSizePercent, backend.ErrInvalidArgument)
+	}
+	if cfg.Run == nil {
+		cfg.Run = ExecRunner
+	}
+	return &LVM{cfg: cfg}, nil
+}
+
+// run runs an lvm2 (or blkid/wipefs) command. Non-zero exit → CommandError
+// classified by its stderr; stderr of a successful command (warnings such as
+// thin over-provisioning) is logged at V(1).
+func (l *LVM) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	stdout, stderr, code, err := l.cfg.Run(ctx, name, args...)
+	se := strings.TrimSpace(string(stderr))
+	if err != nil || code != 0 {
+		return stdout, &backend.CommandError{Args: append([]string{name}, args...), ExitCode: code, Stderr: se, Kind: classify(se), Err: err}
+	}
+	if se != "" {
+		logr.FromContextOrDiscard(ctx).V(1).Info("lvm command warning", "command", name+" "+strings.Join(args, " "), "stderr", se)
+	}
+	return stdout, nil
+}
+
+// classify maps lvm2 messages (LC_ALL=C) to the typed errors.
+func classify(stderr string) error {
+	s := strings.ToLower(stderr)
+	switch {
+	case strings.Contains(s, "insufficient free space"), strings.Contains(s, "insufficient suitable"),
+		strings.Contains(s, "not enough free space"), strings.Contains(s, "has insufficient"):
+		return backend.ErrInsufficientCapacity
+	case strings.Contains(s, "in use"), strings.Contains(s, "is open"), strings.Contains(s, "busy"):
+		return backend.ErrInUse
+	case strings.Contains(s, "already exists"):
+		return backend.ErrAlreadyExists
+	case strings.Contains(s, "not found"), strings.Contains(s, "failed to find"):
+		return backend.ErrNotFound
+	}
+	return nil
+}
+
+var reportArgs = []string{"--reportformat", "json", "--units", "b", "--nosuffix"}
+
+// state is one refresh: the VG row and the LVs of the VG.
+type state struct {
+	vg  VG
+	lvs []LV
+}
+
+func (s state) lv(name string) (LV, bool) {
+	for _, lv := range s.lvs {
+		if lv.Name == name {
+			return lv, true
+		}
+	}
+	return LV{}, false
+}
+
+// refresh is the one vgs + lvs pair per observation. backend.ErrNotFound
+// when the VG does not exist.
+func (l *LVM) refresh(ctx context.Context) (state, error) {
+	out, err := l.run(ctx, "vgs", append(append([]string{}, reportArgs...), "-o", vgFields, l.cfg.VolumeGroup)...)
+	if err != nil {
+		return state{}, fmt.Errorf("volume group %s: %w", l.cfg.VolumeGroup, err)
+	}
+	vgs, err := ParseVGs(out)
+	if err != nil {
+		return state{}, err
+	}
+	if len(vgs) != 1 {
+		return state{}, fmt.Errorf("volume group %s: vgs returned %d rows: %w", l.cfg.VolumeGroup, len(vgs), backend.ErrNotFound)
+	}
+	out, err = l.run(ctx, "lvs", append(append([]string{}, reportArgs...), "-o", lvFields, l.cfg.VolumeGroup)...)
+	if err != nil {
+		return state{}, fmt.Errorf("volume group %s: %w", l.cfg.VolumeGroup, err)
+	}
+	lvs, err := ParseLVs(out)
+	if err != nil {
+		return state{}, err
+	}
+	return state{vg: vgs[0], lvs: lvs}, nil
+}
+
+// CheckEmpty returns backend.ErrDeviceNotEmpty when device carries any
+// signature (filesystem, partition table, LVM or RAID label, ...) that
+// `blkid -p` (low-level probe, no cache) or `wipefs -n` reports.
+func (l *LVM) CheckEmpty(ctx context.Context, device string) error {
+	out, err := l.run(ctx, "blkid", "-p", device)
+	var ce *backend.CommandError
+	switch {
+	case err == nil:
+		return fmt.Errorf("device %s: %s: %w", device, strings.TrimSpace(string(out)), backend.ErrDeviceNotEmpty)
+	case errors.As(err, &ce) && ce.ExitCode == 2:
+		// blkid: exit 2 = nothing found
+	default:
+		return fmt.Errorf("device %s: %w", device, err)
+	}
+	out, err = l.run(ctx, "wipefs", "-n", "--noheadings", device)
+	if err != nil {
+		return fmt.Errorf("device %s: %w", device, err)
+	}
+	if s := strings.TrimSpace(string(out)); s != "" {
+		return fmt.Errorf("device %s: wipefs: %s: %w", device, s, backend.ErrDeviceNotEmpty)
+	}
+	return nil
+}
+
+// Ensure brings the node to the configured state: when the VG exists it is
+// activated (`vgchange -ay`: after a reboot without udev/lvm autoactivation
+// LVs are inactive); when it does not, it is created on Config.Devices,
+// each of which must be empty (CheckEmpty) — a device with any signature is
+// refused with backend.ErrDeviceNotEmpty and nothing is written. Then the
+// thin pool is created when configured and missing. Idempotent.
+func (l *LVM) Ensure(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, err := l.refresh(ctx)
+	switch {
+	case err == nil:
+		if _, err := l.run(ctx, "vgchange", "-ay", l.cfg.VolumeGroup); err != nil {
+			return fmt.Errorf("activate volume group: %w", err)
+		}
+	case errors.Is(err, backend.ErrNotFound):
+		if len(l.cfg.Devices) == 0 {
+			return fmt.Errorf("volume group %s does not exist and no devices are declared: %w", l.cfg.VolumeGroup, backend.ErrNotFound)
+		}
+		for _, d := range l.cfg.Devices {
+			if err := l.CheckEmpty(ctx, d); err != nil {
+				return err
+			}
+		}
+		args := append([]string{"-y", l.cfg.VolumeGroup}, l.cfg.Devices...)
+		if _, err := l.run(ctx, "vgcreate", args...); err != nil {
+			return fmt.Errorf("create volume group: %w", err)
+		}
+		if st, err = l.refresh(ctx); err != nil {
+			return err
+		}
+	default:
+		return err
+	}
+	if l.cfg.ThinPool == "" {
+		return nil
+	}
+	if pool, ok := st.lv(l.cfg.ThinPool); ok {
+		if pool.SegType != "thin-pool" {
+			return fmt.Errorf("%s/%s is a %s LV, not a thin pool: %w", l.cfg.VolumeGroup, l.cfg.ThinPool, pool.SegType, backend.ErrAlreadyExists)
+		}
+		return nil
+	}
+	if _, err := l.run(ctx, "lvcreate", "-y", "-Zy", "--type", "thin-pool",
+		"-l", strconv.Itoa(l.cfg.ThinPoolSizePercent)+"%VG", "-n", l.cfg.ThinPool, l.cfg.VolumeGroup); err != nil {
+		return fmt.Errorf("create thin pool: %w", err)
+	}
+	return nil
+}
+
+// capacity derives the Store's capacity from one refresh. Linear: the VG.
+// Thin: the pool — total = pool data size, free = data size × (1 − data%),
+// never VG free (B06).
+func (l *LVM) capacity(st state) (backend.Capacity, error) {
+	c := backend.Capacity{ExtentBytes: st.vg.ExtentBytes}
+	for _, lv := range st.lvs {
+		if l.managed(lv) {
+			c.ProvisionedBytes += lv.SizeBytes
+		}
+	}
+	if l.cfg.ThinPool == "" {
+		c.TotalBytes, c.FreeBytes = st.vg.SizeBytes, st.vg.FreeBytes
+		return c, nil
+	}
+	pool, ok := st.lv(l.cfg.ThinPool)
+	if !ok || pool.SegType != "thin-pool" {
+		return c, fmt.Errorf("thin pool %s/%s: %w", l.cfg.VolumeGroup, l.cfg.ThinPool, backend.ErrNotFound)
+	}
+	c.Thin = true
+	c.TotalBytes = pool.SizeBytes
+	used := int64(float64(pool.SizeBytes) * pool.DataPercent / 100)
+	c.FreeBytes = pool.SizeBytes - used
+	c.DataUsedRatio = pool.DataPercent / 100
+	c.MetadataUsedRatio = pool.MetadataPercent / 100
+	return c, nil
+}
+
+// managed: Plinth's volume LV of this backend (tagged, named like a volume id,
+// and of this backend's kind: thin in our pool, or not thin).
+func (l *LVM) managed(lv LV) bool {
+	if !lv.HasTag(TagManaged) || backend.ValidateVolumeID(lv.Name) != nil {
+		return false
+	}
+	if l.cfg.ThinPool != "" {
+		return lv.SegType == "thin" && lv.Pool == l.cfg.ThinPool
+	}
+	return lv.SegType != "thin" && lv.SegType != "thin-pool"
+}
+
+func (l *LVM) volume(lv LV) backend.Volume {
+	v := backend.Volume{ID: lv.Name, Name: lv.Name, SizeBytes: lv.SizeBytes, Thin: lv.SegType == "thin"}
+	if lv.Active {
+		v.DevicePath = l.devPath(lv.Name)
+	}
+	return v
+}
+
+func (l *LVM) devPath(lv string) string { return "/dev/" + l.cfg.VolumeGroup + "/" + lv }
+
+// Capacity reports the Store's capacity (one vgs + lvs pair). Units bytes.
+func (l *LVM) Capacity(ctx context.Context) (backend.Capacity, error) {
+	st, err := l.refresh(ctx)
+	if err != nil {
+		return backend.Capacity{}, err
+	}
+	return l.capacity(st)
+}
+
+// List returns Plinth's volumes of this VG (and pool), ordered by id.
+func (l *LVM) List(ctx context.Context) ([]backend.Volume, error) {
+	st, err := l.refresh(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []backend.Volume
+	for _, lv := range st.lvs {
+		if l.managed(lv) {
+			out = append(out, l.volume(lv))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// find refreshes and looks the volume up; backend.ErrNotFound when absent
+// or not Plinth's.
+func (l *LVM) find(ctx context.Context, id string) (state, LV, error) {
+	name, err := LVName(l.cfg.VolumeGroup, id)
+	if err != nil {
+		return state{}, LV{}, err
+	}
+	st, err := l.refresh(ctx)
+	if err != nil {
+		return st, LV{}, err
+	}
+	lv, ok := st.lv(name)
+	if !ok || !l.managed(lv) {
+		return st, LV{}, fmt.Errorf("volume %s in %s: %w", id, l.cfg.VolumeGroup, backend.ErrNotFound)
+	}
+	return st, lv, nil
+}
+
+// Get returns one volume.
+func (l *LVM) Get(ctx context.Context, id string) (backend.Volume, error) {
+	_, lv, err := l.find(ctx, id)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	return l.volume(lv), nil
+}
+
+// DevicePath returns /dev/<vg>/<lv>, activating the LV first when inactive.
+func (l *LVM) DevicePath(ctx context.Context, id string) (string, error) {
+	_, lv, err := l.find(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if !lv.Active {
+		if _, err := l.run(ctx, "lvchange", "-ay", l.cfg.VolumeGroup+"/"+lv.Name); err != nil {
+			return "", fmt.Errorf("activate %s: %w", id, err)
+		}
+	}
+	return l.devPath(lv.Name), nil
+}
+
+func sizeArg(b int64) string { return strconv.FormatInt(b, 10) + "b" }
+
+// Create makes a linear LV (or a thin LV when Config.ThinPool is set) named
+// LVName(id), tagged TagManaged, of sizeBytes rounded up to the VG extent
+// (B01), after checking Capacity.Available with the reserve (B07).
+// See backend.Backend.Create for idempotency and errors.
+func (l *LVM) Create(ctx context.Context, id string, sizeBytes int64) (backend.Volume, error) {
+	if sizeBytes <= 0 {
+		return backend.Volume{}, fmt.Errorf("size %d: %w", sizeBytes, backend.ErrInvalidArgument)
+	}
+	name, err := LVName(l.cfg.VolumeGroup, id)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, err := l.refresh(ctx)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	size := backend.RoundUp(sizeBytes, st.vg.ExtentBytes)
+	if lv, ok := st.lv(name); ok {
+		if !l.managed(lv) {
+			return backend.Volume{}, fmt.Errorf("LV %s/%s exists but is not a Plinth volume of this store: %w", l.cfg.VolumeGroup, name, backend.ErrAlreadyExists)
+		}
+		if lv.SizeBytes < size {
+			return backend.Volume{}, fmt.Errorf("volume %s exists with %d bytes, %d requested: %w", id, lv.SizeBytes, size, backend.ErrAlreadyExists)
+		}
+		return l.volume(lv), nil // adopt (also after a crash between lvcreate and status)
+	}
+	c, err := l.capacity(st)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	if avail := c.Available(l.cfg.ReserveBytes, l.cfg.OvercommitPercent); size > avail {
+		return backend.Volume{}, fmt.Errorf("volume %s: %d bytes requested, %d available: %w", id, size, avail, backend.ErrInsufficientCapacity)
+	}
+	args := []string{"-y", "-n", name, "--addtag", TagManaged}
+	if l.cfg.ThinPool != "" {
+		args = append(args, "-V", sizeArg(size), "--thinpool", l.cfg.ThinPool, l.cfg.VolumeGroup)
+	} else {
+		// -Wy -Zy: wipe signatures left by an earlier LV on the same extents.
+		args = append(args, "-Wy", "-Zy", "-L", sizeArg(size), l.cfg.VolumeGroup)
+	}
+	if _, err := l.run(ctx, "lvcreate", args...); err != nil {
+		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
+	}
+	return l.reread(ctx, id)
+}
+
+// reread reports the volume as lvm now sees it (its real size).
+func (l *LVM) reread(ctx context.Context, id string) (backend.Volume, error) {
+	_, lv, err := l.find(ctx, id)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	return l.volume(lv), nil
+}
+
+// Expand grows the LV to sizeBytes rounded up to the extent (lvextend; the
+// filesystem is the node plugin's business). Never shrinks.
+func (l *LVM) Expand(ctx context.Context, id string, sizeBytes int64) (backend.Volume, error) {
+	if sizeBytes <= 0 {
+		return backend.Volume{}, fmt.Errorf("size %d: %w", sizeBytes, backend.ErrInvalidArgument)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, lv, err := l.find(ctx, id)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	size := backend.RoundUp(sizeBytes, st.vg.ExtentBytes)
+	if lv.SizeBytes >= size {
+		return l.volume(lv), nil
+	}
+	c, err := l.capacity(st)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	if grow, avail := size-lv.SizeBytes, c.Available(l.cfg.ReserveBytes, l.cfg.OvercommitPercent); grow > avail {
+		return backend.Volume{}, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
+	}
+	if _, err := l.run(ctx, "lvextend", "-L", sizeArg(size), l.cfg.VolumeGroup+"/"+lv.Name); err != nil {
+		return backend.Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
+	}
+	return l.reread(ctx, id)
+}
+
+// Delete removes the LV. An absent volume is success; an LV of the same name
+// that is not Plinth's is left alone (also success: the volume is gone).
+func (l *LVM) Delete(ctx context.Context, id string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, lv, err := l.find(ctx, id)
+	if errors.Is(err, backend.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := l.run(ctx, "lvremove", "-y", l.cfg.VolumeGroup+"/"+lv.Name); err != nil {
+		if errors.Is(err, backend.ErrNotFound) {
+			return nil
+		}
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
+	return nil
+}
