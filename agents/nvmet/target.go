@@ -157,7 +157,9 @@ func (t *Target) hostDir(h string) string    { return filepath.Join(t.root, "hos
 // changes records mutations for Result.Changes and the log.
 type changes struct{ list []string }
 
-func (c *changes) add(format string, args ...any) { c.list = append(c.list, fmt.Sprintf(format, args...)) }
+func (c *changes) add(format string, args ...any) {
+	c.list = append(c.list, fmt.Sprintf(format, args...))
+}
 
 func validateSpec(s ExportSpec) (family string, err error) {
 	if err := ValidateNQN(s.NQN); err != nil {
