@@ -2,10 +2,12 @@ package nvmet
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Inspect returns the observed state of subsystem nqn, or ErrNotFound. It
@@ -37,7 +39,8 @@ func (t *Target) Inspect(ctx context.Context, nqn string) (Export, error) {
 
 // List returns the observed state of every subsystem under the root (Plinth's
 // and others'; see VolumeIDFromNQN), sorted by NQN, for drift detection. It
-// reads without the subsystem locks: an export in progress may show half-way.
+// reads without the subsystem locks: an export in progress may show half-way,
+// and a subsystem removed while listing is left out.
 func (t *Target) List(ctx context.Context) ([]Export, error) {
 	names, err := t.fs.ReadDir(filepath.Join(t.root, "subsystems"))
 	if err != nil {
@@ -54,6 +57,9 @@ func (t *Target) List(ctx context.Context) ([]Export, error) {
 			return nil, err
 		}
 		e, err := t.readExport(n, ports)
+		if errors.Is(err, syscall.ENOENT) {
+			continue // removed while listing
+		}
 		if err != nil {
 			return nil, err
 		}

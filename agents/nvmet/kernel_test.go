@@ -391,6 +391,40 @@ func TestKernelOrderingRules(t *testing.T) {
 		t.Fatalf("inspect %+v", ex)
 	}
 
+	// B21 on the real kernel: a crash left the namespace enabled but no port
+	// link; Export relinks without touching the namespace.
+	if err := fs.Unlink(filepath.Join(pdir, "subsystems", nqn)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(pdir); err != nil {
+		t.Fatalf("port removed by the kernel when its last link went: %v", err)
+	}
+	b21, err := tg.Export(ctx, nvmet.ExportSpec{NQN: nqn, DevicePath: lv2, Endpoint: ep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b21.Changes) != 1 || !strings.HasPrefix(b21.Changes[0], "symlink "+filepath.Join(pdir, "subsystems", nqn)) {
+		t.Fatalf("B21 convergence changes %q, want only the port link", b21.Changes)
+	}
+
+	// B22(5): an address on no interface fails when the first link binds
+	// the port; the error is surfaced and the port is not left behind.
+	bad := nvmet.Endpoint{Address: "192.0.2.10", ServiceID: "4420"}
+	badNQN, _ := nvmet.VolumeNQN(volumeID("unbindable"))
+	_, err = tg.Export(ctx, nvmet.ExportSpec{NQN: badNQN, DevicePath: lv1, Endpoint: bad})
+	t.Logf("export on an unassigned address: %v", err)
+	var ce *nvmet.ConfigfsError
+	if err == nil || !errors.As(err, &ce) {
+		t.Fatalf("export on an unassigned address: %v, want a configfs link error", err)
+	}
+	badPort := nvmet.DerivePortID(nvmet.Port{Transport: "tcp", Family: "ipv4", Address: bad.Address, ServiceID: bad.ServiceID})
+	if _, err := os.Stat(filepath.Join(root, "ports", strconv.Itoa(int(badPort)))); !os.IsNotExist(err) {
+		t.Fatalf("unbindable port left: %v", err)
+	}
+	if err := tg.Unexport(ctx, badNQN); err != nil {
+		t.Fatal(err)
+	}
+
 	// B24: the kernel accepts an over-long subsystem directory (and keeps
 	// only 223 bytes of the NQN), which is why names are validated first.
 	long := "nqn.2026-01.io.example.storage:" + strings.Repeat("p", 200)

@@ -102,7 +102,17 @@ func (t *Target) linkPort(nqn string, want Port, c *changes) (Port, error) {
 	// The first link enables the port: the transport binds its listener
 	// here, so EADDRNOTAVAIL/EADDRINUSE surface as this symlink's error.
 	if err := t.symlink(t.subsysDir(nqn), link, c); err != nil {
-		return Port{}, fmt.Errorf("link subsystem into port %s: %w", port.name, err)
+		err = fmt.Errorf("link subsystem into port %s: %w", port.name, err)
+		if len(port.subsystems) == 0 {
+			// Do not leave a disabled port with an address that cannot be
+			// bound; a retry creates it again.
+			if rerr := t.fs.Rmdir(dir); rerr == nil {
+				c.add("rmdir %s", dir)
+			} else {
+				err = errors.Join(err, rerr)
+			}
+		}
+		return Port{}, err
 	}
 	// Post-condition (field case B21): the link is there and names nqn.
 	target, err := t.fs.Readlink(link)

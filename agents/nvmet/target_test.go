@@ -314,6 +314,9 @@ func TestB22OrderingRules(t *testing.T) {
 		if !errors.As(err, &ce) || !strings.HasSuffix(filepath.Dir(filepath.Dir(ce.Path)), "ports/2") {
 			t.Fatalf("error does not carry the configfs path: %#v", err)
 		}
+		if k.exists("ports/2") {
+			t.Fatal("unbindable port left behind")
+		}
 	})
 }
 
