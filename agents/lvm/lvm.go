@@ -237,8 +237,8 @@ func (l *LVM) Ensure(ctx context.Context) error {
 		return nil
 	}
 	if pool, ok := st.lv(l.cfg.ThinPool); ok {
-		if pool.SegType != "thin-pool" {
-			return fmt.Errorf("%s/%s is a %s LV, not a thin pool: %w", l.cfg.VolumeGroup, l.cfg.ThinPool, pool.SegType, backend.ErrAlreadyExists)
+		if !pool.IsThinPool() {
+			return fmt.Errorf("%s/%s is a %s LV, not a thin pool: %w", l.cfg.VolumeGroup, l.cfg.ThinPool, pool.Layout, backend.ErrAlreadyExists)
 		}
 		return nil
 	}
@@ -264,7 +264,7 @@ func (l *LVM) capacity(st state) (backend.Capacity, error) {
 		return c, nil
 	}
 	pool, ok := st.lv(l.cfg.ThinPool)
-	if !ok || pool.SegType != "thin-pool" {
+	if !ok || !pool.IsThinPool() {
 		return c, fmt.Errorf("thin pool %s/%s: %w", l.cfg.VolumeGroup, l.cfg.ThinPool, backend.ErrNotFound)
 	}
 	c.Thin = true
@@ -283,13 +283,13 @@ func (l *LVM) managed(lv LV) bool {
 		return false
 	}
 	if l.cfg.ThinPool != "" {
-		return lv.SegType == "thin" && lv.Pool == l.cfg.ThinPool
+		return lv.IsThin() && lv.Pool == l.cfg.ThinPool
 	}
-	return lv.SegType != "thin" && lv.SegType != "thin-pool"
+	return !lv.IsThin() && !lv.IsThinPool()
 }
 
 func (l *LVM) volume(lv LV) backend.Volume {
-	v := backend.Volume{ID: lv.Name, Name: lv.Name, SizeBytes: lv.SizeBytes, Thin: lv.SegType == "thin"}
+	v := backend.Volume{ID: lv.Name, Name: lv.Name, SizeBytes: lv.SizeBytes, Thin: lv.IsThin()}
 	if lv.Active {
 		v.DevicePath = l.devPath(lv.Name)
 	}

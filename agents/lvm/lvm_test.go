@@ -57,9 +57,9 @@ func (f *fakeLVM) run(_ context.Context, name string, args ...string) ([]byte, [
 		}
 		seg := "linear"
 		if pool != "" {
-			seg = "thin"
+			seg = "thin,sparse"
 		}
-		f.lvs = append(f.lvs, map[string]string{"lv_name": n, "lv_size": size, "lv_tags": TagManaged, "segtype": seg, "pool_lv": pool, "lv_active": "active"})
+		f.lvs = append(f.lvs, map[string]string{"lv_name": n, "lv_size": size, "lv_tags": TagManaged, "lv_layout": seg, "pool_lv": pool, "lv_active": "active"})
 		return nil, []byte("  WARNING: Sum of all thin volume sizes exceeds the size of thin pool.\n"), 0, nil
 	case "lvextend":
 		for _, lv := range f.lvs {
@@ -154,10 +154,10 @@ func TestCreateHonoursReserve(t *testing.T) {
 // B06: thin capacity comes from the pool, never from VG free.
 func TestThinCapacityFromPool(t *testing.T) {
 	f := &fakeLVM{vgSize: 100 * gib, vgFree: 0, extent: 4 * mib, lvs: []map[string]string{
-		{"lv_name": "pool0", "segtype": "thin-pool", "lv_size": fmt.Sprint(99 * gib), "data_percent": "10.00", "metadata_percent": "2.00"},
-		{"lv_name": backend.VolumeID("a"), "segtype": "thin", "pool_lv": "pool0", "lv_size": fmt.Sprint(15 * gib), "lv_tags": TagManaged},
-		{"lv_name": backend.VolumeID("b"), "segtype": "thin", "pool_lv": "pool0", "lv_size": fmt.Sprint(5 * gib), "lv_tags": TagManaged + ",other"},
-		{"lv_name": "foreign", "segtype": "thin", "pool_lv": "pool0", "lv_size": fmt.Sprint(50 * gib)},
+		{"lv_name": "pool0", "lv_layout": "thin,pool", "lv_size": fmt.Sprint(99 * gib), "data_percent": "10.00", "metadata_percent": "2.00"},
+		{"lv_name": backend.VolumeID("a"), "lv_layout": "thin,sparse", "pool_lv": "pool0", "lv_size": fmt.Sprint(15 * gib), "lv_tags": TagManaged},
+		{"lv_name": backend.VolumeID("b"), "lv_layout": "thin,sparse", "pool_lv": "pool0", "lv_size": fmt.Sprint(5 * gib), "lv_tags": TagManaged + ",other"},
+		{"lv_name": "foreign", "lv_layout": "thin,sparse", "pool_lv": "pool0", "lv_size": fmt.Sprint(50 * gib)},
 	}}
 	thin := newFake(t, f, Config{ThinPool: "pool0", OvercommitPercent: 1000})
 	c, err := thin.Capacity(context.Background())
@@ -194,7 +194,7 @@ func TestThinCapacityFromPool(t *testing.T) {
 func TestRefreshIsOnePair(t *testing.T) {
 	f := &fakeLVM{vgSize: 10 * gib, vgFree: 10 * gib, extent: 4 * mib}
 	for i := 0; i < 50; i++ {
-		f.lvs = append(f.lvs, map[string]string{"lv_name": backend.VolumeID(fmt.Sprint(i)), "segtype": "linear", "lv_size": "4194304", "lv_tags": TagManaged})
+		f.lvs = append(f.lvs, map[string]string{"lv_name": backend.VolumeID(fmt.Sprint(i)), "lv_layout": "linear", "lv_size": "4194304", "lv_tags": TagManaged})
 	}
 	l := newFake(t, f, Config{})
 	if _, err := l.List(context.Background()); err != nil {
@@ -227,7 +227,7 @@ func TestErrorsCarryCommandAndStderr(t *testing.T) {
 
 func TestDeleteLeavesForeignLV(t *testing.T) {
 	id := backend.VolumeID("x")
-	f := &fakeLVM{vgSize: 10 * gib, vgFree: 10 * gib, extent: 4 * mib, lvs: []map[string]string{{"lv_name": id, "segtype": "linear", "lv_size": "4194304"}}}
+	f := &fakeLVM{vgSize: 10 * gib, vgFree: 10 * gib, extent: 4 * mib, lvs: []map[string]string{{"lv_name": id, "lv_layout": "linear", "lv_size": "4194304"}}}
 	l := newFake(t, f, Config{})
 	if err := l.Delete(context.Background(), id); err != nil {
 		t.Fatal(err)

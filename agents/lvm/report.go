@@ -9,10 +9,12 @@ import (
 )
 
 // Report fields requested from vgs and lvs (--reportformat json --units b
-// --nosuffix: every size is a decimal byte count).
+// --nosuffix: every size is a decimal byte count). Only LV-level fields: a
+// segment field such as segtype makes lvs print one row per segment, so an
+// LV extended into a second segment would appear twice.
 const (
 	vgFields = "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size,vg_extent_count,vg_free_count,vg_tags,lv_count,pv_count"
-	lvFields = "lv_name,vg_name,lv_uuid,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,lv_metadata_size,segtype,lv_path,lv_dm_path,lv_active,lv_layout"
+	lvFields = "lv_name,vg_name,lv_uuid,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,lv_metadata_size,lv_path,lv_dm_path,lv_active,lv_layout"
 )
 
 // VG is one row of `vgs`. Sizes in bytes.
@@ -37,8 +39,9 @@ type LV struct {
 	Tags      []string
 	// Pool is the thin pool of a thin LV, else "".
 	Pool string
-	// SegType is "linear", "thin", "thin-pool", "striped", ...
-	SegType string
+	// Layout is lvm's lv_layout: "linear", "thin,sparse" (thin LV),
+	// "thin,pool" (thin pool), "striped", ...
+	Layout string
 	// DataPercent is a thin pool's (or thin LV's) data use; MetadataPercent a
 	// thin pool's metadata use.
 	DataPercent       float64
@@ -47,6 +50,21 @@ type LV struct {
 	Path              string
 	DMPath            string
 	Active            bool
+}
+
+// IsThin reports whether the LV is a thin LV (not a pool).
+func (l LV) IsThin() bool { return l.hasLayout("thin") && !l.hasLayout("pool") }
+
+// IsThinPool reports whether the LV is a thin pool.
+func (l LV) IsThinPool() bool { return l.hasLayout("thin") && l.hasLayout("pool") }
+
+func (l LV) hasLayout(part string) bool {
+	for _, p := range strings.Split(l.Layout, ",") {
+		if p == part {
+			return true
+		}
+	}
+	return false
 }
 
 // HasTag reports whether the LV carries tag.
@@ -153,6 +171,7 @@ func ParseLVs(data []byte) ([]LV, error) {
 		return nil, err
 	}
 	var out []LV
+	seen := map[string]bool{}
 	for _, rep := range r.Report {
 		for _, row := range rep.LV {
 			p := fieldParser{row: row}
@@ -164,7 +183,7 @@ func ParseLVs(data []byte) ([]LV, error) {
 				Attr:              p.str("lv_attr"),
 				Tags:              p.tags("lv_tags"),
 				Pool:              p.str("pool_lv"),
-				SegType:           p.str("segtype"),
+				Layout:            p.str("lv_layout"),
 				DataPercent:       p.pct("data_percent"),
 				MetadataPercent:   p.pct("metadata_percent"),
 				MetadataSizeBytes: p.int("lv_metadata_size"),
@@ -178,7 +197,10 @@ func ParseLVs(data []byte) ([]LV, error) {
 			if p.err != nil {
 				return nil, fmt.Errorf("parse lvs report: %w", p.err)
 			}
-			out = append(out, lv)
+			if !seen[lv.VG+"/"+lv.Name] {
+				seen[lv.VG+"/"+lv.Name] = true
+				out = append(out, lv)
+			}
 		}
 	}
 	return out, nil

@@ -16,7 +16,8 @@ func readTestdata(t testing.TB, name string) []byte {
 }
 
 // The testdata JSON was recorded in the kernel-test guest (lvm 2.03.16,
-// Debian bookworm) with the exact flags and fields the backend uses.
+// Debian bookworm) with the backend's flags and a superset of its fields
+// (lvs -a, so hidden sub-LVs appear too).
 func TestParseRecordedReports(t *testing.T) {
 	vgs, err := ParseVGs(readTestdata(t, "vgs-thin.json"))
 	if err != nil {
@@ -38,15 +39,15 @@ func TestParseRecordedReports(t *testing.T) {
 		byName[lv.Name] = lv
 	}
 	pool := byName["tpool"]
-	if pool.SegType != "thin-pool" || pool.SizeBytes != 2143289344 || pool.DataPercent != 0.98 || pool.MetadataPercent != 11.43 || pool.MetadataSizeBytes != 4194304 || !pool.Active {
+	if !pool.IsThinPool() || pool.SizeBytes != 2143289344 || pool.DataPercent != 0.98 || pool.MetadataPercent != 11.43 || pool.MetadataSizeBytes != 4194304 || !pool.Active {
 		t.Errorf("pool = %+v", pool)
 	}
 	thin := byName["vol-fedcba9876543210fedcba9876543210fedcba98"]
-	if thin.SegType != "thin" || thin.Pool != "tpool" || thin.SizeBytes != 104857600 || thin.DataPercent != 20 || !thin.HasTag(TagManaged) {
+	if !thin.IsThin() || thin.Pool != "tpool" || thin.SizeBytes != 104857600 || thin.DataPercent != 20 || !thin.HasTag(TagManaged) {
 		t.Errorf("thin = %+v", thin)
 	}
 	lin := byName["vol-0123456789abcdef0123456789abcdef01234567"]
-	if lin.SegType != "linear" || lin.SizeBytes != 67108864 || lin.Path != "/dev/plinthvg/vol-0123456789abcdef0123456789abcdef01234567" ||
+	if lin.Layout != "linear" || lin.SizeBytes != 67108864 || lin.Path != "/dev/plinthvg/vol-0123456789abcdef0123456789abcdef01234567" ||
 		lin.DMPath != "/dev/mapper/plinthvg-vol--0123456789abcdef0123456789abcdef01234567" {
 		t.Errorf("linear = %+v", lin)
 	}
@@ -73,6 +74,15 @@ func TestParseRecordedReports(t *testing.T) {
 		if _, err := ParseLVs(readTestdata(t, f)); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
+	}
+}
+
+// lvs with a segment field prints a row per segment; the parser keeps one.
+func TestParseDedupesSegments(t *testing.T) {
+	in := `{"report":[{"lv":[{"lv_name":"a","vg_name":"v","lv_size":"8"},{"lv_name":"a","vg_name":"v","lv_size":"8"},{"lv_name":"b","vg_name":"v"}]}]}`
+	lvs, err := ParseLVs([]byte(in))
+	if err != nil || len(lvs) != 2 {
+		t.Fatalf("%+v %v", lvs, err)
 	}
 }
 

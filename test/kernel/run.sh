@@ -9,7 +9,8 @@
 # Contract for guest tests (details in README.md):
 #   - Gate every test: if os.Getenv("PLINTH_KERNEL_TEST") != "1" {
 #       t.Skip("kernel test: set PLINTH_KERNEL_TEST=1 (runs in the qemu guest via make test-kernel)") }
-#     The binary runs as root with -test.v, cwd /tmp (tmpfs), TMPDIR=/tmp.
+#     The binary runs as root with -test.v and TMPDIR=/tmp (tmpfs); its cwd is a
+#     copy of the package's testdata/ parent when the package has one, else /tmp.
 #   - Disks: /dev/vda 2 GiB (spare, unassigned), /dev/vdb 4 GiB (agents/lvm),
 #     /dev/vdc 4 GiB (agents/nvmet): all empty, raw, sparse. Binaries run
 #     sequentially in the same guest: leave your disk as you found it is not
@@ -22,7 +23,8 @@
 #     xfs_growfs, blkid, wipefs, losetup, modprobe.
 #   - Network: lo up (127.0.0.1 for nvme-tcp); eth0 10.0.2.15 (qemu user net,
 #     restricted: no outbound traffic; host services forwarded at 10.0.2.100).
-# Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G).
+# Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G),
+#      KERNEL_PACKAGES="./agents/lvm ..." to run only some packages.
 set -euo pipefail
 export GOFLAGS="${GOFLAGS:--buildvcs=false -trimpath}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 D=$(cd "$(dirname "$0")" && pwd)
@@ -41,8 +43,8 @@ while read -r pkg; do
 	name=$(echo "${pkg#./}" | tr '/' '_').test
 	CGO_ENABLED=0 go test -c -o "$W/tests/$name" "$pkg"
 	# a package without test files yields no binary
-	[ -f "$W/tests/$name" ] && bins+=("$W/tests/$name")
-done < "$D/packages.txt"
+	[ -f "$W/tests/$name" ] && bins+=("$W/tests/$name=$(go list -f '{{.Dir}}' "$pkg")")
+done < <(if [ -n "${KERNEL_PACKAGES:-}" ]; then printf '%s\n' $KERNEL_PACKAGES; else cat "$D/packages.txt"; fi)
 go build -o "$W/bin/kguest" ./test/kernel/cmd/kguest
 awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN{printf "TIMING build-test-binaries %.1fs\n", b-a}'
 exec "$W/bin/kguest" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G}" "${bins[@]}"

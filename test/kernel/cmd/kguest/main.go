@@ -3,7 +3,7 @@
 // PLINTH_KERNEL_TEST=1 and -test.v; its output streams to stdout. The exit
 // code is 0 only when every binary passed.
 //
-//	kguest [-disks 2G,4G,4G] [-timeout 30m] [-mem MiB] [-sh SCRIPT] BINARY...
+//	kguest [-disks 2G,4G,4G] [-timeout 30m] [-mem MiB] [-sh SCRIPT] BINARY[=PKGDIR]...
 package main
 
 import (
@@ -96,15 +96,29 @@ func run() int {
 
 	failed := 0
 	var summary []string
-	for _, bin := range flag.Args() {
+	for _, arg := range flag.Args() {
+		// BINARY[=PKGDIR]: with PKGDIR, its testdata/ is copied along and the
+		// binary runs in the copy's folder, as go test runs it in the package.
+		bin, pkgDir, _ := strings.Cut(arg, "=")
 		name := filepath.Base(bin)
 		if err := copyFile(bin, filepath.Join(g.ShareDir(), name)); err != nil {
 			fmt.Fprintf(os.Stderr, "kguest: %v\n", err)
 			return 1
 		}
+		cwd := "/tmp"
+		if pkgDir != "" {
+			if _, err := os.Stat(filepath.Join(pkgDir, "testdata")); err == nil {
+				dst := filepath.Join(g.ShareDir(), name+".d")
+				if err := os.CopyFS(filepath.Join(dst, "testdata"), os.DirFS(filepath.Join(pkgDir, "testdata"))); err != nil {
+					fmt.Fprintf(os.Stderr, "kguest: testdata: %v\n", err)
+					return 1
+				}
+				cwd = guest.SharePath + "/" + name + ".d"
+			}
+		}
 		fmt.Printf("=== KERNEL %s\n", name)
 		t0 := time.Now()
-		script := fmt.Sprintf("cd /tmp && PLINTH_KERNEL_TEST=1 %s/%s -test.v -test.count=1 -test.timeout=15m", guest.SharePath, name)
+		script := fmt.Sprintf("cd %s && PLINTH_KERNEL_TEST=1 %s/%s -test.v -test.count=1 -test.timeout=15m", cwd, guest.SharePath, name)
 		w := bufio.NewWriter(os.Stdout)
 		res, err := g.Run(ctx, script, flushWriter{w})
 		w.Flush()
