@@ -1,0 +1,346 @@
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/plinth-storage/plinth/agents/backend"
+)
+
+// UnitBytes is the allocation unit sizes are rounded up to (B01): loop
+// devices work in 512-byte sectors; 4 KiB keeps every filesystem block size
+// whole.
+const UnitBytes = 4096
+
+const suffix = ".img"
+
+// Config binds the file backend to one Store.
+type Config struct {
+	// Directory holds the volume files; created when missing.
+	Directory string
+	// ReserveBytes is headroom never provisioned (B07).
+	ReserveBytes int64
+	// OvercommitPercent is max provisioned ÷ filesystem size × 100 (files are
+	// sparse, so this backend is thin); 0 means 100.
+	OvercommitPercent int64
+	// DevDir is where loop device nodes live (default /dev).
+	DevDir string
+	// SysDir is the sysfs root used to find attached loop devices
+	// (default /sys).
+	SysDir string
+}
+
+// File is the file backend. Safe for concurrent use; mutations are serialised.
+type File struct {
+	cfg Config
+	mu  sync.Mutex
+}
+
+var _ backend.Backend = (*File)(nil)
+
+// New returns the backend, creating Config.Directory when missing.
+func New(cfg Config) (*File, error) {
+	if cfg.Directory == "" {
+		return nil, fmt.Errorf("file backend: empty directory: %w", backend.ErrInvalidArgument)
+	}
+	abs, err := filepath.Abs(cfg.Directory)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Directory = abs
+	if cfg.DevDir == "" {
+		cfg.DevDir = "/dev"
+	}
+	if cfg.SysDir == "" {
+		cfg.SysDir = "/sys"
+	}
+	if err := os.MkdirAll(cfg.Directory, 0o700); err != nil {
+		return nil, fmt.Errorf("file backend: %w", err)
+	}
+	// the kernel reports backing files by their resolved path
+	if cfg.Directory, err = filepath.EvalSymlinks(cfg.Directory); err != nil {
+		return nil, fmt.Errorf("file backend: %w", err)
+	}
+	return &File{cfg: cfg}, nil
+}
+
+func (f *File) path(id string) (string, error) {
+	if err := backend.ValidateVolumeID(id); err != nil {
+		return "", err
+	}
+	return filepath.Join(f.cfg.Directory, id+suffix), nil
+}
+
+// attached returns the loop devices (e.g. /dev/loop3) whose backing file is
+// path, from /sys/block/loop*/loop/backing_file.
+func (f *File) attached(path string) ([]string, error) {
+	m, err := filepath.Glob(filepath.Join(f.cfg.SysDir, "block", "loop*", "loop", "backing_file"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, bf := range m {
+		b, err := os.ReadFile(bf)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == path {
+			name := filepath.Base(filepath.Dir(filepath.Dir(bf)))
+			out = append(out, filepath.Join(f.cfg.DevDir, name))
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func (f *File) volume(id, path string, size int64) (backend.Volume, error) {
+	v := backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}
+	devs, err := f.attached(path)
+	if err != nil {
+		return v, err
+	}
+	if len(devs) > 0 {
+		v.DevicePath = devs[0]
+	}
+	return v, nil
+}
+
+// Create makes a sparse file of sizeBytes rounded up to UnitBytes and
+// attaches it to a free loop device. See backend.Backend.Create.
+func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.Volume, error) {
+	if sizeBytes <= 0 {
+		return backend.Volume{}, fmt.Errorf("size %d: %w", sizeBytes, backend.ErrInvalidArgument)
+	}
+	path, err := f.path(id)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	size := backend.RoundUp(sizeBytes, UnitBytes)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st, err := os.Stat(path); err == nil {
+		if st.Size() < size {
+			return backend.Volume{}, fmt.Errorf("volume %s exists with %d bytes, %d requested: %w", id, st.Size(), size, backend.ErrAlreadyExists)
+		}
+		if _, err := f.attach(path); err != nil {
+			return backend.Volume{}, err
+		}
+		return f.volume(id, path, st.Size())
+	}
+	c, err := f.capacity()
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	if avail := c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); size > avail {
+		return backend.Volume{}, fmt.Errorf("volume %s: %d bytes requested, %d available: %w", id, size, avail, backend.ErrInsufficientCapacity)
+	}
+	// temp file + rename: a crash never leaves a short file under the final name.
+	tmp := path + ".tmp"
+	fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		os.Remove(tmp)
+		fh, err = os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	}
+	if err != nil {
+		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
+	}
+	err = fh.Truncate(size)
+	if err == nil {
+		err = fh.Sync()
+	}
+	if cerr := fh.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
+	}
+	if _, err := f.attach(path); err != nil {
+		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
+	}
+	return f.volume(id, path, size)
+}
+
+// Expand grows the file and tells the loop device (LOOP_SET_CAPACITY).
+func (f *File) Expand(ctx context.Context, id string, sizeBytes int64) (backend.Volume, error) {
+	if sizeBytes <= 0 {
+		return backend.Volume{}, fmt.Errorf("size %d: %w", sizeBytes, backend.ErrInvalidArgument)
+	}
+	path, err := f.path(id)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	size := backend.RoundUp(sizeBytes, UnitBytes)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return backend.Volume{}, fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
+	}
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	if st.Size() >= size {
+		return f.volume(id, path, st.Size())
+	}
+	c, err := f.capacity()
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	if grow, avail := size-st.Size(), c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); grow > avail {
+		return backend.Volume{}, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		return backend.Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
+	}
+	devs, err := f.attached(path)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	for _, d := range devs {
+		if err := setCapacity(d); err != nil {
+			return backend.Volume{}, fmt.Errorf("expand volume %s: %s: %w", id, d, err)
+		}
+	}
+	return f.volume(id, path, size)
+}
+
+// Delete detaches the loop device(s) and removes the file. A device still
+// open exclusively (mounted, held by a filesystem) → backend.ErrInUse.
+func (f *File) Delete(ctx context.Context, id string) error {
+	path, err := f.path(id)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	devs, err := f.attached(path)
+	if err != nil {
+		return err
+	}
+	for _, d := range devs {
+		if err := detach(d); err != nil {
+			return fmt.Errorf("delete volume %s: %w", id, err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// Get returns one volume.
+func (f *File) Get(ctx context.Context, id string) (backend.Volume, error) {
+	path, err := f.path(id)
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return backend.Volume{}, fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
+	}
+	if err != nil {
+		return backend.Volume{}, err
+	}
+	return f.volume(id, path, st.Size())
+}
+
+// List returns the volumes in the directory (files named <volume id>.img).
+func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
+	ents, err := os.ReadDir(f.cfg.Directory)
+	if err != nil {
+		return nil, err
+	}
+	var out []backend.Volume
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), suffix)
+		if !ok || !e.Type().IsRegular() || backend.ValidateVolumeID(id) != nil {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		v, err := f.volume(id, filepath.Join(f.cfg.Directory, e.Name()), info.Size())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil // ReadDir is sorted by name = id
+}
+
+// Capacity is the filesystem of the directory (statfs): total size, space
+// free for unprivileged use, and the sum of the volume files' sizes.
+func (f *File) Capacity(ctx context.Context) (backend.Capacity, error) {
+	return f.capacity()
+}
+
+func (f *File) capacity() (backend.Capacity, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(f.cfg.Directory, &st); err != nil {
+		return backend.Capacity{}, fmt.Errorf("statfs %s: %w", f.cfg.Directory, err)
+	}
+	c := backend.Capacity{
+		Thin:        true,
+		TotalBytes:  int64(st.Blocks) * int64(st.Bsize),
+		FreeBytes:   int64(st.Bavail) * int64(st.Bsize),
+		ExtentBytes: UnitBytes,
+	}
+	ents, err := os.ReadDir(f.cfg.Directory)
+	if err != nil {
+		return c, err
+	}
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), suffix)
+		if !ok || backend.ValidateVolumeID(id) != nil {
+			continue
+		}
+		if info, err := e.Info(); err == nil {
+			c.ProvisionedBytes += info.Size()
+		}
+	}
+	if c.TotalBytes > 0 {
+		c.DataUsedRatio = float64(c.TotalBytes-c.FreeBytes) / float64(c.TotalBytes)
+	}
+	return c, nil
+}
+
+// DevicePath returns the loop device of the volume, attaching the file when
+// it is not attached (e.g. after a reboot).
+func (f *File) DevicePath(ctx context.Context, id string) (string, error) {
+	path, err := f.path(id)
+	if err != nil {
+		return "", err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
+	}
+	return f.attach(path)
+}
+
+// attach returns the loop device of path, attaching it when needed.
+func (f *File) attach(path string) (string, error) {
+	devs, err := f.attached(path)
+	if err != nil {
+		return "", err
+	}
+	if len(devs) > 0 {
+		return devs[0], nil
+	}
+	return attachLoop(f.cfg.DevDir, path)
+}
