@@ -13,7 +13,8 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /run
 mkdir -p /run/lvm /run/lock
-mount -t tmpfs tmpfs /tmp
+# /tmp is large (sparse files of tests cost no memory until written)
+mount -t tmpfs -o size=8g tmpfs /tmp
 echo "PLINTH-GUEST init uptime=$(cut -d' ' -f1 /proc/uptime)s"
 for m in virtio_pci virtio_blk virtio_net 9pnet_virtio 9p dm-mod dm-thin-pool dm-snapshot \
 	configfs nvmet nvmet-tcp nvme-fabrics nvme-tcp nvme loop ext4 xfs; do

@@ -9,7 +9,8 @@
 # Contract for guest tests (details in README.md):
 #   - Gate every test: if os.Getenv("PLINTH_KERNEL_TEST") != "1" {
 #       t.Skip("kernel test: set PLINTH_KERNEL_TEST=1 (runs in the qemu guest via make test-kernel)") }
-#     The binary runs as root with -test.v and TMPDIR=/tmp (tmpfs); its cwd is a
+#     The binary runs as root with -test.v and TMPDIR=/tmp (tmpfs, size=8g, backed
+#     by 1 GiB RAM: sparse files only); its cwd is a
 #     copy of the package's testdata/ parent when the package has one, else /tmp.
 #   - Disks: /dev/vda 2 GiB (spare, unassigned), /dev/vdb 4 GiB (agents/lvm),
 #     /dev/vdc 4 GiB (agents/nvmet): all empty, raw, sparse. Binaries run
@@ -31,7 +32,7 @@ D=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$D/../.." && pwd)
 W=$D/.work
 cd "$ROOT"
-[ -f "$W/vmlinux" ] && [ -f "$W/initramfs.cpio" ] || "$D/setup.sh"
+"$D/setup.sh" # idempotent (stamp); rebuilds when guest-init.sh or the tools changed
 start=$EPOCHREALTIME
 rm -rf "$W/tests"
 mkdir -p "$W/tests" "$W/bin"
