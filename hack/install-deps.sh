@@ -2,8 +2,9 @@
 # Installs the Debian packages the test suites need (idempotent).
 # Kernel suite: qemu (software emulation), busybox, kmod, LVM, thin tools, nvme-cli, mkfs.
 # Host suite: e2fsprogs/xfsprogs/util-linux for the file backend on loop devices.
+# test/kernel/setup.sh: xz-utils (vmlinux extraction), binutils (strip modules), cpio.
 set -euo pipefail
-pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux git make)
+pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux xz-utils binutils coreutils git make)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
