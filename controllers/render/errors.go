@@ -1,0 +1,5 @@
+package render
+
+import "errors"
+
+func joinErrors(errs []error) error { return errors.Join(errs...) }

@@ -1,0 +1,80 @@
+package vet
+
+import (
+	"fmt"
+	"strings"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+)
+
+// crossCheck applies the rules that need the whole set, with maps keyed by name (O(n)):
+// unique names per kind, references that resolve, unique StorageClass names, at most one
+// default class, and the local protocol only with WaitForFirstConsumer.
+func crossCheck(docs []*vetted) []Problem {
+	var ps []Problem
+	byKind := map[string]map[string]*vetted{"StoragePool": {}, "Protocol": {}, "Placement": {}}
+	var placements []*vetted
+	for _, vd := range docs {
+		m := byKind[vd.doc.Kind]
+		if first, dup := m[vd.doc.Name]; dup {
+			ps = append(ps, at(vd.doc, []string{"metadata", "name"},
+				fmt.Sprintf("duplicate %s %q: first defined at %s", vd.doc.Kind, vd.doc.Name, where(first.doc))))
+			continue
+		}
+		m[vd.doc.Name] = vd
+		if vd.doc.Kind == "Placement" {
+			placements = append(placements, vd)
+		}
+	}
+	classes := map[string]*vetted{}
+	var defaultClass *vetted
+	for _, vd := range placements {
+		pl := vd.obj.(*policyv1.Placement)
+		if _, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; !ok {
+			ps = append(ps, at(vd.doc, []string{"spec", "poolRef", "name"},
+				fmt.Sprintf("StoragePool %q not found in the policy set", pl.Spec.PoolRef.Name)))
+		}
+		proto, ok := byKind["Protocol"][pl.Spec.ProtocolRef.Name]
+		if !ok {
+			ps = append(ps, at(vd.doc, []string{"spec", "protocolRef", "name"},
+				fmt.Sprintf("Protocol %q not found in the policy set", pl.Spec.ProtocolRef.Name)))
+		} else if proto.obj.(*policyv1.Protocol).Spec.Local != nil &&
+			pl.Spec.StorageClass.VolumeBindingMode != "WaitForFirstConsumer" {
+			ps = append(ps, at(vd.doc, []string{"spec", "storageClass", "volumeBindingMode"},
+				fmt.Sprintf("Protocol %q is local: the pod must run on the volume's node, so volumeBindingMode must be WaitForFirstConsumer, not %s",
+					pl.Spec.ProtocolRef.Name, pl.Spec.StorageClass.VolumeBindingMode)))
+		}
+		if first, dup := classes[pl.Spec.StorageClass.Name]; dup {
+			ps = append(ps, at(vd.doc, []string{"spec", "storageClass", "name"},
+				fmt.Sprintf("StorageClass %q is also rendered by Placement %q at %s", pl.Spec.StorageClass.Name, first.doc.Name, where(first.doc))))
+		} else {
+			classes[pl.Spec.StorageClass.Name] = vd
+		}
+		if pl.Spec.StorageClass.IsDefault {
+			if defaultClass != nil {
+				ps = append(ps, at(vd.doc, []string{"spec", "storageClass", "isDefault"},
+					fmt.Sprintf("Placement %q at %s is already the default StorageClass; at most one may be", defaultClass.doc.Name, where(defaultClass.doc))))
+			} else {
+				defaultClass = vd
+			}
+		}
+	}
+	return ps
+}
+
+func at(d *Document, path []string, msg string) Problem {
+	p := Problem{File: d.File, Line: d.Line, Column: d.Column, Kind: d.Kind, Name: d.Name,
+		Field: strings.Join(path, "."), Message: msg}
+	src := d
+	if d.source != nil {
+		src = d.source
+	}
+	if l, c, ok := fieldPos(src.Expr, path); ok {
+		p.Line, p.Column = l, c
+	}
+	return p
+}
+
+func where(d *Document) string {
+	return fmt.Sprintf("%s:%d", d.File, d.Line)
+}
