@@ -54,8 +54,12 @@ func timed[T any](t *testing.T, what string, op func() (T, error)) T {
 	return v
 }
 
+// mustNew logs every lvm command's duration as a TIMING line.
 func mustNew(t *testing.T, cfg Config) *LVM {
 	t.Helper()
+	cfg.OnCommand = func(name string, args []string, d time.Duration, err error) {
+		t.Logf("TIMING   cmd %-10s %6.0f ms (err=%v)", name, float64(d.Microseconds())/1000, err != nil)
+	}
 	l, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

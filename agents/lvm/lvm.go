@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -45,6 +46,10 @@ type Config struct {
 	OvercommitPercent int64
 	// Run runs an external command; nil means os/exec. Tests substitute it.
 	Run Runner
+	// OnCommand, when set, is called after every command with its program
+	// name, arguments, duration and error (for metrics such as
+	// plinth_agent_backend_commands_total, and per-command timings in tests).
+	OnCommand func(name string, args []string, d time.Duration, err error)
 }
 
 // Runner runs name with args and returns stdout, stderr and the exit code;
@@ -105,10 +110,17 @@ func New(cfg Config) (*LVM, error) {
 // classified by its stderr; stderr of a successful command (warnings such as
 // thin over-provisioning) is logged at V(1).
 func (l *LVM) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	start := time.Now()
 	stdout, stderr, code, err := l.cfg.Run(ctx, name, args...)
 	se := strings.TrimSpace(string(stderr))
 	if err != nil || code != 0 {
-		return stdout, &backend.CommandError{Args: append([]string{name}, args...), ExitCode: code, Stderr: se, Kind: classify(se), Err: err}
+		err = &backend.CommandError{Args: append([]string{name}, args...), ExitCode: code, Stderr: se, Kind: classify(se), Err: err}
+	}
+	if l.cfg.OnCommand != nil {
+		l.cfg.OnCommand(name, args, time.Since(start), err)
+	}
+	if err != nil {
+		return stdout, err
 	}
 	if se != "" {
 		logr.FromContextOrDiscard(ctx).V(1).Info("lvm command warning", "command", name+" "+strings.Join(args, " "), "stderr", se)
@@ -414,13 +426,21 @@ func (l *LVM) Create(ctx context.Context, id string, sizeBytes int64) (backend.V
 	return l.reread(ctx, id)
 }
 
-// reread reports the volume as lvm now sees it (its real size).
+// reread reports the volume as lvm now sees it (its real size), with one
+// lvs of that LV only.
 func (l *LVM) reread(ctx context.Context, id string) (backend.Volume, error) {
-	_, lv, err := l.find(ctx, id)
+	out, err := l.run(ctx, "lvs", append(append([]string{}, reportArgs...), "-o", lvFields, l.cfg.VolumeGroup+"/"+id)...)
+	if err != nil {
+		return backend.Volume{}, fmt.Errorf("volume %s: %w", id, err)
+	}
+	lvs, err := ParseLVs(out)
 	if err != nil {
 		return backend.Volume{}, err
 	}
-	return l.volume(lv), nil
+	if len(lvs) != 1 || !l.managed(lvs[0]) {
+		return backend.Volume{}, fmt.Errorf("volume %s in %s: %w", id, l.cfg.VolumeGroup, backend.ErrNotFound)
+	}
+	return l.volume(lvs[0]), nil
 }
 
 // Expand grows the LV to sizeBytes rounded up to the extent (lvextend; the

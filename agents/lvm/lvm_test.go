@@ -35,7 +35,11 @@ func (f *fakeLVM) run(_ context.Context, name string, args ...string) ([]byte, [
 			f.vgSize, f.vgFree, f.extent, len(f.lvs))), nil, 0, nil
 	case "lvs":
 		var rows []string
+		target := args[len(args)-1]
 		for _, lv := range f.lvs {
+			if strings.Contains(target, "/") && target != "vg0/"+lv["lv_name"] {
+				continue
+			}
 			var kv []string
 			for k, v := range lv {
 				kv = append(kv, fmt.Sprintf("%q:%q", k, v))
