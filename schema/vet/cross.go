@@ -17,8 +17,11 @@ func crossCheck(docs []*vetted) []Problem {
 	for _, vd := range docs {
 		m := byKind[vd.doc.Kind]
 		if first, dup := m[vd.doc.Name]; dup {
-			ps = append(ps, at(vd.doc, []string{"metadata", "name"},
-				fmt.Sprintf("duplicate %s %q: first defined at %s", vd.doc.Kind, vd.doc.Name, where(first.doc))))
+			msg := fmt.Sprintf("duplicate %s %q: first defined at %s", vd.doc.Kind, vd.doc.Name, where(first.doc))
+			if vd.doc.Build != "" {
+				msg += "; this copy built by kustomization " + vd.doc.Build
+			}
+			ps = append(ps, at(vd.doc, []string{"metadata", "name"}, msg))
 			continue
 		}
 		m[vd.doc.Name] = vd
@@ -76,5 +79,8 @@ func at(d *Document, path []string, msg string) Problem {
 }
 
 func where(d *Document) string {
+	if d.Build != "" {
+		return fmt.Sprintf("%s:%d (built by kustomization %s)", d.File, d.Line, d.Build)
+	}
 	return fmt.Sprintf("%s:%d", d.File, d.Line)
 }

@@ -40,6 +40,8 @@ type Document struct {
 	Expr ast.Expr
 	// YAML is the document's text (after kustomize, when built).
 	YAML []byte
+	// Build is the kustomization folder that built the document, "" for plain files.
+	Build string
 
 	// source is the same object in its source file, used for positions of kustomize output.
 	source *Document
@@ -216,7 +218,11 @@ func (s *Set) loadKustomization(dir string) error {
 				src = sourceDocument(sources, file, r.GetKind(), r.GetName())
 			}
 		}
+		n := len(s.Documents)
 		s.parse(file, y, src)
+		for _, d := range s.Documents[n:] {
+			d.Build = dir
+		}
 	}
 	return nil
 }
@@ -311,14 +317,22 @@ func splitDocuments(data []byte) [][]byte {
 }
 
 func syntaxProblem(path string, err error, source *Document) Problem {
-	p := Problem{File: path, Message: "invalid YAML: " + err.Error()}
+	// The YAML decoder reports "PATH:LINE: MESSAGE" without a structured position.
+	msg := err.Error()
+	p := Problem{File: path, Message: "invalid YAML: " + msg}
+	if rest, ok := strings.CutPrefix(msg, path+":"); ok {
+		var line int
+		if n, _ := fmt.Sscanf(rest, "%d:", &line); n == 1 {
+			p.Line, p.Column = line, 1
+			if _, m, ok := strings.Cut(rest, ": "); ok {
+				p.Message = "invalid YAML: " + m
+			}
+		}
+	}
 	for _, e := range cueerrors.Errors(err) {
 		if pos := e.Position(); pos.IsValid() {
 			p.Line, p.Column = pos.Line(), pos.Column()
 		}
-		format, args := e.Msg()
-		p.Message = "invalid YAML: " + fmt.Sprintf(format, args...)
-		break
 	}
 	if source != nil && p.Line == 0 {
 		p.Line, p.Column = source.Line, source.Column

@@ -111,11 +111,7 @@ func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
 // dropped when another error lies below the same parent, because an invalid member makes the
 // member look absent to the check.
 func (v *Vetter) cueProblems(d *Document, err error) []Problem {
-	type item struct {
-		path []string
-		msg  string
-	}
-	var items []item
+	var items []cueIssue
 	for _, e := range cueerrors.Errors(err) {
 		path := e.Path()
 		var clean []string
@@ -134,30 +130,123 @@ func (v *Vetter) cueProblems(d *Document, err error) []Problem {
 		}
 		format, args := e.Msg()
 		msg := fmt.Sprintf(format, args...)
-		items = append(items, item{path: clean, msg: cleanMessage(msg)})
+		items = append(items, cueIssue{path: clean, msg: cleanMessage(msg)})
+	}
+	// Per path: drop CUE's summaries of a failed disjunction ("2 errors in empty
+	// disjunction", "conflicting values <default> and x") when a more precise error exists;
+	// when only conflicts remain, the value is not one of the allowed ones.
+	byPath := map[string][]int{}
+	var order []string
+	for i, it := range items {
+		k := strings.Join(it.path, ".")
+		if _, ok := byPath[k]; !ok {
+			order = append(order, k)
+		}
+		byPath[k] = append(byPath[k], i)
 	}
 	var ps []Problem
-	seen := map[string]bool{}
-	for i, it := range items {
-		if strings.HasPrefix(it.msg, "exactly one of") {
-			shadowed := false
-			for j, other := range items {
-				if j != i && len(other.path) > len(it.path) && strings.Join(other.path[:len(it.path)], ".") == strings.Join(it.path, ".") {
-					shadowed = true
-				}
+	for _, k := range order {
+		var precise, conflicts []int
+		for _, i := range byPath[k] {
+			m := items[i].msg
+			switch {
+			case strings.Contains(m, "errors in empty disjunction"):
+			case strings.HasPrefix(m, "conflicting values "):
+				conflicts = append(conflicts, i)
+			default:
+				precise = append(precise, i)
 			}
-			if shadowed {
+		}
+		if len(precise) == 0 && len(conflicts) > 0 {
+			items[conflicts[0]].msg = oneOfMessage(items, conflicts)
+			precise = conflicts[:1]
+		}
+		seen := map[string]bool{}
+		for _, i := range precise {
+			it := items[i]
+			if strings.HasPrefix(it.msg, "exactly one of") && shadowed(items, i) {
 				continue
 			}
+			if seen[it.msg] {
+				continue
+			}
+			seen[it.msg] = true
+			ps = append(ps, at(d, it.path, describe(it.path, it.msg)))
 		}
-		key := strings.Join(it.path, ".") + "\x00" + it.msg
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
-		ps = append(ps, at(d, it.path, it.msg))
 	}
 	return ps
+}
+
+// cueIssue is one CUE error reduced to its field path and message.
+type cueIssue struct {
+	path []string
+	msg  string
+}
+
+// shadowed reports whether another error lies below the path of items[i].
+func shadowed(items []cueIssue, i int) bool {
+	prefix := strings.Join(items[i].path, ".") + "."
+	for j, other := range items {
+		if j != i && strings.HasPrefix(strings.Join(other.path, ".")+".", prefix) && len(other.path) > len(items[i].path) {
+			return true
+		}
+	}
+	return false
+}
+
+// oneOfMessage turns CUE's "conflicting values A and X" errors of one field into
+// `invalid value X: must be one of A, B`.
+func oneOfMessage(items []cueIssue, idx []int) string {
+	var allowed []string
+	got := ""
+	for _, i := range idx {
+		rest := strings.TrimPrefix(items[i].msg, "conflicting values ")
+		a, b, ok := strings.Cut(rest, " and ")
+		if !ok {
+			return items[i].msg
+		}
+		allowed = append(allowed, a)
+		got = b
+	}
+	return fmt.Sprintf("invalid value %s: must be one of %s", got, strings.Join(allowed, ", "))
+}
+
+// hints explain the regular expressions of the schema, keyed by the field name they guard.
+var hints = map[string]string{
+	"name":          "must be a lowercase DNS-1123 name: letters, digits and '-', starting and ending with a letter or digit",
+	"reserve":       "must be a byte quantity such as 10Gi or 500M, or a percent from 1% to 100% such as 5%",
+	"volumeGroup":   "must be an LVM name (lvm(8) VALID NAMES): [A-Za-z0-9+_.-], not starting with '-', without reserved suffixes such as _tmeta or _rimage",
+	"spreadAcross":  "must be a Kubernetes label key such as topology.kubernetes.io/zone",
+	"key":           "must be a Kubernetes label key such as topology.kubernetes.io/zone",
+	"pool":          "must be a zpool name: starts with a letter, then [A-Za-z0-9_.:-]",
+	"parentDataset": "must be a dataset path such as k8s/volumes: components of [A-Za-z0-9_.:-] separated by '/'",
+	"directory":     "must be an absolute path",
+	"devices":       "must be block device paths under /dev",
+}
+
+// describe rewrites a CUE message about a regular expression into a sentence naming the rule.
+func describe(path []string, msg string) string {
+	if !strings.Contains(msg, "(out of bound =~") && !strings.Contains(msg, "(out of bound !~") {
+		return msg
+	}
+	value := strings.TrimPrefix(msg, "invalid value ")
+	if i := strings.Index(value, " (out of bound"); i >= 0 {
+		value = value[:i]
+	}
+	field := ""
+	for i := len(path) - 1; i >= 0; i-- {
+		if _, err := fmt.Sscanf(path[i], "%d", new(int)); err != nil {
+			field = path[i]
+			break
+		}
+	}
+	if len(path) >= 2 && path[len(path)-2] == "thinPool" && field == "name" {
+		field = "volumeGroup"
+	}
+	if h, ok := hints[field]; ok {
+		return "invalid value " + value + ": " + h
+	}
+	return msg
 }
 
 // cleanMessage rewrites CUE's messages where they would confuse someone who writes YAML.
