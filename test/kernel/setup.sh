@@ -47,7 +47,16 @@ K=$W/kernel
 if [ "$(cat "$K/version" 2>/dev/null)" != "$kver" ] || [ ! -f "$W/vmlinux" ]; then
 	rm -rf "$K" "$W/vmlinux"
 	mkdir -p "$K"
-	(cd "$K" && apt-get download "$pkg" 2>&1 | grep -v -i unsandboxed || true)
+	# stale apt lists name a .deb the mirror no longer has: update once and retry
+	if ! (cd "$K" && apt-get download "$pkg" 2>&1 | grep -v -i unsandboxed; exit "${PIPESTATUS[0]}"); then
+		apt-get update -qq
+		new=$(resolve)
+		if [ "$new" != "$pkg" ]; then
+			echo "setup: kernel package is now $new; re-run" >&2
+			exec "$0" "$@"
+		fi
+		(cd "$K" && apt-get download "$pkg")
+	fi
 	deb=$(ls "$K/${pkg}"_*.deb)
 	dpkg -x "$deb" "$K/root"
 	rm -f "$deb"
