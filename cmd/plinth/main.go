@@ -59,6 +59,12 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVetCommand(), newRenderCommand())
+	for _, newCmd := range subcommands {
+		root.AddCommand(newCmd())
+	}
 	return root
 }
+
+// subcommands holds the constructors of the subcommands; each subcommand's file registers
+// its own in an init function, so adding one touches no other file.
+var subcommands []func() *cobra.Command

@@ -8,6 +8,8 @@ import (
 	"github.com/plinth-storage/plinth/controllers/render"
 )
 
+func init() { subcommands = append(subcommands, newRenderCommand) }
+
 func newRenderCommand() *cobra.Command {
 	var nodesFile string
 	cmd := &cobra.Command{

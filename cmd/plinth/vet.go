@@ -10,6 +10,8 @@ import (
 	"github.com/plinth-storage/plinth/schema/vet"
 )
 
+func init() { subcommands = append(subcommands, newVetCommand) }
+
 func newVetCommand() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{

@@ -160,7 +160,7 @@ func Render(in Input) (*Output, error) {
 			TypeMeta: metav1.TypeMeta{APIVersion: storev1.GroupVersion.String(), Kind: "Agent"},
 			ObjectMeta: metav1.ObjectMeta{
 				Name:        n.Name,
-				Labels:      map[string]string{policyv1.LabelManagedBy: ManagedBy, policyv1.LabelNode: n.Name},
+				Labels:      map[string]string{policyv1.LabelManagedBy: ManagedBy, policyv1.LabelNode: storev1.NameLabelValue(n.Name)},
 				Annotations: map[string]string{AnnotationPools: strings.Join(sortedUnique(agentPools[n.Name]), ",")},
 			},
 			Spec: storev1.AgentSpec{NodeName: n.Name, Stores: storesOf},
@@ -234,7 +234,7 @@ func store(p *policyv1.StoragePool, node string) storev1.Store {
 			Labels: map[string]string{
 				policyv1.LabelManagedBy: ManagedBy,
 				policyv1.LabelPool:      p.Name,
-				policyv1.LabelNode:      node,
+				policyv1.LabelNode:      storev1.NameLabelValue(node),
 			},
 		},
 		Spec: storev1.StoreSpec{

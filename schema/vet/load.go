@@ -258,8 +258,11 @@ func sourceDocument(cache map[string]*Set, file, kind, name string) *Document {
 
 // parse splits a YAML stream into documents with their positions.
 func (s *Set) parse(path string, data []byte, source *Document) {
-	dec := cueyaml.NewDecoder(path, bytes.NewReader(data))
 	chunks := splitDocuments(data)
+	if len(chunks) == 0 {
+		return // only whitespace and "---"
+	}
+	dec := cueyaml.NewDecoder(path, bytes.NewReader(data))
 	for i := 0; ; i++ {
 		expr, err := dec.Extract()
 		if err == io.EOF {

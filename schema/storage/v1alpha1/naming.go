@@ -42,3 +42,15 @@ func StoreName(pool, node string) string {
 	sum := sha256.Sum256([]byte(node))
 	return pool + "." + hex.EncodeToString(sum[:])[:16]
 }
+
+// NameLabelValue returns the value of the plinth.dev/node (or plinth.dev/pool) label for an
+// object name. Label values hold at most 63 bytes (Kubernetes validation) while node names
+// may hold 253, so a longer name becomes "h-" and the first 40 hex digits of its sha256.
+// Selectors must use this function too.
+func NameLabelValue(name string) string {
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "h-" + hex.EncodeToString(sum[:])[:40]
+}
