@@ -1,0 +1,20 @@
+// Package controlplane starts a real Kubernetes control plane for tests and for
+// `plinth dev`: etcd and kube-apiserver (and optionally kube-controller-manager,
+// the scheduler and CSI sidecars) built from their Go modules by
+// `make testbin` (test/tools/build.sh) into bin/.
+//
+// Everything listens on free loopback ports; the API server serves TLS with a
+// certificate that also names 10.0.2.100 (the qemu guest's guestfwd address,
+// DESIGN.md "Guest tests"), authorizes with RBAC and signs service-account
+// tokens. Certificates are generated in Go for each control plane, so two
+// control planes run side by side.
+//
+// Binaries are found in $PLINTH_TESTBIN, or <module root>/bin when it is
+// unset. Tests use ForTest, which skips (visibly) when the binaries are missing
+// unless PLINTH_INTEGRATION=1, where missing binaries fail the test:
+//
+//	func TestMain(m *testing.M) { ... cp, err := controlplane.Start(ctx, controlplane.Options{}) ... }
+//	func TestX(t *testing.T) { cp := controlplane.ForTest(t, controlplane.Options{ControllerManager: true}) ... }
+//
+// Stop ends every process the control plane started, by PID.
+package controlplane

@@ -1,0 +1,66 @@
+package controlplane
+
+import (
+	"context"
+	"os"
+	"testing"
+)
+
+// RequireBinaries skips t when a named test binary is missing, with a message
+// saying how to build it, or fails t when PLINTH_INTEGRATION=1 (CI, where a
+// missing binary is a broken build, not an excuse).
+func RequireBinaries(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := BinaryPath("", n); err != nil {
+			skipOrFail(t, err)
+		}
+	}
+}
+
+func skipOrFail(t testing.TB, err error) {
+	t.Helper()
+	if os.Getenv(EnvIntegration) == "1" {
+		t.Fatalf("%v (%s=1: missing test binaries fail)", err, EnvIntegration)
+	}
+	t.Skipf("SKIP integration test: %v (set %s=1 to make this a failure)", err, EnvIntegration)
+}
+
+// ForTest starts a control plane for t and stops it in t.Cleanup. Missing
+// binaries skip or fail t as RequireBinaries does. When t fails, the tail of
+// every process's log is logged and a temporary Dir is kept for reading.
+func ForTest(t testing.TB, opts Options) *ControlPlane {
+	t.Helper()
+	need := []string{BinEtcd, BinKubeAPIServer}
+	if opts.ControllerManager {
+		need = append(need, BinKubeControllerManager)
+	}
+	RequireBinaries(t, need...)
+	ctx := context.Background()
+	if d, ok := t.(interface{ Context() context.Context }); ok {
+		ctx = d.Context()
+	}
+	cp, err := Start(ctx, opts)
+	if err != nil {
+		if IsMissingBinary(err) {
+			skipOrFail(t, err)
+		}
+		t.Fatalf("start control plane: %v", err)
+	}
+	t.Logf("control plane %s ready in %s", cp.URL, cp.StartDuration.Round(1e6))
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range cp.Processes() {
+				t.Logf("--- %s (pid %d) log %s, last lines:\n%s", p.Name, p.PID(), p.LogPath, indent(p.Tail(40)))
+			}
+			if cp.tmpDir {
+				cp.opts.KeepDir = true
+				t.Logf("control plane folder kept: %s", cp.Dir)
+			}
+		}
+		if err := cp.Stop(); err != nil {
+			t.Errorf("stop control plane: %v", err)
+		}
+	})
+	return cp
+}
