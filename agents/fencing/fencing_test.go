@@ -1,0 +1,141 @@
+package fencing
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+const id = "vol-0123456789abcdef0123456789abcdef01234567"
+
+func TestAdmit(t *testing.T) {
+	cur := Mark{UID: "u1", Generation: 5, PublicationGeneration: 3}
+	released := Mark{UID: "u1", Generation: 6, PublicationGeneration: 3, Released: true}
+	tests := []struct {
+		name   string
+		m      Mark
+		found  bool
+		w      Work
+		reason string // "" = admitted
+		want   Mark
+	}{
+		{"first work", Mark{}, false, Work{UID: "u1", Generation: 1}, "", Mark{UID: "u1", Generation: 1}},
+		{"same generation", cur, true, Work{UID: "u1", Generation: 5, PublicationGeneration: 3}, "", cur},
+		{"newer generation", cur, true, Work{UID: "u1", Generation: 7, PublicationGeneration: 4}, "", Mark{UID: "u1", Generation: 7, PublicationGeneration: 4}},
+		{"stale generation", cur, true, Work{UID: "u1", Generation: 4, PublicationGeneration: 3}, ReasonStaleGeneration, cur},
+		{"stale publication generation", cur, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 2}, ReasonStalePublicationGeneration, cur},
+		{"new UID while the old one holds the volume", cur, true, Work{UID: "u2", Generation: 1}, ReasonLifecycleConflict, cur},
+		{"new lifecycle after release", released, true, Work{UID: "u2", Generation: 1}, "", Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}},
+		{"retired UID", Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}, true, Work{UID: "u1", Generation: 9}, ReasonRetiredLifecycle, Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}},
+		{"released, not deleting", released, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 3}, ReasonRetiredLifecycle, released},
+		{"released, deletion resumes", released, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 3, Deleting: true}, "", released},
+		{"no UID", Mark{}, false, Work{Generation: 1}, ReasonLifecycleConflict, Mark{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Admit(tc.m, tc.found, tc.w)
+			var rej *Rejection
+			switch {
+			case tc.reason == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.reason != "" && !errors.As(err, &rej):
+				t.Fatalf("admitted (err %v), want %s", err, tc.reason)
+			case tc.reason != "" && rej.Reason != tc.reason:
+				t.Fatalf("reason %s, want %s (%s)", rej.Reason, tc.reason, rej.Message)
+			}
+			if !got.Equal(tc.want) {
+				t.Fatalf("mark %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAdmitRetiredBounded(t *testing.T) {
+	m := Mark{UID: "u0", Released: true}
+	for i := 1; i <= MaxRetired+5; i++ {
+		uid := "u" + string(rune('a'+i))
+		n, err := Admit(m, true, Work{UID: uid, Generation: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Released = true
+		m = n
+	}
+	if len(m.Retired) != MaxRetired {
+		t.Fatalf("%d retired UIDs kept, want %d", len(m.Retired), MaxRetired)
+	}
+}
+
+func TestStoreRoundTripAndStaleWork(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "marks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := s.Load(id); err != nil || found {
+		t.Fatalf("empty store: found=%v err=%v", found, err)
+	}
+	want := Mark{UID: "u1", Generation: 4, PublicationGeneration: 2, Retired: []string{"u0"}}
+	if err := s.Save(id, want); err != nil {
+		t.Fatal(err)
+	}
+	// a second Store on the same folder (an agent restart) sees the mark
+	s2, _ := Open(s.Dir())
+	got, found, err := s2.Load(id)
+	if err != nil || !found || !got.Equal(want) {
+		t.Fatalf("Load = %+v %v %v, want %+v", got, found, err, want)
+	}
+	// and refuses work from before the restart
+	if _, err := Admit(got, true, Work{UID: "u1", Generation: 3, PublicationGeneration: 2}); err == nil {
+		t.Fatal("stale generation admitted after a restart")
+	}
+	entries, _ := os.ReadDir(s.Dir())
+	if len(entries) != 1 {
+		t.Fatalf("temp files left behind: %v", entries)
+	}
+}
+
+func TestLoadCorrupt(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	for _, data := range []string{"", "{", `{"uid":""}`, `{"uid":"u","generation":-1}`, `{"uid":"u","extra":1}`, "null"} {
+		if err := os.WriteFile(s.Path(id), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Load(id); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("Load(%q) = %v, want ErrCorrupt", data, err)
+		}
+	}
+	if _, _, err := s.Load("../etc/passwd"); err == nil {
+		t.Error("path-like key accepted")
+	}
+}
+
+func TestLockSerialises(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	unlock, err := s.Lock(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.Lock(ctx, id); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second Lock while held = %v, want deadline exceeded", err)
+	}
+	other, err := s.Lock(context.Background(), id[:len(id)-1]+"8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other()
+	done := make(chan struct{})
+	go func() {
+		u, err := s.Lock(context.Background(), id)
+		if err == nil {
+			u()
+		}
+		close(done)
+	}()
+	unlock()
+	<-done
+}
