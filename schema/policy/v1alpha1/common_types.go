@@ -44,6 +44,39 @@ type PolicyStatus struct {
 	// Produced lists the objects rendered from this policy object at the last apply.
 	// +optional
 	Produced []ObjectReference `json:"produced,omitempty"`
+
+	// StorageClass is the name of the StorageClass the Placement renders (Placement only).
+	// +optional
+	StorageClass string `json:"storageClass,omitempty"`
+
+	// InUseBy is the number of PersistentVolumeClaims whose storageClassName is the
+	// Placement's StorageClass (Placement only); while it is above zero the class is never
+	// pruned or replaced under IfUnused, and the Placement keeps the plinth.dev/in-use finalizer.
+	// +optional
+	InUseBy *int32 `json:"inUseBy,omitempty"`
+
+	// MatchedNodes is the number of Nodes the StoragePool's nodeSelector selects (StoragePool only).
+	// +optional
+	MatchedNodes *int32 `json:"matchedNodes,omitempty"`
+
+	// Capacity sums status.capacity of the StoragePool's Stores, in bytes (StoragePool only;
+	// Stores whose agent has not reported yet count as zero).
+	// +optional
+	Capacity *PoolCapacity `json:"capacity,omitempty"`
+}
+
+// PoolCapacity is the capacity of a StoragePool summed over its Stores, in bytes.
+type PoolCapacity struct {
+	// Total is the summed physical size in bytes.
+	Total int64 `json:"total"`
+	// Allocatable is the summed total − reserve in bytes.
+	Allocatable int64 `json:"allocatable"`
+	// Provisioned is the summed size of the volumes in bytes.
+	Provisioned int64 `json:"provisioned"`
+	// Available is the summed room for new volumes in bytes.
+	Available int64 `json:"available"`
+	// ReportingStores is how many of the pool's Stores have reported a capacity.
+	ReportingStores int32 `json:"reportingStores"`
 }
 
 // GetConditions returns the status conditions (fluxcd/pkg/runtime/conditions Getter).

@@ -109,6 +109,8 @@ type Filesystem struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.poolRef.name`
 // +kubebuilder:printcolumn:name="Protocol",type=string,JSONPath=`.spec.protocolRef.name`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Drifted",type=string,JSONPath=`.status.conditions[?(@.type=="Drifted")].status`
+// +kubebuilder:printcolumn:name="InUseBy",type=integer,JSONPath=`.status.inUseBy`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Placement struct {
 	metav1.TypeMeta   `json:",inline"`
