@@ -335,6 +335,26 @@ func (l *LVM) List(ctx context.Context) ([]backend.Volume, error) {
 	return out, nil
 }
 
+// Observe returns the Store's capacity and Plinth's volumes (ordered by id)
+// from ONE vgs + lvs pair: the node agent's periodic refresh. A missing VG
+// wraps backend.ErrNotFound; a missing thin pool returns the volumes with
+// an error wrapping backend.ErrNotFound that names the thin pool.
+func (l *LVM) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, error) {
+	st, err := l.refresh(ctx)
+	if err != nil {
+		return backend.Capacity{}, nil, err
+	}
+	var vols []backend.Volume
+	for _, lv := range st.lvs {
+		if l.managed(lv) {
+			vols = append(vols, l.volume(lv))
+		}
+	}
+	sort.Slice(vols, func(i, j int) bool { return vols[i].ID < vols[j].ID })
+	c, err := l.capacity(st)
+	return c, vols, err
+}
+
 // find refreshes and looks the volume up; backend.ErrNotFound when absent
 // or not Plinth's.
 func (l *LVM) find(ctx context.Context, id string) (state, LV, error) {

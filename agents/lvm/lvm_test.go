@@ -246,3 +246,23 @@ func TestDeleteLeavesForeignLV(t *testing.T) {
 		t.Errorf("delete absent: %v", err)
 	}
 }
+
+// Observe (the agent's periodic refresh) is capacity and volumes from ONE pair.
+func TestObserveIsOnePair(t *testing.T) {
+	f := &fakeLVM{vgSize: 10 * gib, vgFree: 6 * gib, extent: 4 * mib}
+	for i := 0; i < 3; i++ {
+		f.lvs = append(f.lvs, map[string]string{"lv_name": backend.VolumeID(fmt.Sprint(i)), "lv_layout": "linear", "lv_size": "4194304", "lv_tags": TagManaged})
+	}
+	f.lvs = append(f.lvs, map[string]string{"lv_name": "foreign", "lv_layout": "linear", "lv_size": "4194304"})
+	l := newFake(t, f, Config{})
+	c, vols, err := l.Observe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vols) != 3 || c.ProvisionedBytes != 3*4*mib || c.TotalBytes != 10*gib || c.FreeBytes != 6*gib {
+		t.Errorf("Observe = %+v, %d volumes", c, len(vols))
+	}
+	if len(f.calls) != 2 || !strings.HasPrefix(f.calls[0], "vgs ") || !strings.HasPrefix(f.calls[1], "lvs ") {
+		t.Errorf("calls %v, want one vgs and one lvs", f.calls)
+	}
+}
