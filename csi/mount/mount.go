@@ -1,0 +1,189 @@
+// Package mount formats, mounts and unmounts for the node plugin on top of k8s.io/mount-utils,
+// with the rules the field taught:
+//
+//   - format only a blank device: probe with blkid first and never run mkfs on a device that is
+//     missing, unprobeable or already holds a filesystem or partition table (field case B15);
+//   - mount xfs with nouuid so a clone beside its origin mounts (B16);
+//   - decide "is it mounted" from /proc/self/mountinfo, never from stat, because stat of a dead
+//     mount returns EIO, ENOTCONN or ESTALE (B17), and never report an unmount as done while the
+//     path is still listed there.
+package mount
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"golang.org/x/sys/unix"
+	mountutils "k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
+)
+
+// ErrDeviceNotFound means the device path does not exist or is not a block device.
+var ErrDeviceNotFound = errors.New("device not found")
+
+// Mounter mounts and unmounts. The zero value is not usable; use New.
+type Mounter struct {
+	// MountInfo is the mountinfo file, /proc/self/mountinfo by default.
+	MountInfo string
+	// Stat probes a path; os.Stat by default (tests inject EIO/ENOTCONN/ESTALE).
+	Stat func(path string) (os.FileInfo, error)
+
+	safe *mountutils.SafeFormatAndMount
+}
+
+// New returns a Mounter using the system's mount, umount, blkid and mkfs.* commands.
+func New() *Mounter {
+	return &Mounter{
+		MountInfo: "/proc/self/mountinfo",
+		Stat:      os.Stat,
+		safe:      mountutils.NewSafeFormatAndMount(mountutils.NewWithoutSystemd(""), utilexec.New()),
+	}
+}
+
+// IsMounted reports whether path is a mount point according to mountinfo.
+func (m *Mounter) IsMounted(path string) (bool, error) {
+	src, err := m.SourceOf(path)
+	return src != "", err
+}
+
+// SourceOf returns the mount source (device) of the topmost mount at path, "" when path is not
+// a mount point. For a bind mount of a block device file it returns the device too.
+func (m *Mounter) SourceOf(path string) (string, error) {
+	infos, err := mountutils.ParseMountInfo(m.MountInfo)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", m.MountInfo, err)
+	}
+	clean := filepath.Clean(path)
+	src := ""
+	for _, mi := range infos {
+		if mi.MountPoint == clean {
+			src = mi.Source
+			if (mi.Source == "devtmpfs" || mi.Source == "udev") && mi.Root != "/" {
+				src = filepath.Join("/dev", mi.Root)
+			}
+		}
+	}
+	return src, nil
+}
+
+// IsCorrupted reports whether err from probing a path means a dead mount (EIO, ENOTCONN,
+// ESTALE, EACCES, EHOSTDOWN, ...), per mount-utils IsCorruptedMnt.
+func IsCorrupted(err error) bool { return mountutils.IsCorruptedMnt(err) }
+
+// Probe stats path and returns the error, classified by IsCorrupted by the caller.
+func (m *Mounter) Probe(path string) error {
+	_, err := m.Stat(path)
+	return err
+}
+
+// CheckBlockDevice returns ErrDeviceNotFound unless dev exists and is a block device.
+func CheckBlockDevice(dev string) error {
+	fi, err := os.Stat(dev)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrDeviceNotFound, dev, err)
+	}
+	if fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0 {
+		return fmt.Errorf("%w: %s is not a block device", ErrDeviceNotFound, dev)
+	}
+	return nil
+}
+
+// DiskFormat returns the filesystem (or "unknown data, probably partitions") blkid finds on
+// dev, "" for a blank device. An unprobeable device is an error, never "blank".
+func (m *Mounter) DiskFormat(dev string) (string, error) {
+	if err := CheckBlockDevice(dev); err != nil {
+		return "", err
+	}
+	return m.safe.GetDiskFormat(dev)
+}
+
+// MountOptions returns the options a filesystem mount uses: the given ones plus nouuid for xfs
+// (B16: a clone carries its origin's UUID, and XFS refuses a second mount of one UUID).
+func MountOptions(fsType string, opts []string) []string {
+	out := slices.Clone(opts)
+	if fsType == "xfs" && !slices.Contains(out, "nouuid") {
+		out = append(out, "nouuid")
+	}
+	return out
+}
+
+// FormatAndMount mounts dev at target as fsType, running mkfs (with mkfsOptions) first only
+// when blkid says dev is blank. The device must exist (ErrDeviceNotFound otherwise: never mkfs
+// what cannot be probed, B15). target must exist.
+func (m *Mounter) FormatAndMount(dev, target, fsType string, mkfsOptions, options []string) error {
+	if fsType == "" {
+		fsType = "ext4"
+	}
+	if _, err := m.DiskFormat(dev); err != nil {
+		return fmt.Errorf("probe %s: %w", dev, err)
+	}
+	return m.safe.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, MountOptions(fsType, options), nil, mkfsOptions)
+}
+
+// BindMount bind-mounts source (a directory or a device file) at target, read-only when ro.
+func (m *Mounter) BindMount(source, target string, ro bool, options []string) error {
+	opts := append([]string{"bind"}, options...)
+	if ro {
+		opts = append(opts, "ro")
+	}
+	return m.safe.Mount(source, target, "", opts)
+}
+
+// Unmount unmounts every mount stacked at path — also a dead one whose stat returns EIO,
+// ENOTCONN or ESTALE (B17), falling back to a forced, then lazy unmount — and removes path
+// (a directory or a file) when removePath. It returns nil only when mountinfo no longer lists
+// path. A path that does not exist and is not mounted is success.
+func (m *Mounter) Unmount(path string, removePath bool) error {
+	for attempt := 0; ; attempt++ {
+		mounted, err := m.IsMounted(path)
+		if err != nil {
+			return err
+		}
+		if !mounted {
+			break
+		}
+		if attempt >= 8 {
+			return fmt.Errorf("%s is still mounted after %d unmounts", path, attempt)
+		}
+		err = unix.Unmount(path, 0)
+		if err != nil && !errors.Is(err, unix.EINVAL) {
+			// A dead mount whose I/O hangs or fails: force, then detach.
+			if ferr := unix.Unmount(path, unix.MNT_FORCE); ferr != nil {
+				if lerr := unix.Unmount(path, unix.MNT_DETACH); lerr != nil {
+					return fmt.Errorf("unmount %s: %v (force: %v, lazy: %v)", path, err, ferr, lerr)
+				}
+			}
+		}
+	}
+	if !removePath {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", path, err)
+	}
+	return nil
+}
+
+// DeviceSize returns the size of a block device in bytes (BLKGETSIZE64).
+func DeviceSize(dev string) (int64, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var size uint64
+	if err := ioctlGetSize(f.Fd(), &size); err != nil {
+		return 0, fmt.Errorf("BLKGETSIZE64 %s: %w", dev, err)
+	}
+	return int64(size), nil
+}
+
+// Resize grows the filesystem on dev mounted at mountPath to the device's size (resize2fs for
+// ext*, xfs_growfs for xfs); nothing to do is success.
+func (m *Mounter) Resize(dev, mountPath string) error {
+	_, err := mountutils.NewResizeFs(m.safe.Exec).Resize(dev, mountPath)
+	return err
+}

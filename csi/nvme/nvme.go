@@ -1,0 +1,350 @@
+// Package nvme is the node plugin's NVMe-oF/TCP initiator: connect to a subsystem by writing the
+// kernel's fabrics device (/dev/nvme-fabrics, drivers/nvme/host/fabrics.c — the same interface
+// nvme-cli uses), find the namespace's block device through sysfs by subsystem NQN, and
+// disconnect through each controller's delete_controller attribute.
+//
+// Devices are found by subsystem NQN under /sys/class/nvme-subsystem/<subsys>/, whose
+// nvme<X>n<Y> entries are the visible multipath head devices; the per-path nodes
+// nvme<X>c<Y>n<Z> are hidden and never returned.
+package nvme
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Initiator connects and disconnects NVMe-oF/TCP subsystems. The zero value uses the real
+// kernel paths; tests point SysRoot at a fake tree and replace Fabrics and WriteFile.
+type Initiator struct {
+	// SysRoot is the sysfs mount, "/sys" when empty.
+	SysRoot string
+	// DevRoot is where device nodes live, "/dev" when empty.
+	DevRoot string
+	// Fabrics writes one connect option string to /dev/nvme-fabrics; nil means the real device.
+	// It returns syscall.EALREADY when the kernel says the controller already exists.
+	Fabrics func(options string) error
+	// WriteFile writes a sysfs attribute; nil means os.WriteFile.
+	WriteFile func(path string, data []byte) error
+	// PollInterval is how often Connect and Disconnect look at sysfs while waiting (default 50 ms).
+	PollInterval time.Duration
+	// Timeout bounds the wait for a namespace to appear or a subsystem to go (default 30 s).
+	Timeout time.Duration
+}
+
+// Target is one subsystem to connect to.
+type Target struct {
+	// NQN is the subsystem NQN.
+	NQN string
+	// Address is the target IP (traddr).
+	Address string
+	// Port is the TCP port (trsvcid).
+	Port int32
+	// HostNQN is this node's host NQN; empty lets the kernel use its default.
+	HostNQN string
+	// CtrlLossTmo is ctrl_loss_tmo in seconds (-1 reconnects forever); nil keeps the default.
+	CtrlLossTmo *int32
+	// ReconnectDelay is reconnect_delay in seconds; 0 keeps the default.
+	ReconnectDelay int32
+}
+
+var (
+	ctrlName = regexp.MustCompile(`^nvme[0-9]+$`)
+	headName = regexp.MustCompile(`^nvme[0-9]+n[0-9]+$`)
+)
+
+func (in *Initiator) sys(p ...string) string {
+	root := in.SysRoot
+	if root == "" {
+		root = "/sys"
+	}
+	return filepath.Join(append([]string{root}, p...)...)
+}
+
+func (in *Initiator) dev(name string) string {
+	root := in.DevRoot
+	if root == "" {
+		root = "/dev"
+	}
+	return filepath.Join(root, name)
+}
+
+func (in *Initiator) poll() time.Duration {
+	if in.PollInterval > 0 {
+		return in.PollInterval
+	}
+	return 50 * time.Millisecond
+}
+
+func (in *Initiator) timeout() time.Duration {
+	if in.Timeout > 0 {
+		return in.Timeout
+	}
+	return 30 * time.Second
+}
+
+func (in *Initiator) write(path string, data []byte) error {
+	if in.WriteFile != nil {
+		return in.WriteFile(path, data)
+	}
+	return os.WriteFile(path, data, 0)
+}
+
+// Usable reports whether this node can connect over NVMe-oF/TCP: the fabrics device exists and
+// the nvme_tcp module is loaded.
+func (in *Initiator) Usable() bool {
+	if _, err := os.Stat(in.dev("nvme-fabrics")); err != nil {
+		return false
+	}
+	_, err := os.Stat(in.sys("module", "nvme_tcp"))
+	return err == nil
+}
+
+func readAttr(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// subsystem is one /sys/class/nvme-subsystem entry with the given NQN.
+type subsystem struct {
+	dir         string
+	controllers []string // nvme<X>
+	heads       []string // nvme<X>n<Y>
+}
+
+// subsystems lists the subsystems whose subsysnqn is nqn.
+func (in *Initiator) subsystems(nqn string) ([]subsystem, error) {
+	base := in.sys("class", "nvme-subsystem")
+	entries, err := os.ReadDir(base)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // no NVMe at all: nothing connected (B26)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", base, err)
+	}
+	var out []subsystem
+	for _, e := range entries {
+		dir := filepath.Join(base, e.Name())
+		if readAttr(filepath.Join(dir, "subsysnqn")) != nqn {
+			continue
+		}
+		s := subsystem{dir: dir}
+		kids, err := os.ReadDir(dir)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // removed meanwhile
+			}
+			return nil, err
+		}
+		for _, k := range kids {
+			switch {
+			case ctrlName.MatchString(k.Name()):
+				s.controllers = append(s.controllers, k.Name())
+			case headName.MatchString(k.Name()):
+				s.heads = append(s.heads, k.Name())
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// connected reports whether a live controller of t.NQN was made with t.HostNQN to t's address.
+func (in *Initiator) connected(t Target) (bool, error) {
+	subs, err := in.subsystems(t.NQN)
+	if err != nil {
+		return false, err
+	}
+	for _, s := range subs {
+		for _, c := range s.controllers {
+			ctrl := in.sys("class", "nvme", c)
+			if readAttr(filepath.Join(ctrl, "transport")) != "tcp" {
+				continue
+			}
+			if t.HostNQN != "" && readAttr(filepath.Join(ctrl, "hostnqn")) != t.HostNQN {
+				continue // another host identity is a separate connection (B25)
+			}
+			addr := readAttr(filepath.Join(ctrl, "address"))
+			if strings.Contains(addr, "traddr="+t.Address) && strings.Contains(addr, fmt.Sprintf("trsvcid=%d", t.Port)) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// ConnectOptions returns the option string written to /dev/nvme-fabrics for t.
+func ConnectOptions(t Target) string {
+	opts := []string{
+		"nqn=" + t.NQN,
+		"transport=tcp",
+		"traddr=" + t.Address,
+		fmt.Sprintf("trsvcid=%d", t.Port),
+	}
+	if t.HostNQN != "" {
+		opts = append(opts, "hostnqn="+t.HostNQN)
+	}
+	if t.CtrlLossTmo != nil {
+		opts = append(opts, fmt.Sprintf("ctrl_loss_tmo=%d", *t.CtrlLossTmo))
+	}
+	if t.ReconnectDelay > 0 {
+		opts = append(opts, fmt.Sprintf("reconnect_delay=%d", t.ReconnectDelay))
+	}
+	return strings.Join(opts, ",")
+}
+
+func writeFabrics(options string) error {
+	f, err := os.OpenFile("/dev/nvme-fabrics", os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte(options)); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Connect connects to t unless this host is already connected to it (B25: a retried stage
+// reuses the controller; "already connected" from the kernel, EALREADY, is success) and returns
+// the namespace's block device, e.g. /dev/nvme1n1, waiting (bounded) for it to appear.
+func (in *Initiator) Connect(ctx context.Context, t Target) (string, error) {
+	if t.NQN == "" || t.Address == "" || t.Port == 0 {
+		return "", fmt.Errorf("incomplete target %+v", t)
+	}
+	ok, err := in.connected(t)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		fabrics := in.Fabrics
+		if fabrics == nil {
+			fabrics = writeFabrics
+		}
+		if err := fabrics(ConnectOptions(t)); err != nil && !errors.Is(err, syscall.EALREADY) {
+			return "", fmt.Errorf("connect to %s at %s:%d: %w", t.NQN, t.Address, t.Port, err)
+		}
+	}
+	return in.WaitDevice(ctx, t.NQN)
+}
+
+// Device returns the block device of the subsystem's namespace ("" when none is visible).
+// A subsystem with more than one namespace is an error: Plinth exports one namespace per volume.
+func (in *Initiator) Device(nqn string) (string, error) {
+	subs, err := in.subsystems(nqn)
+	if err != nil {
+		return "", err
+	}
+	var heads []string
+	for _, s := range subs {
+		heads = append(heads, s.heads...)
+	}
+	switch len(heads) {
+	case 0:
+		return "", nil
+	case 1:
+		return in.dev(heads[0]), nil
+	}
+	return "", fmt.Errorf("subsystem %s has %d namespaces (%s), want 1", nqn, len(heads), strings.Join(heads, ", "))
+}
+
+// WaitDevice waits (bounded by Timeout and ctx) until the subsystem's namespace is visible and
+// its device node exists.
+func (in *Initiator) WaitDevice(ctx context.Context, nqn string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, in.timeout())
+	defer cancel()
+	tick := time.NewTicker(in.poll())
+	defer tick.Stop()
+	for {
+		dev, err := in.Device(nqn)
+		if err != nil {
+			return "", err
+		}
+		if dev != "" {
+			if _, err := os.Stat(dev); err == nil {
+				return dev, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("namespace of %s did not appear: %w", nqn, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// SubsystemNQNOfDevice returns the subsystem NQN of an NVMe block device such as
+// /dev/nvme1n1 through /sys/class/block/<name>/device/subsysnqn (or the head's
+// subsystem link); "" when the device is not NVMe.
+func (in *Initiator) SubsystemNQNOfDevice(device string) string {
+	name := filepath.Base(device)
+	for _, p := range []string{
+		in.sys("class", "block", name, "device", "subsysnqn"),
+		in.sys("class", "block", name, "subsystem", "subsysnqn"),
+	} {
+		if v := readAttr(p); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Disconnect deletes every controller of the subsystem nqn on this node and returns once the
+// subsystem is gone from sysfs (bounded poll). Nothing connected is success (B26); a controller
+// that refuses to go is an error.
+func (in *Initiator) Disconnect(ctx context.Context, nqn string) error {
+	subs, err := in.subsystems(nqn)
+	if err != nil {
+		return err
+	}
+	if len(subs) == 0 {
+		return nil
+	}
+	for _, s := range subs {
+		for _, c := range s.controllers {
+			p := in.sys("class", "nvme", c, "delete_controller")
+			if err := in.write(p, []byte("1")); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("disconnect %s (%s): %w", nqn, c, err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, in.timeout())
+	defer cancel()
+	tick := time.NewTicker(in.poll())
+	defer tick.Stop()
+	for {
+		subs, err := in.subsystems(nqn)
+		if err != nil {
+			return err
+		}
+		if len(subs) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("subsystem %s still present after disconnect: %w", nqn, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// HostNQN reads the node's host NQN from path (normally /etc/nvme/hostnqn); "" when absent.
+func HostNQN(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}

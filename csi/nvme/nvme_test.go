@@ -1,0 +1,224 @@
+package nvme
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// fakeKernel lays out sysfs the way drivers/nvme/host/core.c does for a connected subsystem:
+// class/nvme-subsystem/nvme-subsysS/{subsysnqn,nvmeC,nvmeCnN}, class/nvme/nvmeC/{subsysnqn,
+// hostnqn,transport,address,delete_controller}, plus the hidden per-path node nvmeCc0nN the
+// plugin must not return, and the /dev node of the head.
+type fakeKernel struct {
+	t        *testing.T
+	sys, dev string
+	connects []string
+	next     int
+}
+
+func newFakeKernel(t *testing.T) *fakeKernel {
+	root := t.TempDir()
+	k := &fakeKernel{t: t, sys: filepath.Join(root, "sys"), dev: filepath.Join(root, "dev")}
+	for _, d := range []string{filepath.Join(k.sys, "class", "nvme-subsystem"), filepath.Join(k.sys, "class", "nvme"), k.dev} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return k
+}
+
+func (k *fakeKernel) write(p, v string) {
+	k.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		k.t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(v+"\n"), 0o644); err != nil {
+		k.t.Fatal(err)
+	}
+}
+
+// connect makes controller nvme<next> of the subsystem nqn (creating the subsystem) for hostnqn.
+func (k *fakeKernel) connect(nqn, hostnqn, addr string) {
+	c := "nvme" + itoa(k.next)
+	k.next++
+	sub := filepath.Join(k.sys, "class", "nvme-subsystem", "nvme-subsys-"+strings.ReplaceAll(nqn, ":", "_"))
+	k.write(filepath.Join(sub, "subsysnqn"), nqn)
+	if err := os.MkdirAll(filepath.Join(sub, c), 0o755); err != nil {
+		k.t.Fatal(err)
+	}
+	head := "nvme" + strings.TrimPrefix(filepath.Base(firstCtrl(sub, c)), "nvme") + "n1"
+	if err := os.MkdirAll(filepath.Join(sub, head), 0o755); err != nil {
+		k.t.Fatal(err)
+	}
+	ctrl := filepath.Join(k.sys, "class", "nvme", c)
+	k.write(filepath.Join(ctrl, "subsysnqn"), nqn)
+	k.write(filepath.Join(ctrl, "hostnqn"), hostnqn)
+	k.write(filepath.Join(ctrl, "transport"), "tcp")
+	k.write(filepath.Join(ctrl, "address"), addr)
+	k.write(filepath.Join(ctrl, "delete_controller"), "")
+	if err := os.MkdirAll(filepath.Join(ctrl, c+"c0n1"), 0o755); err != nil { // hidden path node
+		k.t.Fatal(err)
+	}
+	k.write(filepath.Join(k.dev, head), "")
+}
+
+func firstCtrl(sub, fallback string) string {
+	entries, _ := os.ReadDir(sub)
+	for _, e := range entries {
+		if ctrlName.MatchString(e.Name()) {
+			return e.Name()
+		}
+	}
+	return fallback
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func (k *fakeKernel) initiator() *Initiator {
+	return &Initiator{
+		SysRoot: k.sys, DevRoot: k.dev, PollInterval: time.Millisecond, Timeout: 5 * time.Second,
+		Fabrics: func(opts string) error {
+			k.connects = append(k.connects, opts)
+			kv := map[string]string{}
+			for _, p := range strings.Split(opts, ",") {
+				a, b, _ := strings.Cut(p, "=")
+				kv[a] = b
+			}
+			// The kernel refuses a duplicate controller with the same host NQN: EALREADY.
+			in := &Initiator{SysRoot: k.sys}
+			ok, _ := in.connected(Target{NQN: kv["nqn"], HostNQN: kv["hostnqn"], Address: kv["traddr"], Port: atoi(kv["trsvcid"])})
+			if ok {
+				return syscall.EALREADY
+			}
+			k.connect(kv["nqn"], kv["hostnqn"], "traddr="+kv["traddr"]+",trsvcid="+kv["trsvcid"])
+			return nil
+		},
+		WriteFile: func(p string, data []byte) error {
+			if filepath.Base(p) != "delete_controller" {
+				return os.WriteFile(p, data, 0o644)
+			}
+			ctrl := filepath.Dir(p)
+			nqn := readAttr(filepath.Join(ctrl, "subsysnqn"))
+			c := filepath.Base(ctrl)
+			if err := os.RemoveAll(ctrl); err != nil {
+				return err
+			}
+			sub := filepath.Join(k.sys, "class", "nvme-subsystem", "nvme-subsys-"+strings.ReplaceAll(nqn, ":", "_"))
+			os.RemoveAll(filepath.Join(sub, c))
+			if firstCtrl(sub, "") == "" { // last controller gone: the subsystem goes too
+				return os.RemoveAll(sub)
+			}
+			return nil
+		},
+	}
+}
+
+func atoi(s string) int32 {
+	var n int32
+	for _, c := range s {
+		n = n*10 + int32(c-'0')
+	}
+	return n
+}
+
+const (
+	nqn  = "nqn.2014-08.dev.plinth:vol-0123456789abcdef0123456789abcdef01234567"
+	host = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
+)
+
+// B25: a retried stage reuses the existing controller; a kernel EALREADY is success; another
+// host NQN is a real new connection.
+func TestConnectIdempotent(t *testing.T) {
+	k := newFakeKernel(t)
+	in := k.initiator()
+	tgt := Target{NQN: nqn, Address: "192.0.2.5", Port: 4420, HostNQN: host}
+	dev, err := in.Connect(t.Context(), tgt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev != filepath.Join(k.dev, "nvme0n1") {
+		t.Errorf("device %s, want the head nvme0n1 (never the hidden nvme0c0n1)", dev)
+	}
+	dev2, err := in.Connect(t.Context(), tgt)
+	if err != nil {
+		t.Fatalf("second connect: %v", err)
+	}
+	if dev2 != dev || len(k.connects) != 1 {
+		t.Errorf("second connect: device %s, %d fabrics writes; want %s and 1 (reuse)", dev2, len(k.connects), dev)
+	}
+	// The kernel answering EALREADY (a controller made by someone else meanwhile) is success.
+	in.Fabrics = func(string) error { return syscall.EALREADY }
+	os.WriteFile(filepath.Join(k.sys, "class", "nvme", "nvme0", "address"), []byte("traddr=192.0.2.6,trsvcid=4420\n"), 0o644)
+	if _, err := in.Connect(t.Context(), tgt); err != nil {
+		t.Errorf("connect answered EALREADY: %v", err)
+	}
+	// Another host NQN is a separate connection (nvme-cli PR #1993).
+	in = k.initiator()
+	if _, err := in.Connect(t.Context(), Target{NQN: "nqn.2014-08.dev.plinth:other", Address: "192.0.2.5", Port: 4420, HostNQN: host}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(k.connects)
+	if _, err := in.Connect(t.Context(), Target{NQN: "nqn.2014-08.dev.plinth:other", Address: "192.0.2.5", Port: 4420, HostNQN: host + "-2"}); err != nil {
+		t.Errorf("connect with another host NQN: %v", err)
+	}
+	if len(k.connects) != before+1 {
+		t.Errorf("connect with another host NQN wrote %d times, want a new connection", len(k.connects)-before)
+	}
+	// A kernel error other than EALREADY fails.
+	in.Fabrics = func(string) error { return syscall.ECONNREFUSED }
+	if _, err := in.Connect(t.Context(), Target{NQN: "nqn.x:y", Address: "192.0.2.9", Port: 4420}); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("connect refused: %v", err)
+	}
+}
+
+// B26: disconnect of an absent NQN is a no-op; a controller that refuses fails; success means gone.
+func TestDisconnect(t *testing.T) {
+	k := newFakeKernel(t)
+	in := k.initiator()
+	if err := in.Disconnect(t.Context(), nqn); err != nil {
+		t.Errorf("disconnect with empty nvme-subsystem: %v", err)
+	}
+	if err := (&Initiator{SysRoot: filepath.Join(t.TempDir(), "nosys")}).Disconnect(t.Context(), nqn); err != nil {
+		t.Errorf("disconnect without any nvme sysfs: %v", err)
+	}
+	if _, err := in.Connect(t.Context(), Target{NQN: nqn, Address: "192.0.2.5", Port: 4420, HostNQN: host}); err != nil {
+		t.Fatal(err)
+	}
+	failing := k.initiator()
+	failing.WriteFile = func(string, []byte) error { return syscall.EBUSY }
+	if err := failing.Disconnect(t.Context(), nqn); err == nil {
+		t.Error("disconnect whose delete_controller write fails returned nil")
+	}
+	if err := in.Disconnect(t.Context(), nqn); err != nil {
+		t.Fatal(err)
+	}
+	if dev, _ := in.Device(nqn); dev != "" {
+		t.Errorf("device %s still visible after disconnect", dev)
+	}
+	// A controller that never goes: bounded wait, then an error.
+	k.connect(nqn, host, "traddr=192.0.2.5,trsvcid=4420")
+	stuck := k.initiator()
+	stuck.Timeout = 20 * time.Millisecond
+	stuck.WriteFile = func(string, []byte) error { return nil }
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := stuck.Disconnect(ctx, nqn); err == nil {
+		t.Error("disconnect of a subsystem that stays returned nil")
+	}
+}
+
+func TestConnectOptions(t *testing.T) {
+	tmo := int32(-1)
+	got := ConnectOptions(Target{NQN: "n", Address: "10.0.0.1", Port: 4420, HostNQN: "h", CtrlLossTmo: &tmo, ReconnectDelay: 2})
+	want := "nqn=n,transport=tcp,traddr=10.0.0.1,trsvcid=4420,hostnqn=h,ctrl_loss_tmo=-1,reconnect_delay=2"
+	if got != want {
+		t.Errorf("ConnectOptions = %q, want %q", got, want)
+	}
+}

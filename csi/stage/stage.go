@@ -1,0 +1,167 @@
+// Package stage keeps the node plugin's stage records: one small JSON file per staged volume
+// holding what NodeUnstageVolume needs, because the CO sends only the volume id and the staging
+// path at unstage (CSI spec, NodeUnstageVolumeRequest) and the plugin may have restarted since
+// (field case B19). Records are written atomically: temp file in the same folder, fsync, rename,
+// fsync of the folder — a crash leaves either the old record or the new one, never half of one.
+package stage
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Kinds of transport a staged volume uses.
+const (
+	// KindLocal is a block device on this node (LV, zvol, loop device of the file backend).
+	KindLocal = "local"
+	// KindNVMeoFTCP is a namespace of an NVMe-oF/TCP subsystem this node connected to.
+	KindNVMeoFTCP = "nvmeofTcp"
+)
+
+// Record is what NodeStageVolume did for one volume.
+type Record struct {
+	// VolumeID is the CSI volume id.
+	VolumeID string `json:"volumeID"`
+	// StagingPath is the staging_target_path the CO gave.
+	StagingPath string `json:"stagingPath"`
+	// Kind is KindLocal or KindNVMeoFTCP.
+	Kind string `json:"kind"`
+	// Device is the block device path the volume was found at when staged, e.g. /dev/nvme1n1.
+	Device string `json:"device,omitempty"`
+	// NQN is the subsystem NQN for KindNVMeoFTCP (disconnect by NQN at unstage).
+	NQN string `json:"nqn,omitempty"`
+	// Block is true for raw block volumes (nothing mounted at StagingPath).
+	Block bool `json:"block,omitempty"`
+	// FSType is the filesystem mounted at StagingPath (ext4, xfs) for mount volumes.
+	FSType string `json:"fsType,omitempty"`
+}
+
+// Dir is a folder of records, one file <volume id>.json each.
+type Dir struct {
+	// Path of the folder, such as /var/lib/plinth/node; created on first Save.
+	Path string
+}
+
+// ErrNotFound is returned by Load when no record exists for the volume.
+var ErrNotFound = errors.New("no stage record")
+
+func (d Dir) file(volumeID string) (string, error) {
+	if volumeID == "" || strings.ContainsAny(volumeID, "/\x00") || volumeID == "." || volumeID == ".." {
+		return "", fmt.Errorf("volume id %q cannot name a stage record", volumeID)
+	}
+	return filepath.Join(d.Path, volumeID+".json"), nil
+}
+
+// Save writes r atomically (temp file + fsync + rename + fsync of the folder).
+func (d Dir) Save(r Record) error {
+	path, err := d.file(r.VolumeID)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(d.Path, 0o700); err != nil {
+		return fmt.Errorf("create stage folder: %w", err)
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(d.Path, ".tmp-"+r.VolumeID+"-*")
+	if err != nil {
+		return fmt.Errorf("create stage record: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write stage record: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("fsync stage record: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close stage record: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("rename stage record: %w", err)
+	}
+	return syncDir(d.Path)
+}
+
+// Load reads the record of a volume; ErrNotFound when there is none. A record that does not
+// parse is an error, not "absent": unstage must not silently skip a disconnect.
+func (d Dir) Load(volumeID string) (Record, error) {
+	path, err := d.file(volumeID)
+	if err != nil {
+		return Record{}, err
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Record{}, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("read stage record: %w", err)
+	}
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Record{}, fmt.Errorf("stage record %s: %w", path, err)
+	}
+	if r.VolumeID != volumeID {
+		return Record{}, fmt.Errorf("stage record %s names volume %q", path, r.VolumeID)
+	}
+	return r, nil
+}
+
+// Remove deletes the record of a volume; absent is success.
+func (d Dir) Remove(volumeID string) error {
+	path, err := d.file(volumeID)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stage record: %w", err)
+	}
+	return syncDir(d.Path)
+}
+
+// List returns every record in the folder (for diagnostics and NodeGetVolumeStats lookups).
+func (d Dir) List() ([]Record, error) {
+	entries, err := os.ReadDir(d.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Record
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".json") || strings.HasPrefix(name, ".") {
+			continue
+		}
+		r, err := d.Load(strings.TrimSuffix(name, ".json"))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func syncDir(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync stage folder: %w", err)
+	}
+	return nil
+}
