@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// Agent reasons.
+const (
+	// ReasonMissingKernelModules surfaces when a module the node's Agent spec
+	// needs (nvmet, nvmet_tcp for NVMe-oF; dm_thin_pool for thin pools) is not loaded.
+	ReasonMissingKernelModules = "MissingKernelModules"
+	// ReasonNoBindAddress surfaces when no node address is inside spec.nvmeof.bindCIDR.
+	ReasonNoBindAddress = "NoBindAddress"
+)
+
+type agentReconciler struct{ *node }
+
+func (r *agentReconciler) setup(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("agent").
+		For(&storev1.Agent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Complete(r)
+}
+
+// Reconcile publishes what the node has (host NQN, bind address, modules,
+// backends, version) and a heartbeat, every RefreshInterval.
+func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var a storev1.Agent
+	if err := r.client.Get(ctx, req.NamespacedName, &a); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if a.Name != r.opts.NodeName {
+		return ctrl.Result{}, nil
+	}
+	before := a.DeepCopy()
+	ni := r.opts.probe()
+	st := &a.Status
+	st.ObservedGeneration = a.Generation
+	st.HostNQN = ni.HostNQN
+	st.Version = r.opts.Version
+	st.Capabilities = storev1.AgentCapabilities{Backends: ni.Backends, KernelModules: ni.Modules}
+	now := metav1.Now()
+	st.LastHeartbeatTime = &now
+
+	var blocking, notes []string
+	reason := ReasonSucceeded
+	needed := map[string]bool{}
+	if a.Spec.NVMeoF != nil {
+		needed["nvmet"], needed["nvmet_tcp"] = true, true
+		addr, err := SelectAddress(a.Spec.NVMeoF.BindCIDR, r.opts.Addrs)
+		if err != nil {
+			blocking = append(blocking, err.Error())
+			reason = ReasonNoBindAddress
+		}
+		st.Address = addr
+	} else {
+		st.Address = ""
+	}
+	var stores storev1.StoreList
+	if err := r.client.List(ctx, &stores); err == nil {
+		for _, s := range stores.Items {
+			if s.Spec.Backend.LVM != nil && s.Spec.Backend.LVM.ThinPool != nil {
+				needed["dm_thin_pool"] = true
+			}
+		}
+	}
+	for _, m := range ni.Missing {
+		if needed[m] {
+			blocking = append(blocking, m+" not loaded")
+			reason = ReasonMissingKernelModules
+		} else {
+			notes = append(notes, m+" not loaded")
+		}
+	}
+	if ni.HostNQNError != "" {
+		notes = append(notes, ni.HostNQNError)
+	}
+	if len(blocking) > 0 {
+		setCond(&st.Conditions, a.Generation, CondReady, false, reason, strings.Join(append(blocking, notes...), "; "))
+	} else {
+		msg := fmt.Sprintf("backends %v, modules %v", ni.Backends, ni.Modules)
+		if len(notes) > 0 {
+			msg += "; " + strings.Join(notes, "; ")
+		}
+		setCond(&st.Conditions, a.Generation, CondReady, true, ReasonSucceeded, msg)
+	}
+	if err := r.client.Status().Patch(ctx, &a, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+}

@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/agents/file"
+	"github.com/plinth-storage/plinth/agents/lvm"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// newBackend is the default Options.NewBackend.
+func newBackend(s *storev1.Store, reserveBytes int64, onCommand func(string, []string, time.Duration, error)) (backend.Backend, error) {
+	b := s.Spec.Backend
+	switch {
+	case b.LVM != nil:
+		cfg := lvm.Config{
+			VolumeGroup:       b.LVM.VolumeGroup,
+			Devices:           b.LVM.Devices,
+			ReserveBytes:      reserveBytes,
+			OvercommitPercent: int64(s.Spec.OvercommitPercent),
+			OnCommand:         onCommand,
+		}
+		if b.LVM.ThinPool != nil {
+			cfg.ThinPool = b.LVM.ThinPool.Name
+			cfg.ThinPoolSizePercent = int(b.LVM.ThinPool.SizePercent)
+		}
+		return lvm.New(cfg)
+	case b.File != nil:
+		return file.New(file.Config{Directory: b.File.Directory, ReserveBytes: reserveBytes, OvercommitPercent: int64(s.Spec.OvercommitPercent)})
+	case b.ZFS != nil:
+		return nil, fmt.Errorf("zfs backend: not supported by this agent yet")
+	}
+	return nil, fmt.Errorf("store %s declares no backend", s.Name)
+}
+
+// ensurer is a backend that brings its node-level objects (VG, thin pool)
+// to the declaration (lvm.LVM.Ensure).
+type ensurer interface {
+	Ensure(ctx context.Context) error
+}
+
+// observer returns capacity and volumes from one report (lvm.LVM.Observe).
+type observer interface {
+	Observe(ctx context.Context) (backend.Capacity, []backend.Volume, error)
+}
+
+// observe is one refresh of a backend: one vgs+lvs pair for LVM.
+func observe(ctx context.Context, be backend.Backend) (backend.Capacity, []backend.Volume, error) {
+	if o, ok := be.(observer); ok {
+		return o.Observe(ctx)
+	}
+	c, err := be.Capacity(ctx)
+	if err != nil {
+		return c, nil, err
+	}
+	vols, err := be.List(ctx)
+	return c, vols, err
+}
+
+// ReserveBytes resolves a pool's reserve ("10Gi", "5%", "" = 0) against the
+// physical size totalBytes. Percent reserves round down to a byte.
+func ReserveBytes(reserve string, totalBytes int64) (int64, error) {
+	reserve = strings.TrimSpace(reserve)
+	if reserve == "" {
+		return 0, nil
+	}
+	if p, ok := strings.CutSuffix(reserve, "%"); ok {
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || n < 0 || n > 100 {
+			return 0, fmt.Errorf("reserve %q: want a percent from 0%% to 100%%", reserve)
+		}
+		return totalBytes/100*n + totalBytes%100*n/100, nil
+	}
+	q, err := resource.ParseQuantity(reserve)
+	if err != nil {
+		return 0, fmt.Errorf("reserve %q: %w", reserve, err)
+	}
+	v, ok := q.AsInt64()
+	if !ok || v < 0 {
+		return 0, fmt.Errorf("reserve %q: not a byte count", reserve)
+	}
+	return v, nil
+}

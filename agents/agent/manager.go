@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/agents/fencing"
+	"github.com/plinth-storage/plinth/agents/nvmet"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// node is the state the reconcilers of one agent share.
+type node struct {
+	opts   Options
+	client client.Client
+	marks  *fencing.Store
+	target *nvmet.Target
+	wake   chan event.GenericEvent
+
+	mu     sync.Mutex
+	stores map[string]*storeRuntime
+}
+
+// storeRuntime is a Store's backend instance and what the last refresh saw.
+type storeRuntime struct {
+	mu        sync.Mutex // serialises ensure and rebuilds
+	key       string     // fingerprint of the spec the backend was built from
+	be        backend.Backend
+	beReserve int64
+	ensured   bool
+	total     int64 // physical size seen last, for percent reserves
+}
+
+// Scheme returns a scheme with the runtime API group.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := storev1.AddToScheme(s); err != nil {
+		panic(err) // static registration; cannot fail
+	}
+	return s
+}
+
+// CacheOptions scopes the manager's cache to one node: the Agent named
+// node, and the Stores and VolumeStates labelled plinth.dev/node =
+// storev1.NameLabelValue(node).
+func CacheOptions(nodeName string) cache.Options {
+	byNode := labels.SelectorFromSet(labels.Set{policyv1.LabelNode: storev1.NameLabelValue(nodeName)})
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&storev1.Agent{}:       {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
+		&storev1.Store{}:       {Label: byNode},
+		&storev1.VolumeState{}: {Label: byNode},
+	}}
+}
+
+// NewManager builds the agent's manager for cfg: cache scoped to the node,
+// /metrics on Options.MetricsAddr, /healthz and /readyz (caches synced) on
+// Options.ProbeAddr, and the Agent, Store and VolumeState reconcilers.
+func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	marks, err := fencing.Open(opts.MarksDir())
+	if err != nil {
+		return nil, err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 Scheme(),
+		Cache:                  CacheOptions(opts.NodeName),
+		Metrics:                metricsserver.Options{BindAddress: opts.MetricsAddr},
+		HealthProbeBindAddress: opts.ProbeAddr,
+		LeaderElection:         false,
+		// one agent per node; tests restart it inside one process
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent manager: %w", err)
+	}
+	n := &node{
+		opts:   opts,
+		client: mgr.GetClient(),
+		marks:  marks,
+		target: nvmet.New(opts.NVMetRoot),
+		wake:   make(chan event.GenericEvent, 1024),
+		stores: map[string]*storeRuntime{},
+	}
+	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("caches", func(r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := (&agentReconciler{n}).setup(mgr); err != nil {
+		return nil, err
+	}
+	if err := (&storeReconciler{n}).setup(mgr); err != nil {
+		return nil, err
+	}
+	if err := (&volumeReconciler{n}).setup(mgr); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// Run runs the agent until ctx is done.
+func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
+	mgr, err := NewManager(cfg, opts)
+	if err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}
+
+// runtime returns the store's runtime, new when the spec's backend, reserve
+// or overcommit changed.
+func (n *node) runtime(s *storev1.Store) *storeRuntime {
+	b, _ := json.Marshal(struct {
+		B policyv1.Backend
+		R string
+		O int32
+	}{s.Spec.Backend, s.Spec.Reserve, s.Spec.OvercommitPercent})
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	rt, ok := n.stores[s.Name]
+	if !ok || rt.key != string(b) {
+		rt = &storeRuntime{key: string(b)}
+		n.stores[s.Name] = rt
+	}
+	return rt
+}
+
+func (n *node) dropStore(name string) {
+	n.mu.Lock()
+	delete(n.stores, name)
+	n.mu.Unlock()
+	for _, t := range []string{"total", "allocatable", "provisioned", "available"} {
+		StoreCapacityBytes.DeletePartialMatch(map[string]string{"store": name, "type": t})
+	}
+	StoreThinUsedRatio.DeletePartialMatch(map[string]string{"store": name})
+}
+
+// backend returns the store's backend, built with the reserve resolved
+// against the last physical size seen, and ensured (VG, thin pool) once.
+func (n *node) backend(ctx context.Context, s *storev1.Store, rt *storeRuntime) (backend.Backend, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	reserve, err := ReserveBytes(s.Spec.Reserve, rt.total)
+	if err != nil {
+		return nil, err
+	}
+	if rt.be == nil || rt.beReserve != reserve {
+		kind := s.Spec.Backend.Kind()
+		be, err := n.opts.NewBackend(s, reserve, func(string, []string, time.Duration, error) {
+			BackendCommands.WithLabelValues(kind).Inc()
+		})
+		if err != nil {
+			return nil, err
+		}
+		rt.be, rt.beReserve = be, reserve
+	}
+	if !rt.ensured {
+		if e, ok := rt.be.(ensurer); ok {
+			start := time.Now()
+			err := e.Ensure(ctx)
+			OperationDuration.WithLabelValues("ensure").Observe(time.Since(start).Seconds())
+			if err != nil {
+				return nil, err
+			}
+		}
+		rt.ensured = true
+	}
+	return rt.be, nil
+}
+
+// storeOf returns the Store a VolumeState names, from the node's cache.
+func (n *node) storeOf(ctx context.Context, vs *storev1.VolumeState) (*storev1.Store, error) {
+	var s storev1.Store
+	if err := n.client.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &s); err != nil {
+		return nil, err
+	}
+	if s.Spec.NodeName != n.opts.NodeName {
+		return nil, fmt.Errorf("store %s belongs to node %s", s.Name, s.Spec.NodeName)
+	}
+	return &s, nil
+}

@@ -1,0 +1,51 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metrics of the agent (DESIGN.md "Metrics"); no per-volume labels.
+var (
+	// StoreCapacityBytes is plinth_store_capacity_bytes{store,pool,type}, type
+	// one of total, allocatable, provisioned, available (bytes).
+	StoreCapacityBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "plinth_store_capacity_bytes",
+		Help: "Capacity of a Store in bytes, by type (total, allocatable, provisioned, available).",
+	}, []string{"store", "pool", "type"})
+	// StoreThinUsedRatio is plinth_store_thin_used_ratio{store,part}, part data
+	// or metadata, 0..1.
+	StoreThinUsedRatio = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "plinth_store_thin_used_ratio",
+		Help: "Used share of a thin pool, 0..1, by part (data, metadata).",
+	}, []string{"store", "part"})
+	// OperationDuration is plinth_agent_operation_duration_seconds{op}.
+	OperationDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "plinth_agent_operation_duration_seconds",
+		Help:    "Duration of agent operations (create, expand, delete, export, unexport, refresh, ensure) in seconds.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"op"})
+	// BackendCommands is plinth_agent_backend_commands_total{backend}: external
+	// commands run by a backend (lvm2 commands for lvm).
+	BackendCommands = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "plinth_agent_backend_commands_total",
+		Help: "External commands run by the storage backends.",
+	}, []string{"backend"})
+	// FencingRejections is plinth_agent_fencing_rejections_total{reason}.
+	FencingRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "plinth_agent_fencing_rejections_total",
+		Help: "Work refused by the fencing marks, by reason.",
+	}, []string{"reason"})
+	// DriftObjects is plinth_drift_objects{source="kernel",kind}: drifted
+	// things the agent sees on its node, by kind (LogicalVolume, Export,
+	// VolumeGroup, ThinPool).
+	DriftObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "plinth_drift_objects",
+		Help: "Objects drifted from their declaration, by source and kind.",
+	}, []string{"source", "kind"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(StoreCapacityBytes, StoreThinUsedRatio, OperationDuration,
+		BackendCommands, FencingRejections, DriftObjects)
+}

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/plinth-storage/plinth/agents/nvmet"
+)
+
+// KernelModules are the modules the Agent reports (DESIGN.md "The runtime API").
+var KernelModules = []string{"nvmet", "nvmet_tcp", "nvme_tcp", "dm_thin_pool"}
+
+// NodeInfo is what the agent found on its node.
+type NodeInfo struct {
+	// HostNQN from the host NQN file; "" when missing or invalid (HostNQNError says why).
+	HostNQN      string
+	HostNQNError string
+	// Modules are the KernelModules loaded (or built in), sorted.
+	Modules []string
+	// Missing are the KernelModules not loaded, sorted.
+	Missing []string
+	// Backends usable on the node: "lvm" (lvm binary and device-mapper),
+	// "file" (/dev/loop-control), sorted.
+	Backends []string
+}
+
+// Probe reads the node: the host NQN file (such as /etc/nvme/hostnqn), the
+// modules under sysRoot/module (built-in modules appear there too when they
+// have parameters, so /proc/modules is consulted as well), and the tools.
+func (o *Options) probe() NodeInfo {
+	var ni NodeInfo
+	if b, err := os.ReadFile(o.HostNQNFile); err != nil {
+		ni.HostNQNError = fmt.Sprintf("host NQN: %v", err)
+	} else if nqn := strings.TrimSpace(string(b)); nvmet.ValidateNQN(nqn) != nil {
+		ni.HostNQNError = fmt.Sprintf("host NQN in %s is not a valid NQN", o.HostNQNFile)
+	} else {
+		ni.HostNQN = nqn
+	}
+	loaded := map[string]bool{}
+	if b, err := os.ReadFile(filepath.Join(o.ProcRoot, "modules")); err == nil {
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) > 0 {
+				loaded[f[0]] = true
+			}
+		}
+	}
+	for _, m := range KernelModules {
+		if _, err := os.Stat(filepath.Join(o.SysRoot, "module", m)); err == nil || loaded[m] {
+			ni.Modules = append(ni.Modules, m)
+		} else {
+			ni.Missing = append(ni.Missing, m)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(o.DevRoot, "loop-control")); err == nil {
+		ni.Backends = append(ni.Backends, "file")
+	}
+	if _, err := o.LookPath("lvm"); err == nil {
+		if _, err := os.Stat(filepath.Join(o.DevRoot, "mapper", "control")); err == nil {
+			ni.Backends = append(ni.Backends, "lvm")
+		}
+	}
+	sort.Strings(ni.Backends)
+	return ni
+}
+
+// AddrLister lists the node's interface addresses (net.InterfaceAddrs).
+type AddrLister func() ([]net.Addr, error)
+
+// SelectAddress returns the first node address inside cidr (in the order
+// the kernel lists interfaces and addresses), the rule of the Protocol's
+// bindCIDR. Errors: a malformed CIDR, or no address inside it.
+func SelectAddress(cidr string, list AddrLister) (string, error) {
+	_, n, err := net.ParseCIDR(cidr)
+	if err != nil {
+		return "", fmt.Errorf("bindCIDR %q: %w", cidr, err)
+	}
+	addrs, err := list()
+	if err != nil {
+		return "", fmt.Errorf("list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		var ip net.IP
+		switch v := a.(type) {
+		case *net.IPNet:
+			ip = v.IP
+		case *net.IPAddr:
+			ip = v.IP
+		}
+		if ip != nil && n.Contains(ip) {
+			return ip.String(), nil
+		}
+	}
+	return "", fmt.Errorf("no address of this node is inside bindCIDR %s", cidr)
+}

@@ -1,0 +1,114 @@
+package agent
+
+import (
+	"errors"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/agents/nvmet"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// Defaults of Options.
+const (
+	DefaultStateDir        = "/var/lib/plinth"
+	DefaultHostNQNFile     = "/etc/nvme/hostnqn"
+	DefaultRefreshInterval = 30 * time.Second
+	DefaultMetricsAddr     = ":8080"
+	DefaultProbeAddr       = ":8081"
+)
+
+// FinalizerVolume keeps a VolumeState until the agent removed its export and
+// its volume.
+const FinalizerVolume = "plinth.dev/volume"
+
+// Options configure the agent. The zero value of every field but NodeName
+// takes the default noted.
+type Options struct {
+	// NodeName is the Node this agent serves (required).
+	NodeName string
+	// StateDir holds durable state; fencing marks go to <StateDir>/agent/marks
+	// (default /var/lib/plinth).
+	StateDir string
+	// RefreshInterval is the period of the Agent heartbeat and of each Store's
+	// observation (one vgs+lvs pair per LVM store), default 30 s.
+	RefreshInterval time.Duration
+	// MetricsAddr and ProbeAddr are the listen addresses of /metrics and of
+	// /healthz, /readyz (defaults :8080, :8081; "0" disables).
+	MetricsAddr string
+	ProbeAddr   string
+	// Version is reported in Agent status.
+	Version string
+
+	// HostNQNFile is the host NQN file (default /etc/nvme/hostnqn).
+	HostNQNFile string
+	// NVMetRoot is the nvmet configfs tree (default nvmet.DefaultRoot).
+	NVMetRoot string
+	// SysRoot, ProcRoot and DevRoot default to /sys, /proc and /dev.
+	SysRoot, ProcRoot, DevRoot string
+	// Addrs lists the node addresses (default net.InterfaceAddrs).
+	Addrs AddrLister
+	// LookPath finds tools (default exec.LookPath).
+	LookPath func(string) (string, error)
+	// NewBackend builds the backend of a Store (default: lvm or file from
+	// spec.backend; zfs is not supported yet). reserveBytes is the Store's
+	// reserve resolved against its physical size; onCommand counts commands.
+	NewBackend func(s *storev1.Store, reserveBytes int64, onCommand func(name string, args []string, d time.Duration, err error)) (backend.Backend, error)
+
+	// AfterVolumeCreate, when set, runs right after the backend created (or
+	// adopted) a volume and before anything else; a non-nil error aborts the
+	// reconcile there. Tests use it to crash the agent at that point.
+	AfterVolumeCreate func(id string) error
+}
+
+func (o *Options) defaults() error {
+	if o.NodeName == "" {
+		return errors.New("agent: node name is required")
+	}
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir
+	}
+	if o.RefreshInterval <= 0 {
+		o.RefreshInterval = DefaultRefreshInterval
+	}
+	if o.MetricsAddr == "" {
+		o.MetricsAddr = DefaultMetricsAddr
+	}
+	if o.ProbeAddr == "" {
+		o.ProbeAddr = DefaultProbeAddr
+	}
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	if o.HostNQNFile == "" {
+		o.HostNQNFile = DefaultHostNQNFile
+	}
+	if o.NVMetRoot == "" {
+		o.NVMetRoot = nvmet.DefaultRoot
+	}
+	if o.SysRoot == "" {
+		o.SysRoot = "/sys"
+	}
+	if o.ProcRoot == "" {
+		o.ProcRoot = "/proc"
+	}
+	if o.DevRoot == "" {
+		o.DevRoot = "/dev"
+	}
+	if o.Addrs == nil {
+		o.Addrs = net.InterfaceAddrs
+	}
+	if o.LookPath == nil {
+		o.LookPath = exec.LookPath
+	}
+	if o.NewBackend == nil {
+		o.NewBackend = newBackend
+	}
+	return nil
+}
+
+// MarksDir is where the fencing marks live.
+func (o *Options) MarksDir() string { return filepath.Join(o.StateDir, "agent", "marks") }

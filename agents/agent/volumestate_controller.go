@@ -1,0 +1,356 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/agents/fencing"
+	"github.com/plinth-storage/plinth/agents/nvmet"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// VolumeState reasons besides storev1.ReasonInsufficientCapacity and the
+// fencing reasons (package fencing).
+const (
+	// ReasonStoreNotReady surfaces when the volume's Store is not on this
+	// node's cache yet or its backend is not ready.
+	ReasonStoreNotReady = "StoreNotReady"
+	// ReasonVolumeFailed surfaces when the backend refused or failed an
+	// operation (the message carries the command and its stderr).
+	ReasonVolumeFailed = "VolumeFailed"
+	// ReasonExportFailed surfaces when the nvmet export could not be made.
+	ReasonExportFailed = "ExportFailed"
+	// ReasonFenced surfaces on Ready when fencing refused the work.
+	ReasonFenced = "Fenced"
+	// ReasonDeleting: the export and volume are being removed.
+	ReasonDeleting = "Deleting"
+)
+
+type volumeReconciler struct{ *node }
+
+func (r *volumeReconciler) setup(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("volumestate").
+		// creation, spec changes (publications bump publicationGeneration and
+		// so metadata.generation) and deletion; never the agent's own status writes
+		For(&storev1.VolumeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// the Store refresh wakes drifted volumes
+		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
+		Complete(r)
+}
+
+// Reconcile converges one volume: fencing first, then create/expand or
+// delete, export, status.
+func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var vs storev1.VolumeState
+	if err := r.client.Get(ctx, req.NamespacedName, &vs); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	deleting := !vs.DeletionTimestamp.IsZero()
+	if deleting && !controllerutil.ContainsFinalizer(&vs, FinalizerVolume) {
+		return ctrl.Result{}, nil // never acted on, or already released
+	}
+	before := vs.DeepCopy()
+	store, err := r.storeOf(ctx, &vs)
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		r.fail(&vs, ReasonStoreNotReady, fmt.Sprintf("store %s is not on this node", vs.Spec.StoreName))
+		return r.status(ctx, &vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+	}
+
+	unlock, err := r.marks.Lock(ctx, vs.Name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	defer unlock()
+	mark, found, err := r.marks.Load(vs.Name)
+	if err != nil {
+		if errors.Is(err, fencing.ErrCorrupt) {
+			return r.fenced(ctx, &vs, before, &fencing.Rejection{Reason: fencing.ReasonCorruptMark, Message: err.Error()})
+		}
+		return ctrl.Result{}, err
+	}
+	next, err := fencing.Admit(mark, found, fencing.Work{
+		UID: string(vs.UID), Generation: vs.Generation, PublicationGeneration: vs.Spec.PublicationGeneration, Deleting: deleting,
+	})
+	var rej *fencing.Rejection
+	if errors.As(err, &rej) {
+		return r.fenced(ctx, &vs, before, rej)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	apimeta.RemoveStatusCondition(&vs.Status.Conditions, CondFenced)
+	if !found || !next.Equal(mark) {
+		// durable before acting: a crash after the act still fences older work
+		if err := r.marks.Save(vs.Name, next); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	be, err := r.backend(ctx, store, r.runtime(store))
+	if err != nil {
+		r.fail(&vs, ReasonStoreNotReady, fmt.Sprintf("store %s: %v", store.Name, err))
+		return r.status(ctx, &vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+	}
+	if deleting {
+		return r.delete(ctx, &vs, before, be, next)
+	}
+	if !controllerutil.ContainsFinalizer(&vs, FinalizerVolume) {
+		controllerutil.AddFinalizer(&vs, FinalizerVolume)
+		if err := r.client.Update(ctx, &vs); err != nil {
+			return ctrl.Result{}, err
+		}
+		before = vs.DeepCopy()
+	}
+	return r.converge(ctx, &vs, before, store, be)
+}
+
+func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, store *storev1.Store, be backend.Backend) (ctrl.Result, error) {
+	correct := store.Spec.DriftPolicy == policyv1.DriftPolicyCorrect
+	specChanged := vs.Generation != vs.Status.ObservedGeneration
+	var drift []storev1.DriftItem
+	var vol backend.Volume
+	var err error
+
+	if vs.Status.ActualBytes == 0 {
+		// not created yet (or a crash before the status said so: Create adopts)
+		if vs.Status.Phase == "" || vs.Status.Phase == storev1.VolumePending {
+			vs.Status.Phase = storev1.VolumeCreating
+			if _, err := r.status(ctx, vs, before, ctrl.Result{}); err != nil {
+				return ctrl.Result{}, err
+			}
+			before = vs.DeepCopy()
+		}
+		vol, err = r.timed("create", func() (backend.Volume, error) { return be.Create(ctx, vs.Name, vs.Spec.CapacityBytes) })
+		if errors.Is(err, backend.ErrAlreadyExists) {
+			// a smaller volume of ours under this id: an expansion cut short
+			vol, err = r.timed("expand", func() (backend.Volume, error) { return be.Expand(ctx, vs.Name, vs.Spec.CapacityBytes) })
+		}
+		if err != nil {
+			return r.backendFailed(ctx, vs, before, err)
+		}
+		if r.opts.AfterVolumeCreate != nil {
+			if err := r.opts.AfterVolumeCreate(vs.Name); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+	} else {
+		vol, err = be.Get(ctx, vs.Name)
+		var cur *backend.Volume
+		if err == nil {
+			cur = &vol
+		} else if !errors.Is(err, backend.ErrNotFound) {
+			return r.backendFailed(ctx, vs, before, err)
+		}
+		if d := volumeDrift(vs, cur); d != nil {
+			if !correct {
+				drift = append(drift, *d)
+				return r.drifted(ctx, vs, before, drift)
+			}
+			ctrl.LoggerFrom(ctx).Info("correcting drift", "volume", vs.Name, "drift", d.Message)
+		}
+		if cur == nil {
+			vol, err = r.timed("create", func() (backend.Volume, error) {
+				return be.Create(ctx, vs.Name, max(vs.Spec.CapacityBytes, vs.Status.ActualBytes))
+			})
+			if err != nil {
+				return r.backendFailed(ctx, vs, before, err)
+			}
+		}
+		if want := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes); vol.SizeBytes < want {
+			vs.Status.Phase = storev1.VolumeExpanding
+			vol, err = r.timed("expand", func() (backend.Volume, error) { return be.Expand(ctx, vs.Name, want) })
+			if err != nil {
+				return r.backendFailed(ctx, vs, before, err)
+			}
+		}
+	}
+	grew := vs.Status.ActualBytes != 0 && vol.SizeBytes > vs.Status.ActualBytes
+	dev := vol.DevicePath
+	if dev == "" {
+		if dev, err = be.DevicePath(ctx, vs.Name); err != nil {
+			return r.backendFailed(ctx, vs, before, err)
+		}
+	}
+	vs.Status.ActualBytes = vol.SizeBytes
+	vs.Status.DevicePath = dev
+
+	if isNVMeoF(vs) {
+		want, err := exportOf(vs, dev, r.opts.Addrs)
+		if err != nil {
+			r.fail(vs, ReasonExportFailed, err.Error())
+			return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+		}
+		var cur *nvmet.Export
+		if e, err := r.target.Inspect(ctx, want.spec.NQN); err == nil {
+			cur = &e
+		} else if !errors.Is(err, nvmet.ErrNotFound) {
+			r.fail(vs, ReasonExportFailed, err.Error())
+			return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+		}
+		if d := exportDrift(want.spec, cur); d != nil {
+			pubChanged := vs.Spec.PublicationGeneration != vs.Status.ObservedPublicationGeneration
+			if vs.Status.Export != nil && !specChanged && !pubChanged && !correct {
+				drift = append(drift, *d)
+				return r.drifted(ctx, vs, before, drift)
+			}
+			start := time.Now()
+			_, err := r.target.Export(ctx, want.spec)
+			OperationDuration.WithLabelValues("export").Observe(time.Since(start).Seconds())
+			if err != nil {
+				r.fail(vs, ReasonExportFailed, err.Error())
+				return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+			}
+		} else if grew {
+			if err := r.target.RevalidateSize(ctx, want.spec.NQN); err != nil {
+				ctrl.LoggerFrom(ctx).Error(err, "revalidate namespace size", "nqn", want.spec.NQN)
+			}
+		}
+		vs.Status.Export = &storev1.Export{NQN: want.spec.NQN, Address: want.spec.Endpoint.Address, Port: want.port}
+	} else {
+		vs.Status.Export = nil
+	}
+
+	vs.Status.Phase = storev1.VolumeReady
+	vs.Status.ObservedGeneration = vs.Generation
+	vs.Status.ObservedPublicationGeneration = vs.Spec.PublicationGeneration
+	apimeta.RemoveStatusCondition(&vs.Status.Conditions, CondStalled)
+	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, false, ReasonNoDrift, "kernel matches the declaration")
+	setCond(&vs.Status.Conditions, vs.Generation, CondReady, true, ReasonSucceeded,
+		fmt.Sprintf("%d bytes at %s", vol.SizeBytes, dev))
+	return r.status(ctx, vs, before, ctrl.Result{})
+}
+
+// delete removes the export, then the volume, releases the mark and only
+// then the finalizer.
+func (r *volumeReconciler) delete(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, be backend.Backend, mark fencing.Mark) (ctrl.Result, error) {
+	if vs.Status.Phase != storev1.VolumeDeleting {
+		vs.Status.Phase = storev1.VolumeDeleting
+		setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonDeleting, "removing export and volume")
+		if _, err := r.status(ctx, vs, before, ctrl.Result{}); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if isNVMeoF(vs) || vs.Status.Export != nil {
+		nqn, err := nvmet.VolumeNQN(vs.Name)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		start := time.Now()
+		err = r.target.Unexport(ctx, nqn)
+		OperationDuration.WithLabelValues("unexport").Observe(time.Since(start).Seconds())
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("unexport %s: %w", nqn, err)
+		}
+	}
+	start := time.Now()
+	err := be.Delete(ctx, vs.Name)
+	OperationDuration.WithLabelValues("delete").Observe(time.Since(start).Seconds())
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("delete volume %s: %w", vs.Name, err)
+	}
+	if !mark.Released {
+		mark.Released = true
+		if err := r.marks.Save(vs.Name, mark); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	controllerutil.RemoveFinalizer(vs, FinalizerVolume)
+	if err := r.client.Update(ctx, vs); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, nil
+}
+
+func (r *volumeReconciler) timed(op string, f func() (backend.Volume, error)) (backend.Volume, error) {
+	start := time.Now()
+	v, err := f()
+	OperationDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	return v, err
+}
+
+// backendFailed maps a backend error to status: InsufficientCapacity (the
+// CSI controller's RESOURCE_EXHAUSTED) or VolumeFailed; both retried at the
+// refresh interval (room may appear).
+func (r *volumeReconciler) backendFailed(ctx context.Context, vs, before *storev1.VolumeState, err error) (ctrl.Result, error) {
+	reason := ReasonVolumeFailed
+	if errors.Is(err, backend.ErrInsufficientCapacity) {
+		reason = storev1.ReasonInsufficientCapacity
+	}
+	if vs.Status.ActualBytes == 0 {
+		vs.Status.Phase = storev1.VolumeFailed
+	}
+	r.fail(vs, reason, err.Error())
+	return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+}
+
+func (r *volumeReconciler) fail(vs *storev1.VolumeState, reason, msg string) {
+	setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, reason, msg)
+}
+
+// drifted reports drift under driftPolicy Report: Drifted=True with the
+// precise message, Ready=False, nothing changed in the kernel.
+func (r *volumeReconciler) drifted(ctx context.Context, vs, before *storev1.VolumeState, items []storev1.DriftItem) (ctrl.Result, error) {
+	msg := ""
+	for i, d := range items {
+		if i > 0 {
+			msg += "; "
+		}
+		msg += d.Message
+	}
+	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, true, items[0].Kind+items[0].Reason, msg)
+	setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonDrifted, msg+" (driftPolicy Report: not corrected)")
+	return r.status(ctx, vs, before, ctrl.Result{})
+}
+
+// fenced records a refusal: the counter, Fenced=True and Ready=False with
+// the reason; no retry (newer work arrives as a new event).
+func (r *volumeReconciler) fenced(ctx context.Context, vs, before *storev1.VolumeState, rej *fencing.Rejection) (ctrl.Result, error) {
+	FencingRejections.WithLabelValues(rej.Reason).Inc()
+	ctrl.LoggerFrom(ctx).Info("work refused by fencing", "volume", vs.Name, "uid", vs.UID,
+		"generation", vs.Generation, "reason", rej.Reason, "message", rej.Message)
+	setCond(&vs.Status.Conditions, vs.Generation, CondFenced, true, rej.Reason, rej.Message)
+	setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonFenced, rej.Reason+": "+rej.Message)
+	res, err := r.status(ctx, vs, before, ctrl.Result{})
+	if apierrors.IsConflict(err) {
+		return res, nil // the object moved on: the refusal was right, the newer version comes as an event
+	}
+	return res, err
+}
+
+// status patches the status when it changed.
+func (r *volumeReconciler) status(ctx context.Context, vs, before *storev1.VolumeState, res ctrl.Result) (ctrl.Result, error) {
+	if apiEqualStatus(before, vs) {
+		return res, nil
+	}
+	// optimistic lock: never overwrite the status of a newer version
+	if err := r.client.Status().Patch(ctx, vs, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	return res, nil
+}
+
+func apiEqualStatus(a, b *storev1.VolumeState) bool {
+	return equality.Semantic.DeepEqual(a.Status, b.Status)
+}

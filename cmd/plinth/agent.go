@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/plinth-storage/plinth/agents/agent"
+)
+
+func init() { subcommands = append(subcommands, newAgentCommand) }
+
+// version is the agent version reported in Agent status; set with
+// -ldflags "-X main.version=...".
+var version = "dev"
+
+func newAgentCommand() *cobra.Command {
+	var (
+		opts       agent.Options
+		kubeconfig string
+		verbosity  int
+	)
+	cmd := &cobra.Command{
+		Use:   "agent --node NAME",
+		Short: "Run the node agent: converge LVM/file volumes and the nvmet target toward this node's Agent, Stores and VolumeStates",
+		Long: `agent runs on every storage node (a DaemonSet). It watches only the objects of its node —
+the Agent named NAME, and the Stores and VolumeStates labelled plinth.dev/node=NAME — and:
+
+  - publishes in Agent status the host NQN (/etc/nvme/hostnqn), the address inside
+    spec.nvmeof.bindCIDR, the kernel modules and backends present, its version and a heartbeat;
+  - ensures each Store's backend (a VG and thin pool only on declared, empty devices), publishes
+    capacity and compares the kernel with the declaration (drift), every --refresh-interval, with
+    one vgs+lvs pair per LVM store;
+  - creates, expands, exports over NVMe-oF/TCP and deletes the volume of each VolumeState, fenced
+    by durable marks under --state-dir/agent/marks.
+
+The API server is found from --kubeconfig, $KUBECONFIG, or the in-cluster config.
+Metrics (plinth_store_capacity_bytes, plinth_agent_* ...) are served at --metrics-bind-address
+/metrics, probes at --health-probe-bind-address /healthz and /readyz.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.NodeName == "" {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--node is required (the Node name, e.g. from the downward API spec.nodeName)")}
+			}
+			ctrl.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(verbosity))))
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			opts.Version = version
+			ctx := ctrl.SetupSignalHandler()
+			if err := agent.Run(ctx, cfg, opts); err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.NodeName, "node", os.Getenv("NODE_NAME"), "Node this agent serves (default $NODE_NAME)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, then in-cluster)")
+	f.StringVar(&opts.StateDir, "state-dir", agent.DefaultStateDir, "folder for durable state (fencing marks in <dir>/agent/marks)")
+	f.DurationVar(&opts.RefreshInterval, "refresh-interval", agent.DefaultRefreshInterval, "period of the Agent heartbeat and of each Store's observation")
+	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", agent.DefaultMetricsAddr, "listen address of /metrics (\"0\" disables)")
+	f.StringVar(&opts.ProbeAddr, "health-probe-bind-address", agent.DefaultProbeAddr, "listen address of /healthz and /readyz (\"0\" disables)")
+	f.StringVar(&opts.HostNQNFile, "host-nqn-file", agent.DefaultHostNQNFile, "file holding this node's NVMe host NQN")
+	f.StringVar(&opts.NVMetRoot, "nvmet-root", "/sys/kernel/config/nvmet", "nvmet configfs tree")
+	f.IntVar(&verbosity, "v", 0, "log verbosity (0 info, 1 debug)")
+	return cmd
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		kubeconfig = os.Getenv("KUBECONFIG")
+	}
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return ctrl.GetConfig()
+}
