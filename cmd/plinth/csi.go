@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/plinth-storage/plinth/csi"
+)
+
+func init() { subcommands = append(subcommands, newCSICommand) }
+
+func newCSICommand() *cobra.Command {
+	var (
+		opts        csi.Options
+		kubeconfig  string
+		metricsAddr string
+		verbosity   int
+	)
+	cmd := &cobra.Command{
+		Use:   "csi --mode controller|node|all --endpoint unix:///csi/csi.sock",
+		Short: "Run the CSI driver csi.plinth.dev (controller service, node service, or both)",
+		Long: `csi serves the CSI driver csi.plinth.dev on a unix socket for the CSI sidecars and kubelet.
+
+The controller service talks only to the API server: CreateVolume picks a Store of the
+StorageClass's pool, creates a VolumeState with the policy frozen in it and waits (watching)
+until the node agent reports it Ready. The node service attaches (local device or NVMe-oF/TCP
+connect), formats blank devices only, mounts, and keeps stage records in --state-dir.
+
+Sidecars: csi-provisioner --feature-gates=Topology=true --enable-capacity --extra-create-metadata;
+csi-attacher; csi-resizer. CSIDriver: attachRequired: true, storageCapacity: true,
+fsGroupPolicy: File.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.NodeName == "" {
+				opts.NodeName = os.Getenv("NODE_NAME")
+			}
+			if opts.Mode != csi.ModeNode || kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+				cfg, err := csiRestConfig(kubeconfig)
+				if err != nil {
+					return &exitError{code: exitUsage, err: err}
+				}
+				opts.Config = cfg
+			}
+			opts.Log = funcr.New(func(prefix, args string) {
+				fmt.Fprintln(cmd.ErrOrStderr(), time.Now().UTC().Format(time.RFC3339Nano), prefix, args)
+			}, funcr.Options{Verbosity: verbosity})
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			opts.Registerer = reg
+			d, err := csi.New(opts)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if metricsAddr != "" {
+				if err := serveMetrics(ctx, metricsAddr, reg); err != nil {
+					return &exitError{code: exitUsage, err: err}
+				}
+			}
+			return d.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Mode, "mode", csi.ModeAll, "services to serve: controller, node or all")
+	f.StringVar(&opts.Endpoint, "endpoint", "unix:///csi/csi.sock", "gRPC endpoint: unix:///path or a bare socket path")
+	f.StringVar(&opts.NodeName, "node-name", "", "this node's Node name (default $NODE_NAME); node and all modes")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config")
+	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/plinth/node", "folder of the node's stage records")
+	f.StringVar(&opts.HostNQNFile, "host-nqn-file", "/etc/nvme/hostnqn", "the node's NVMe host NQN")
+	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 5*time.Minute, "bound of each wait for the agent when the caller sets no earlier deadline")
+	f.StringVar(&metricsAddr, "metrics-address", "", "serve Prometheus metrics on this address (e.g. :8080); empty disables")
+	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity: 2 logs each call, 5 each payload (secrets stripped)")
+	return cmd
+}
+
+func csiRestConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		return rest.InClusterConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
+
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintln(os.Stderr, "plinth csi: metrics server:", err)
+		}
+	}()
+	return nil
+}

@@ -1,0 +1,811 @@
+package csi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// Keys of the volume context (CreateVolume → PV volumeAttributes → NodeStage) and of the
+// publish context (ControllerPublish → NodeStage/NodePublish).
+const (
+	// ContextKind is the protocol kind: "local" or "nvmeofTcp" (both contexts).
+	ContextKind = "plinth.dev/protocol-kind"
+	// ContextFSType is the filesystem the placement asked for (ext4, xfs).
+	ContextFSType = "plinth.dev/fstype"
+	// ContextMkfsOptions and ContextMountOptions are JSON lists of strings from the placement.
+	ContextMkfsOptions  = "plinth.dev/mkfs-options"
+	ContextMountOptions = "plinth.dev/mount-options"
+	// PublishDevicePath is the local block device (local volumes).
+	PublishDevicePath = "devicePath"
+	// PublishNQN, PublishAddress and PublishPort locate an NVMe-oF/TCP export.
+	PublishNQN     = "nqn"
+	PublishAddress = "address"
+	PublishPort    = "port"
+	// PublishCtrlLossTmo and PublishReconnectDelay carry the frozen protocol's timers (seconds).
+	PublishCtrlLossTmo    = "ctrlLossTmo"
+	PublishReconnectDelay = "reconnectDelay"
+)
+
+// controller is the CSI Controller service. It reads and writes only API objects.
+type controller struct {
+	csipb.UnimplementedControllerServer
+	d *Driver
+}
+
+func (s *controller) ControllerGetCapabilities(context.Context, *csipb.ControllerGetCapabilitiesRequest) (*csipb.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csipb.ControllerServiceCapability
+	for _, c := range []csipb.ControllerServiceCapability_RPC_Type{
+		csipb.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csipb.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+		csipb.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	} {
+		caps = append(caps, &csipb.ControllerServiceCapability{Type: &csipb.ControllerServiceCapability_Rpc{Rpc: &csipb.ControllerServiceCapability_RPC{Type: c}}})
+	}
+	return &csipb.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// supportedModes are RWO, RWOP (and SINGLE_NODE_MULTI_WRITER, which the capability brings),
+// single-node read-only, and ROX.
+var supportedModes = []csipb.VolumeCapability_AccessMode_Mode{
+	csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+	csipb.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+	csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+	csipb.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER,
+	csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
+}
+
+// checkCapabilities returns the volume mode ("Block" or "Filesystem") and the fs_type the
+// capabilities ask for, or why they are unsupported.
+func checkCapabilities(caps []*csipb.VolumeCapability) (mode, fsType string, err error) {
+	if len(caps) == 0 {
+		return "", "", errors.New("volume capabilities are required")
+	}
+	for _, c := range caps {
+		if c.GetAccessMode() == nil || !slices.Contains(supportedModes, c.GetAccessMode().GetMode()) {
+			return "", "", fmt.Errorf("access mode %v is not supported", c.GetAccessMode().GetMode())
+		}
+		m := ""
+		switch {
+		case c.GetBlock() != nil:
+			m = "Block"
+		case c.GetMount() != nil:
+			m = "Filesystem"
+			switch t := c.GetMount().GetFsType(); t {
+			case "", "ext4", "xfs":
+				if t != "" {
+					if fsType != "" && fsType != t {
+						return "", "", errors.New("capabilities ask for two filesystems")
+					}
+					fsType = t
+				}
+			default:
+				return "", "", fmt.Errorf("filesystem %q is not supported (ext4, xfs)", t)
+			}
+		default:
+			return "", "", errors.New("capability has neither block nor mount access type")
+		}
+		if mode != "" && mode != m {
+			return "", "", errors.New("capabilities mix block and mount access")
+		}
+		mode = m
+	}
+	return mode, fsType, nil
+}
+
+func singleNode(m csipb.VolumeCapability_AccessMode_Mode) bool {
+	return m != csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
+}
+
+func isNVMe(vs *storev1.VolumeState) bool { return vs.Spec.Policy.ProtocolSpec.NVMeoFTCP != nil }
+
+func protocolKind(p policyv1.ProtocolSpec) string {
+	if p.NVMeoFTCP != nil {
+		return "nvmeofTcp"
+	}
+	return "local"
+}
+
+// errCapacity marks an agent's InsufficientCapacity report.
+var errCapacity = errors.New("insufficient capacity")
+
+// readyOrFailed is the wait condition of CreateVolume: Ready at the current generation with
+// the full size, or Failed.
+func readyOrFailed(vs *storev1.VolumeState) (bool, error) {
+	if vs == nil {
+		return false, nil // not yet visible (informer lag) — or deleted meanwhile: the wait bounds it
+	}
+	st := vs.Status
+	switch {
+	case st.Phase == storev1.VolumeFailed:
+		if c := meta.FindStatusCondition(st.Conditions, "Ready"); c != nil && c.Reason == storev1.ReasonInsufficientCapacity {
+			return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
+		}
+		msg := "agent reports the volume failed"
+		if c := meta.FindStatusCondition(st.Conditions, "Ready"); c != nil {
+			msg += ": " + c.Reason + ": " + c.Message
+		}
+		return false, errors.New(msg)
+	case st.Phase == storev1.VolumeReady && st.ObservedGeneration >= vs.Generation && st.ActualBytes >= vs.Spec.CapacityBytes:
+		return true, nil
+	}
+	return false, nil
+}
+
+// waitError turns a wait failure into the CSI code: no room → RESOURCE_EXHAUSTED, over time →
+// DEADLINE_EXCEEDED (the CO retries and finds the volume by name), others → INTERNAL.
+func waitError(what string, err error) error {
+	switch {
+	case errors.Is(err, errCapacity):
+		return status.Errorf(codes.ResourceExhausted, "%s: %v", what, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return status.Errorf(codes.DeadlineExceeded, "%s: the agent has not finished: %v", what, err)
+	}
+	return status.Errorf(codes.Internal, "%s: %v", what, err)
+}
+
+func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRequest) (*csipb.CreateVolumeResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	mode, capFS, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported")
+	}
+	params := req.GetParameters()
+	placementName, poolName, protocolName := params[policyv1.ParamPlacement], params[policyv1.ParamPool], params[policyv1.ParamProtocol]
+	if placementName == "" || poolName == "" || protocolName == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "StorageClass parameters %s, %s and %s are required", policyv1.ParamPlacement, policyv1.ParamPool, policyv1.ParamProtocol)
+	}
+	rng := req.GetCapacityRange()
+	id := storev1.VolumeID(req.GetName())
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	existing := &storev1.VolumeState{}
+	err = s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing)
+	switch {
+	case err == nil:
+		return s.existingVolume(ctx, req, existing, mode)
+	case !apierrors.IsNotFound(err):
+		return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", id, err)
+	}
+
+	// The live policy, frozen into the volume.
+	var placement policyv1.Placement
+	var pool policyv1.StoragePool
+	var protocol policyv1.Protocol
+	for _, g := range []struct {
+		name string
+		obj  client.Object
+	}{{placementName, &placement}, {poolName, &pool}, {protocolName, &protocol}} {
+		if err := s.d.kube.Get(ctx, client.ObjectKey{Name: g.name}, g.obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, status.Errorf(codes.InvalidArgument, "%T %q named by the StorageClass does not exist", g.obj, g.name)
+			}
+			return nil, status.Errorf(codes.Unavailable, "read %T %q: %v", g.obj, g.name, err)
+		}
+	}
+	if placement.Spec.PoolRef.Name != poolName || placement.Spec.ProtocolRef.Name != protocolName {
+		return nil, status.Errorf(codes.InvalidArgument, "Placement %q refers to pool %q and protocol %q, the StorageClass to %q and %q",
+			placementName, placement.Spec.PoolRef.Name, placement.Spec.ProtocolRef.Name, poolName, protocolName)
+	}
+	fs := placement.Spec.Filesystem
+	if t := params[policyv1.ParamFSType]; t != "" {
+		fs.FSType = t
+	}
+	if capFS != "" {
+		fs.FSType = capFS
+	}
+	if fs.FSType == "" {
+		fs.FSType = "ext4"
+	}
+
+	var stores storev1.StoreList
+	if err := s.d.kube.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(poolName)}); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list Stores: %v", err)
+	}
+	store, size, err := chooseStore(stores.Items, protocol.Spec.NVMeoFTCP != nil, placement.Spec.Strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+	if err != nil {
+		return nil, err
+	}
+	vs := &storev1.VolumeState{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: id,
+			Labels: map[string]string{
+				policyv1.LabelPool: storev1.NameLabelValue(poolName),
+				policyv1.LabelNode: storev1.NameLabelValue(store.Spec.NodeName),
+			},
+		},
+		Spec: storev1.VolumeStateSpec{
+			CSIName:       req.GetName(),
+			StoreName:     store.Name,
+			CapacityBytes: size,
+			VolumeMode:    mode,
+			Policy: storev1.FrozenPolicy{
+				Placement:    placementName,
+				Pool:         poolName,
+				Protocol:     protocolName,
+				Backend:      pool.Spec.Backend,
+				ProtocolSpec: protocol.Spec,
+				Filesystem:   fs,
+			},
+		},
+	}
+	if err := s.d.kube.Create(ctx, vs); err != nil {
+		if apierrors.IsAlreadyExists(err) { // another controller replica won the race
+			if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing); err != nil {
+				return nil, status.Errorf(codes.Aborted, "VolumeState %s: %v", id, err)
+			}
+			return s.existingVolume(ctx, req, existing, mode)
+		}
+		return nil, status.Errorf(codes.Internal, "create VolumeState %s: %v", id, err)
+	}
+	return s.waitCreated(ctx, id)
+}
+
+// existingVolume answers a CreateVolume whose name already has a VolumeState: compatible →
+// the same volume (after waiting for it), incompatible → ALREADY_EXISTS (field case B03).
+func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolumeRequest, vs *storev1.VolumeState, mode string) (*csipb.CreateVolumeResponse, error) {
+	if vs.DeletionTimestamp != nil {
+		return nil, status.Errorf(codes.Aborted, "volume %s is being deleted", vs.Name)
+	}
+	if vs.Spec.CSIName != req.GetName() {
+		return nil, status.Errorf(codes.AlreadyExists, "volume id %s belongs to another name", vs.Name)
+	}
+	size := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes)
+	rng := req.GetCapacityRange()
+	if !InRange(size, rng.GetRequiredBytes(), rng.GetLimitBytes()) {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with %d bytes, outside [%d, %d]", req.GetName(), size, rng.GetRequiredBytes(), rng.GetLimitBytes())
+	}
+	if vs.Spec.VolumeMode != mode {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists in %s mode", req.GetName(), vs.Spec.VolumeMode)
+	}
+	if p := req.GetParameters()[policyv1.ParamPool]; p != vs.Spec.Policy.Pool {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists in pool %q", req.GetName(), vs.Spec.Policy.Pool)
+	}
+	if !isNVMe(vs) && len(req.GetAccessibilityRequirements().GetRequisite()) > 0 {
+		node, err := s.storeNode(ctx, vs)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(topologyNodes(req.GetAccessibilityRequirements().GetRequisite()), node) {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %q exists on node %q, outside the requested topology", req.GetName(), node)
+		}
+	}
+	return s.waitCreated(ctx, vs.Name)
+}
+
+// waitCreated waits for the agent and answers CreateVolume. A volume the agent found no room
+// for is deleted (so a retry may choose another store) and reported RESOURCE_EXHAUSTED (B08).
+func (s *controller) waitCreated(ctx context.Context, id string) (*csipb.CreateVolumeResponse, error) {
+	var ready *storev1.VolumeState
+	err := s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
+		ok, err := readyOrFailed(vs)
+		if ok {
+			ready = vs
+		}
+		return ok, err
+	})
+	if errors.Is(err, errCapacity) {
+		vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id}}
+		if derr := s.d.kube.Delete(ctx, vs); derr != nil && !apierrors.IsNotFound(derr) {
+			s.d.log.Error(derr, "delete VolumeState the agent had no room for", "volume", id)
+		}
+	}
+	if err != nil {
+		return nil, waitError("create volume "+id, err)
+	}
+	v, err := s.volume(ctx, ready)
+	if err != nil {
+		return nil, err
+	}
+	return &csipb.CreateVolumeResponse{Volume: v}, nil
+}
+
+// volume is the CSI view of a VolumeState: its real size, contexts and accessible topology
+// (local: the store's node; NVMe-oF: the nodes labelled as initiators).
+func (s *controller) volume(ctx context.Context, vs *storev1.VolumeState) (*csipb.Volume, error) {
+	fs := vs.Spec.Policy.Filesystem
+	mkfs, _ := json.Marshal(fs.MkfsOptions)
+	mnt, _ := json.Marshal(fs.MountOptions)
+	v := &csipb.Volume{
+		VolumeId:      vs.Name,
+		CapacityBytes: max(vs.Status.ActualBytes, vs.Spec.CapacityBytes),
+		VolumeContext: map[string]string{
+			ContextKind:         protocolKind(vs.Spec.Policy.ProtocolSpec),
+			ContextFSType:       fs.FSType,
+			ContextMkfsOptions:  string(mkfs),
+			ContextMountOptions: string(mnt),
+		},
+	}
+	if isNVMe(vs) {
+		var nodes corev1.NodeList
+		if err := s.d.kube.List(ctx, &nodes, client.MatchingLabels{policyv1.LabelNVMeInitiator: "true"}); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "list initiator Nodes: %v", err)
+		}
+		for _, n := range nodes.Items {
+			v.AccessibleTopology = append(v.AccessibleTopology, &csipb.Topology{Segments: map[string]string{policyv1.TopologyKeyNode: n.Name}})
+		}
+		return v, nil
+	}
+	node, err := s.storeNode(ctx, vs)
+	if err != nil {
+		return nil, err
+	}
+	v.AccessibleTopology = []*csipb.Topology{{Segments: map[string]string{policyv1.TopologyKeyNode: node}}}
+	return v, nil
+}
+
+func (s *controller) storeNode(ctx context.Context, vs *storev1.VolumeState) (string, error) {
+	var st storev1.Store
+	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
+		return "", status.Errorf(codes.Internal, "Store %q of volume %s: %v", vs.Spec.StoreName, vs.Name, err)
+	}
+	return st.Spec.NodeName, nil
+}
+
+func topologyNodes(ts []*csipb.Topology) []string {
+	var out []string
+	for _, t := range ts {
+		if n, ok := t.GetSegments()[policyv1.TopologyKeyNode]; ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// chooseStore picks the store for a new volume and its rounded size. Local volumes must live on
+// a node the requirements allow: when a preferred topology is given its first node is the node
+// (the scheduler's selected node with WaitForFirstConsumer; the scheduler plugin already applied
+// the strategy and capacity), otherwise the requisite nodes (or all stores) ordered by strategy.
+// NVMe-oF volumes may live on any store (the requirements name consumer nodes). No store with
+// room is RESOURCE_EXHAUSTED (field case B08), a size range that fits no store's unit is
+// OUT_OF_RANGE.
+func chooseStore(stores []storev1.Store, nvme bool, strategy policyv1.Strategy, req *csipb.TopologyRequirement, required, limit int64) (*storev1.Store, int64, error) {
+	if _, err := RoundSize(required, limit, 1); err != nil {
+		return nil, 0, status.Error(codes.OutOfRange, err.Error())
+	}
+	candidates := stores
+	if !nvme {
+		var nodes []string
+		if pref := topologyNodes(req.GetPreferred()); len(pref) > 0 {
+			nodes = pref[:1]
+		} else if reqd := topologyNodes(req.GetRequisite()); len(reqd) > 0 {
+			nodes = reqd
+		}
+		if nodes != nil {
+			candidates = nil
+			for _, st := range stores {
+				if slices.Contains(nodes, st.Spec.NodeName) {
+					candidates = append(candidates, st)
+				}
+			}
+		}
+	}
+	type fit struct {
+		store *storev1.Store
+		size  int64
+		avail int64
+	}
+	var fits []fit
+	var rangeErr error
+	for i := range candidates {
+		st := &candidates[i]
+		if st.Status.Capacity == nil {
+			continue // agent has not reported yet
+		}
+		size, err := RoundSize(required, limit, st.Status.ExtentBytes)
+		if err != nil {
+			rangeErr = err
+			continue
+		}
+		if st.Status.Capacity.Available >= size {
+			fits = append(fits, fit{st, size, st.Status.Capacity.Available})
+		}
+	}
+	if len(fits) == 0 {
+		if rangeErr != nil && len(candidates) > 0 {
+			return nil, 0, status.Error(codes.OutOfRange, rangeErr.Error())
+		}
+		return nil, 0, status.Errorf(codes.ResourceExhausted, "no store of the pool in the requested topology has %d bytes available (%d candidates)", required, len(candidates))
+	}
+	sort.SliceStable(fits, func(i, j int) bool {
+		if fits[i].avail != fits[j].avail {
+			if strategy == policyv1.StrategySpreadout {
+				return fits[i].avail > fits[j].avail
+			}
+			return fits[i].avail < fits[j].avail // Binpack (default): the fullest store that fits
+		}
+		return fits[i].store.Name < fits[j].store.Name
+	})
+	return fits[0].store, fits[0].size, nil
+}
+
+func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if !storev1.IsVolumeID(id) {
+		return &csipb.DeleteVolumeResponse{}, nil // never ours: nothing to delete (B04)
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id}}
+	if err := s.d.kube.Delete(ctx, vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &csipb.DeleteVolumeResponse{}, nil
+		}
+		return nil, status.Errorf(codes.Unavailable, "delete VolumeState %s: %v", id, err)
+	}
+	// Gone means the agent removed export and volume and released its finalizer.
+	if err := s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) { return vs == nil, nil }); err != nil {
+		return nil, waitError("delete volume "+id, err)
+	}
+	return &csipb.DeleteVolumeResponse{}, nil
+}
+
+func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.ControllerPublishVolumeRequest) (*csipb.ControllerPublishVolumeResponse, error) {
+	id, nodeID := req.GetVolumeId(), req.GetNodeId()
+	switch {
+	case id == "":
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	case nodeID == "":
+		return nil, status.Error(codes.InvalidArgument, "node id is required")
+	case req.GetVolumeCapability() == nil:
+		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+	}
+	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{req.GetVolumeCapability()}); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	vs := &storev1.VolumeState{}
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+		}
+		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	}
+	var node corev1.Node
+	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: nodeID}, &node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "node %s does not exist", nodeID)
+		}
+		return nil, status.Errorf(codes.Unavailable, "read Node: %v", err)
+	}
+	if !isNVMe(vs) {
+		storeNode, err := s.storeNode(ctx, vs)
+		if err != nil {
+			return nil, err
+		}
+		if storeNode != nodeID {
+			return nil, status.Errorf(codes.FailedPrecondition, "local volume %s lives on node %s, not %s", id, storeNode, nodeID)
+		}
+		if err := s.d.waitVolume(ctx, id, readyOrFailed); err != nil {
+			return nil, waitError("publish volume "+id, err)
+		}
+		if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+		}
+		return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{
+			ContextKind:       "local",
+			PublishDevicePath: vs.Status.DevicePath,
+		}}, nil
+	}
+	hostNQN := node.Annotations[policyv1.AnnotationHostNQN]
+	if hostNQN == "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s has no %s annotation (is the node plugin running?)", nodeID, policyv1.AnnotationHostNQN)
+	}
+	mode := req.GetVolumeCapability().GetAccessMode().GetMode()
+	want := storev1.Publication{NodeName: nodeID, HostNQN: hostNQN, AccessMode: mode.String(), ReadOnly: req.GetReadonly()}
+	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
+		for _, p := range pubs {
+			if p.NodeName == nodeID {
+				if p != want {
+					return nil, status.Errorf(codes.AlreadyExists, "volume %s is published to node %s with another mode", id, nodeID)
+				}
+				return pubs, nil
+			}
+		}
+		if len(pubs) > 0 && (singleNode(mode) || pubs[0].AccessMode != csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY.String()) {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published to node %s and its access mode allows one node", id, pubs[0].NodeName)
+		}
+		return append(pubs, want), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var done *storev1.VolumeState
+	err = s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
+		ok, err := readyOrFailed(vs)
+		if !ok || err != nil {
+			return ok, err
+		}
+		if vs.Status.ObservedPublicationGeneration >= gen && vs.Status.Export != nil {
+			done = vs
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, waitError("publish volume "+id, err)
+	}
+	pc := map[string]string{
+		ContextKind:    "nvmeofTcp",
+		PublishNQN:     done.Status.Export.NQN,
+		PublishAddress: done.Status.Export.Address,
+		PublishPort:    strconv.Itoa(int(done.Status.Export.Port)),
+	}
+	if t := done.Spec.Policy.ProtocolSpec.NVMeoFTCP; t != nil {
+		if t.CtrlLossTmo != nil {
+			pc[PublishCtrlLossTmo] = strconv.Itoa(int(*t.CtrlLossTmo))
+		}
+		if t.ReconnectDelay > 0 {
+			pc[PublishReconnectDelay] = strconv.Itoa(int(t.ReconnectDelay))
+		}
+	}
+	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+}
+
+// updatePublications applies change to spec.publications with a resourceVersion
+// compare-and-swap (Update fails with Conflict when another writer came first: reread and
+// retry), bumping spec.publicationGeneration when the list changed. It returns the generation
+// the agent must reach.
+func (s *controller) updatePublications(ctx context.Context, vs *storev1.VolumeState, change func([]storev1.Publication) ([]storev1.Publication, error)) (int64, error) {
+	for attempt := 0; ; attempt++ {
+		pubs, err := change(slices.Clone(vs.Spec.Publications))
+		if err != nil {
+			return 0, err
+		}
+		if slices.Equal(pubs, vs.Spec.Publications) {
+			return vs.Spec.PublicationGeneration, nil
+		}
+		vs.Spec.Publications = pubs
+		vs.Spec.PublicationGeneration++
+		err = s.d.kube.Update(ctx, vs) // carries metadata.resourceVersion: the CAS
+		if err == nil {
+			return vs.Spec.PublicationGeneration, nil
+		}
+		if !apierrors.IsConflict(err) || attempt >= 10 {
+			return 0, status.Errorf(codes.Aborted, "update publications of %s: %v", vs.Name, err)
+		}
+		if err := s.d.live.Get(ctx, client.ObjectKey{Name: vs.Name}, vs); err != nil {
+			return 0, status.Errorf(codes.Aborted, "reread VolumeState %s: %v", vs.Name, err)
+		}
+	}
+}
+
+func (s *controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.ControllerUnpublishVolumeRequest) (*csipb.ControllerUnpublishVolumeResponse, error) {
+	id, nodeID := req.GetVolumeId(), req.GetNodeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if !storev1.IsVolumeID(id) {
+		return &csipb.ControllerUnpublishVolumeResponse{}, nil
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	vs := &storev1.VolumeState{}
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &csipb.ControllerUnpublishVolumeResponse{}, nil
+		}
+		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	}
+	if !isNVMe(vs) {
+		return &csipb.ControllerUnpublishVolumeResponse{}, nil
+	}
+	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
+		return slices.DeleteFunc(pubs, func(p storev1.Publication) bool { return nodeID == "" || p.NodeName == nodeID }), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
+		return vs == nil || vs.Status.ObservedPublicationGeneration >= gen, nil
+	})
+	if err != nil {
+		return nil, waitError("unpublish volume "+id, err)
+	}
+	return &csipb.ControllerUnpublishVolumeResponse{}, nil
+}
+
+func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.ValidateVolumeCapabilitiesRequest) (*csipb.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
+	}
+	vs := &storev1.VolumeState{}
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: req.GetVolumeId()}, vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
+		}
+		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	}
+	mode, _, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err == nil && mode != vs.Spec.VolumeMode {
+		err = fmt.Errorf("volume is in %s mode", vs.Spec.VolumeMode)
+	}
+	if err != nil {
+		return &csipb.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	return &csipb.ValidateVolumeCapabilitiesResponse{Confirmed: &csipb.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+func (s *controller) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequest) (*csipb.ListVolumesResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, status.Error(codes.InvalidArgument, "max_entries must not be negative")
+	}
+	var list storev1.VolumeStateList
+	if err := s.d.kube.List(ctx, &list); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list VolumeStates: %v", err)
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	start := 0
+	if tok := req.GetStartingToken(); tok != "" {
+		n, err := strconv.Atoi(tok)
+		if err != nil || n < 0 || n > len(list.Items) {
+			return nil, status.Errorf(codes.Aborted, "starting token %q is not valid", tok)
+		}
+		start = n
+	}
+	end := len(list.Items)
+	if m := int(req.GetMaxEntries()); m > 0 && start+m < end {
+		end = start + m
+	}
+	resp := &csipb.ListVolumesResponse{}
+	for i := start; i < end; i++ {
+		vs := &list.Items[i]
+		resp.Entries = append(resp.Entries, &csipb.ListVolumesResponse_Entry{Volume: &csipb.Volume{
+			VolumeId:      vs.Name,
+			CapacityBytes: max(vs.Status.ActualBytes, vs.Spec.CapacityBytes),
+		}})
+	}
+	if end < len(list.Items) {
+		resp.NextToken = strconv.Itoa(end)
+	}
+	return resp, nil
+}
+
+// GetCapacity reports Store status.capacity.available — the number every part uses — for the
+// StorageClass's pool: on one node for a local topology segment, otherwise summed over the
+// pool's stores; maximum_volume_size is the largest single store's available bytes.
+func (s *controller) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequest) (*csipb.GetCapacityResponse, error) {
+	if len(req.GetVolumeCapabilities()) > 0 {
+		if _, _, err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+			return &csipb.GetCapacityResponse{}, nil // an unsupported capability has no capacity
+		}
+	}
+	opts := []client.ListOption{}
+	pool := req.GetParameters()[policyv1.ParamPool]
+	if pool != "" {
+		opts = append(opts, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(pool)})
+	}
+	nvme := false
+	if p := req.GetParameters()[policyv1.ParamProtocol]; p != "" {
+		var proto policyv1.Protocol
+		if err := s.d.kube.Get(ctx, client.ObjectKey{Name: p}, &proto); err == nil {
+			nvme = proto.Spec.NVMeoFTCP != nil
+		}
+	}
+	var stores storev1.StoreList
+	if err := s.d.kube.List(ctx, &stores, opts...); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list Stores: %v", err)
+	}
+	node, byNode := req.GetAccessibleTopology().GetSegments()[policyv1.TopologyKeyNode]
+	var sum, largest int64
+	for _, st := range stores.Items {
+		if st.Status.Capacity == nil || (byNode && !nvme && st.Spec.NodeName != node) {
+			continue
+		}
+		sum += st.Status.Capacity.Available
+		largest = max(largest, st.Status.Capacity.Available)
+	}
+	return &csipb.GetCapacityResponse{AvailableCapacity: sum, MaximumVolumeSize: wrapInt64(largest)}, nil
+}
+
+func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.ControllerExpandVolumeRequest) (*csipb.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	vs := &storev1.VolumeState{}
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+		}
+		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	}
+	block := vs.Spec.VolumeMode == "Block" || req.GetVolumeCapability().GetBlock() != nil
+	var st storev1.Store
+	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
+		return nil, status.Errorf(codes.Internal, "Store %q: %v", vs.Spec.StoreName, err)
+	}
+	rng := req.GetCapacityRange()
+	size, err := RoundSize(rng.GetRequiredBytes(), rng.GetLimitBytes(), st.Status.ExtentBytes)
+	if err != nil {
+		return nil, status.Error(codes.OutOfRange, err.Error())
+	}
+	// Done at ≥ requested, never waiting for equality (field case B10).
+	if cur := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes); size <= cur {
+		if vs.Status.ActualBytes < vs.Spec.CapacityBytes { // an earlier expansion still running
+			size = vs.Spec.CapacityBytes
+		} else {
+			return &csipb.ControllerExpandVolumeResponse{CapacityBytes: cur, NodeExpansionRequired: !block}, nil
+		}
+	} else {
+		vs.Spec.CapacityBytes = size
+		if err := s.d.kube.Update(ctx, vs); err != nil { // resourceVersion CAS
+			if apierrors.IsConflict(err) {
+				return nil, status.Errorf(codes.Aborted, "VolumeState %s changed meanwhile; retry", id)
+			}
+			return nil, status.Errorf(codes.Internal, "update VolumeState %s: %v", id, err)
+		}
+	}
+	var done *storev1.VolumeState
+	err = s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
+		if vs == nil {
+			return false, errors.New("volume deleted during expansion")
+		}
+		ok, err := readyOrFailed(vs)
+		if ok && vs.Status.ActualBytes >= size {
+			done = vs
+			return true, nil
+		}
+		return false, err
+	})
+	if err != nil {
+		return nil, waitError("expand volume "+id, err)
+	}
+	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: done.Status.ActualBytes, NodeExpansionRequired: !block}, nil
+}

@@ -1,0 +1,12 @@
+// Package csi is Plinth's CSI driver csi.plinth.dev (CSI spec v1.13): the Identity service
+// (identity.go), the Controller service (controller.go), which talks only to the API server —
+// it writes VolumeState objects and waits, by watching them through an informer, until the node
+// agent has filled in their status — and the Node service (node.go), which connects NVMe-oF/TCP
+// subsystems or uses local devices, formats blank devices, mounts, and keeps atomic stage
+// records so unstage works after restarts (package csi/stage).
+//
+// Run serves the services for one mode (controller, node or all) on a unix socket with a
+// logging interceptor (method at V(2), payload with secrets stripped at V(5)), per-volume locks
+// (a second operation on a busy volume gets ABORTED, CSI spec "Concurrency"), and the metric
+// plinth_csi_operation_duration_seconds{method,code}.
+package csi

@@ -1,0 +1,317 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/plinth-storage/plinth/csi/mount"
+	"github.com/plinth-storage/plinth/csi/nvme"
+	"github.com/plinth-storage/plinth/csi/stage"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// Modes of Run.
+const (
+	ModeController = "controller"
+	ModeNode       = "node"
+	ModeAll        = "all"
+)
+
+// Options configure a Driver.
+type Options struct {
+	// Mode is ModeController, ModeNode or ModeAll.
+	Mode string
+	// Endpoint is the gRPC listen address: unix:///path/csi.sock (or a bare path).
+	Endpoint string
+	// NodeName is this node's Node name (node id and topology value); node and all modes.
+	NodeName string
+	// Config reaches the API server. Required in controller and all modes; in node mode it is
+	// used to label and annotate the Node at start and may be nil in tests.
+	Config *rest.Config
+	// StateDir holds node stage records (default /var/lib/plinth/node).
+	StateDir string
+	// HostNQNFile is the node's host NQN file (default /etc/nvme/hostnqn).
+	HostNQNFile string
+	// WaitTimeout bounds each wait for the agent (create, delete, expand, publish) when the
+	// caller's context has no earlier deadline (default 5 minutes).
+	WaitTimeout time.Duration
+	// Version is the vendor version GetPluginInfo reports.
+	Version string
+	// Registerer receives the metrics; nil means none are registered.
+	Registerer prometheus.Registerer
+	// Log receives the gRPC log lines.
+	Log logr.Logger
+	// Initiator and Mounter override the node's kernel access (tests); nil means the real ones.
+	Initiator *nvme.Initiator
+	Mounter   *mount.Mounter
+}
+
+// Driver is the CSI driver; build it with New and serve it with Run.
+type Driver struct {
+	opts Options
+	log  logr.Logger
+
+	scheme *runtime.Scheme
+	kube   client.Client // cache-backed reads in controller modes, direct otherwise
+	live   client.Reader // direct reads where freshness matters
+	hub    *hub
+
+	stages    stage.Dir
+	mounter   *mount.Mounter
+	initiator *nvme.Initiator
+	hostNQN   string
+
+	locks    volumeLocks
+	ready    atomic.Bool
+	duration *prometheus.HistogramVec
+}
+
+// Scheme returns the scheme the driver reads and writes with: core, storage.plinth.dev and
+// policy.plinth.dev types.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = corev1.AddToScheme(s)
+	_ = storev1.AddToScheme(s)
+	_ = policyv1.AddToScheme(s)
+	return s
+}
+
+// New checks opts and returns a Driver.
+func New(opts Options) (*Driver, error) {
+	switch opts.Mode {
+	case ModeController, ModeNode, ModeAll:
+	default:
+		return nil, fmt.Errorf("mode %q: want controller, node or all", opts.Mode)
+	}
+	if opts.Endpoint == "" {
+		return nil, errors.New("endpoint is required")
+	}
+	if opts.Mode != ModeNode && opts.Config == nil {
+		return nil, errors.New("the controller needs an API server config")
+	}
+	if opts.Mode != ModeController && opts.NodeName == "" {
+		return nil, errors.New("the node service needs the node name")
+	}
+	if opts.StateDir == "" {
+		opts.StateDir = "/var/lib/plinth/node"
+	}
+	if opts.HostNQNFile == "" {
+		opts.HostNQNFile = "/etc/nvme/hostnqn"
+	}
+	if opts.WaitTimeout == 0 {
+		opts.WaitTimeout = 5 * time.Minute
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	d := &Driver{
+		opts:      opts,
+		log:       opts.Log,
+		scheme:    Scheme(),
+		stages:    stage.Dir{Path: opts.StateDir},
+		mounter:   opts.Mounter,
+		initiator: opts.Initiator,
+		locks:     volumeLocks{held: map[string]struct{}{}},
+	}
+	if d.mounter == nil {
+		d.mounter = mount.New()
+	}
+	if d.initiator == nil {
+		d.initiator = &nvme.Initiator{}
+	}
+	d.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "plinth_csi_operation_duration_seconds",
+		Help:    "Duration of CSI gRPC calls in seconds, by method and gRPC status code.",
+		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"method", "code"})
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(d.duration); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return d, nil
+}
+
+func (d *Driver) controllerMode() bool { return d.opts.Mode != ModeNode }
+func (d *Driver) nodeMode() bool       { return d.opts.Mode != ModeController }
+
+// Run connects to the API server (informers on VolumeStates, Stores, policy objects and
+// Nodes in controller modes; labels the Node in node modes), serves gRPC on the endpoint until
+// ctx ends, then stops gracefully. Probe reports ready once the informers have synced.
+func (d *Driver) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := d.connect(ctx); err != nil {
+		return err
+	}
+	if d.nodeMode() {
+		if err := d.initNode(ctx); err != nil {
+			return err
+		}
+	}
+	lis, err := listen(d.opts.Endpoint)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	csipb.RegisterIdentityServer(srv, &identity{d: d})
+	if d.controllerMode() {
+		csipb.RegisterControllerServer(srv, &controller{d: d})
+	}
+	if d.nodeMode() {
+		csipb.RegisterNodeServer(srv, &node{d: d})
+	}
+	d.ready.Store(true)
+	d.log.Info("serving CSI", "driver", policyv1.DriverName, "mode", d.opts.Mode, "endpoint", d.opts.Endpoint, "node", d.opts.NodeName)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		stopped := make(chan struct{})
+		go func() { srv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			srv.Stop()
+		}
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// listen opens a unix socket (removing a stale socket file) or a TCP address.
+func listen(endpoint string) (net.Listener, error) {
+	network, addr := "unix", endpoint
+	switch {
+	case strings.HasPrefix(endpoint, "unix://"):
+		addr = strings.TrimPrefix(endpoint, "unix://")
+	case strings.HasPrefix(endpoint, "tcp://"):
+		network, addr = "tcp", strings.TrimPrefix(endpoint, "tcp://")
+	}
+	if network == "unix" {
+		if err := os.MkdirAll(filepath.Dir(addr), 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.Remove(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	lis, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", endpoint, err)
+	}
+	return lis, nil
+}
+
+// intercept logs each call (method at V(2), stripped payloads at V(5)) and records its
+// duration and code.
+func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	log := d.log.WithValues("method", method)
+	start := time.Now()
+	if v := log.V(5); v.Enabled() {
+		v.Info("request", "payload", stripSecrets(req))
+	}
+	resp, err := handler(logr.NewContext(ctx, log), req)
+	code := status.Code(err)
+	d.duration.WithLabelValues(method, code.String()).Observe(time.Since(start).Seconds())
+	if err != nil {
+		log.V(2).Info("call failed", "code", code.String(), "error", status.Convert(err).Message(), "duration", time.Since(start))
+	} else {
+		log.V(2).Info("call done", "duration", time.Since(start))
+		if v := log.V(5); v.Enabled() {
+			v.Info("response", "payload", stripSecrets(resp))
+		}
+	}
+	return resp, err
+}
+
+const strippedSecret = "***stripped***"
+
+// stripSecrets returns the text form of a CSI message whose fields marked csi_secret (CSI spec
+// "Secrets Requirements") have their values replaced.
+func stripSecrets(m any) string {
+	pm, ok := m.(proto.Message)
+	if !ok || pm == nil {
+		return fmt.Sprint(m)
+	}
+	c := proto.Clone(pm)
+	strip(c.ProtoReflect())
+	return fmt.Sprint(c)
+}
+
+func strip(m protoreflect.Message) {
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if secret, _ := proto.GetExtension(fd.Options(), csipb.E_CsiSecret).(bool); secret {
+			if fd.IsMap() {
+				mp := m.Mutable(fd).Map()
+				mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
+					mp.Set(k, protoreflect.ValueOfString(strippedSecret))
+					return true
+				})
+			} else {
+				m.Clear(fd)
+			}
+			return true
+		}
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				strip(l.Get(i).Message())
+			}
+		case fd.IsMap() && fd.MapValue().Message() != nil:
+			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+				strip(mv.Message())
+				return true
+			})
+		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+			strip(v.Message())
+		}
+		return true
+	})
+}
+
+// volumeLocks serialises operations per volume id; a busy volume answers ABORTED so the CO
+// retries (CSI spec, "Concurrency": "operation pending for volume").
+type volumeLocks struct {
+	mu   sync.Mutex
+	held map[string]struct{}
+}
+
+func (l *volumeLocks) acquire(id string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, busy := l.held[id]; busy {
+		return nil, status.Errorf(codes.Aborted, "an operation on volume %s is in progress", id)
+	}
+	l.held[id] = struct{}{}
+	return func() {
+		l.mu.Lock()
+		delete(l.held, id)
+		l.mu.Unlock()
+	}, nil
+}

@@ -1,0 +1,447 @@
+package csi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/plinth-storage/plinth/csi/mount"
+	"github.com/plinth-storage/plinth/csi/nvme"
+	"github.com/plinth-storage/plinth/csi/stage"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+)
+
+// node is the CSI Node service.
+type node struct {
+	csipb.UnimplementedNodeServer
+	d *Driver
+}
+
+// initNode reads the host NQN and, with an API config, labels the Node
+// plinth.dev/nvme-initiator=true when nvme-tcp is usable and annotates it with
+// plinth.dev/host-nqn (DESIGN.md "Contracts": ControllerPublish reads the host NQN there).
+func (d *Driver) initNode(ctx context.Context) error {
+	nqn, err := nvme.HostNQN(d.opts.HostNQNFile)
+	if err != nil {
+		return fmt.Errorf("read host NQN: %w", err)
+	}
+	d.hostNQN = nqn
+	if d.kube == nil {
+		return nil
+	}
+	meta := map[string]any{}
+	if d.initiator.Usable() && nqn != "" {
+		meta["labels"] = map[string]string{policyv1.LabelNVMeInitiator: "true"}
+	}
+	if nqn != "" {
+		meta["annotations"] = map[string]string{policyv1.AnnotationHostNQN: nqn}
+	}
+	if len(meta) == 0 {
+		d.log.Info("no NVMe host NQN: this node cannot consume NVMe-oF volumes", "file", d.opts.HostNQNFile)
+		return nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": meta})
+	n := &corev1.Node{}
+	n.Name = d.opts.NodeName
+	if err := d.kube.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("label and annotate Node %s: %w", d.opts.NodeName, err)
+	}
+	d.log.Info("node registered for NVMe-oF", "node", d.opts.NodeName, "hostNQN", nqn, "initiator", meta["labels"] != nil)
+	return nil
+}
+
+func (s *node) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
+	return &csipb.NodeGetInfoResponse{
+		NodeId:             s.d.opts.NodeName,
+		AccessibleTopology: &csipb.Topology{Segments: map[string]string{policyv1.TopologyKeyNode: s.d.opts.NodeName}},
+	}, nil
+}
+
+func (s *node) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitiesRequest) (*csipb.NodeGetCapabilitiesResponse, error) {
+	var caps []*csipb.NodeServiceCapability
+	for _, c := range []csipb.NodeServiceCapability_RPC_Type{
+		csipb.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csipb.NodeServiceCapability_RPC_EXPAND_VOLUME,
+		csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csipb.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csipb.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	} {
+		caps = append(caps, &csipb.NodeServiceCapability{Type: &csipb.NodeServiceCapability_Rpc{Rpc: &csipb.NodeServiceCapability_RPC{Type: c}}})
+	}
+	return &csipb.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func jsonList(s string) []string {
+	var out []string
+	if s != "" {
+		_ = json.Unmarshal([]byte(s), &out)
+	}
+	return out
+}
+
+// NodeStageVolume attaches the volume (local device, or NVMe-oF connect with this node's host
+// NQN), records what unstage needs (atomically, before mounting, so a crash in between still
+// lets unstage disconnect), then formats a blank device only and mounts it at the staging path.
+func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
+	id, staging, capability := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
+	switch {
+	case id == "":
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	case staging == "":
+		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+	case capability == nil:
+		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+	}
+	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{capability}); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	block := capability.GetBlock() != nil
+	pc, vc := req.GetPublishContext(), req.GetVolumeContext()
+	kind := pc[ContextKind]
+	if kind == "" {
+		kind = vc[ContextKind]
+	}
+
+	rec, err := s.d.stages.Load(id)
+	switch {
+	case err == nil && rec.StagingPath == staging:
+		if rec.Block {
+			return &csipb.NodeStageVolumeResponse{}, nil
+		}
+		if src, err := s.d.mounter.SourceOf(staging); err == nil && src != "" {
+			return &csipb.NodeStageVolumeResponse{}, nil // staged already, also after a restart (B19)
+		}
+	case err == nil:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is staged at %s, not %s", id, rec.StagingPath, staging)
+	case !errors.Is(err, stage.ErrNotFound):
+		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+	}
+
+	rec = stage.Record{VolumeID: id, StagingPath: staging, Block: block}
+	switch kind {
+	case "local", "":
+		rec.Kind = stage.KindLocal
+		rec.Device = pc[PublishDevicePath]
+		if rec.Device == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "publish context has no %s (was the volume published to this node?)", PublishDevicePath)
+		}
+	case stage.KindNVMeoFTCP:
+		port, _ := strconv.Atoi(pc[PublishPort])
+		t := nvme.Target{NQN: pc[PublishNQN], Address: pc[PublishAddress], Port: int32(port), HostNQN: s.d.hostNQN}
+		if v, err := strconv.Atoi(pc[PublishCtrlLossTmo]); err == nil {
+			tmo := int32(v)
+			t.CtrlLossTmo = &tmo
+		}
+		if v, err := strconv.Atoi(pc[PublishReconnectDelay]); err == nil {
+			t.ReconnectDelay = int32(v)
+		}
+		if t.NQN == "" || t.Address == "" || t.Port == 0 {
+			return nil, status.Error(codes.InvalidArgument, "publish context lacks nqn, address or port")
+		}
+		rec.Kind, rec.NQN = stage.KindNVMeoFTCP, t.NQN
+		// Record first: a crash after connecting must still let unstage disconnect.
+		if err := s.d.stages.Save(rec); err != nil {
+			return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
+		}
+		dev, err := s.d.initiator.Connect(ctx, t)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "connect: %v", err)
+		}
+		rec.Device = dev
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "unknown protocol kind %q", kind)
+	}
+	if err := mount.CheckBlockDevice(rec.Device); err != nil {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	if !block {
+		rec.FSType = capability.GetMount().GetFsType()
+		if rec.FSType == "" {
+			rec.FSType = vc[ContextFSType]
+		}
+		if rec.FSType == "" {
+			rec.FSType = "ext4"
+		}
+	}
+	if err := s.d.stages.Save(rec); err != nil {
+		return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
+	}
+	if block {
+		return &csipb.NodeStageVolumeResponse{}, nil
+	}
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "create staging path: %v", err)
+	}
+	opts := append(jsonList(vc[ContextMountOptions]), capability.GetMount().GetMountFlags()...)
+	if err := s.d.mounter.FormatAndMount(rec.Device, staging, rec.FSType, jsonList(vc[ContextMkfsOptions]), opts); err != nil {
+		if errors.Is(err, mount.ErrDeviceNotFound) {
+			return nil, status.Error(codes.NotFound, err.Error())
+		}
+		return nil, status.Errorf(codes.Internal, "format and mount %s: %v", rec.Device, err)
+	}
+	return &csipb.NodeStageVolumeResponse{}, nil
+}
+
+// NodeUnstageVolume works from the stage record alone (the CO sends no context, B19): unmount
+// even a dead mount (B17), refuse success while still mounted, disconnect NVMe-oF (absent is
+// success, B26), remove the record. Without a record, a mounted NVMe-oF device is found through
+// mountinfo and sysfs; a mount whose device is gone is an error, never a silent OK.
+func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
+	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if staging == "" {
+		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rec, err := s.d.stages.Load(id)
+	if errors.Is(err, stage.ErrNotFound) {
+		src, err := s.d.mounter.SourceOf(staging)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read mounts: %v", err)
+		}
+		if src == "" {
+			return &csipb.NodeUnstageVolumeResponse{}, nil // not staged (B19a)
+		}
+		if _, err := os.Stat(src); err != nil {
+			return nil, status.Errorf(codes.Internal, "%s is mounted from %s, which is gone, and no stage record says how it was attached", staging, src)
+		}
+		rec = stage.Record{VolumeID: id, StagingPath: staging, Kind: stage.KindLocal, Device: src}
+		if nqn := s.d.initiator.SubsystemNQNOfDevice(src); nqn != "" {
+			rec.Kind, rec.NQN = stage.KindNVMeoFTCP, nqn
+		}
+	} else if err != nil {
+		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+	}
+	if err := s.d.mounter.Unmount(staging, false); err != nil {
+		return nil, status.Errorf(codes.Internal, "unmount %s: %v", staging, err)
+	}
+	if rec.Kind == stage.KindNVMeoFTCP {
+		if err := s.d.initiator.Disconnect(ctx, rec.NQN); err != nil {
+			return nil, status.Errorf(codes.Internal, "disconnect: %v", err)
+		}
+	}
+	if err := s.d.stages.Remove(id); err != nil {
+		return nil, status.Errorf(codes.Internal, "remove stage record: %v", err)
+	}
+	return &csipb.NodeUnstageVolumeResponse{}, nil
+}
+
+func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
+	id, target, staging, capability := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath(), req.GetVolumeCapability()
+	switch {
+	case id == "":
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	case target == "":
+		return nil, status.Error(codes.InvalidArgument, "target path is required")
+	case staging == "":
+		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+	case capability == nil:
+		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+	}
+	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{capability}); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rec, err := s.d.stages.Load(id)
+	if errors.Is(err, stage.ErrNotFound) {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged", id)
+	} else if err != nil {
+		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+	}
+	if mounted, err := s.d.mounter.IsMounted(target); err != nil {
+		return nil, status.Errorf(codes.Internal, "read mounts: %v", err)
+	} else if mounted {
+		return &csipb.NodePublishVolumeResponse{}, nil
+	}
+	source := staging
+	if capability.GetBlock() != nil {
+		source = rec.Device
+		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+			return nil, status.Errorf(codes.Internal, "create target folder: %v", err)
+		}
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "create target file: %v", err)
+		}
+		f.Close()
+	} else if err := os.MkdirAll(target, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "create target: %v", err)
+	}
+	if err := s.d.mounter.BindMount(source, target, req.GetReadonly(), capability.GetMount().GetMountFlags()); err != nil {
+		return nil, status.Errorf(codes.Internal, "bind mount: %v", err)
+	}
+	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+func (s *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
+	id, target := req.GetVolumeId(), req.GetTargetPath()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if target == "" {
+		return nil, status.Error(codes.InvalidArgument, "target path is required")
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	// Unmount also a dead mount (B17) and remove the path we created (CSI spec NodeUnpublish).
+	if err := s.d.mounter.Unmount(target, true); err != nil {
+		return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+	}
+	return &csipb.NodeUnpublishVolumeResponse{}, nil
+}
+
+func (s *node) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	path := req.GetVolumePath()
+	if path == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume path is required")
+	}
+	fi, err := s.d.mounter.Stat(path)
+	switch {
+	case err != nil && mount.IsCorrupted(err):
+		// CSI v1.13 moved volume conditions to NodeGetVolumeHealth, which reports this as INACCESSIBLE.
+		return nil, status.Errorf(codes.Internal, "mount at %s is dead: %v", path, err)
+	case errors.Is(err, os.ErrNotExist):
+		return nil, status.Errorf(codes.NotFound, "volume path %s does not exist", path)
+	case err != nil:
+		return nil, status.Errorf(codes.Internal, "stat %s: %v", path, err)
+	}
+	if fi.Mode()&os.ModeDevice != 0 {
+		size, err := mount.DeviceSize(path)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "device size: %v", err)
+		}
+		return &csipb.NodeGetVolumeStatsResponse{Usage: []*csipb.VolumeUsage{{Unit: csipb.VolumeUsage_BYTES, Total: size}}}, nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return nil, status.Errorf(codes.Internal, "statfs %s: %v", path, err)
+	}
+	bs := st.Bsize
+	return &csipb.NodeGetVolumeStatsResponse{
+		Usage: []*csipb.VolumeUsage{
+			{Unit: csipb.VolumeUsage_BYTES, Total: int64(st.Blocks) * bs, Available: int64(st.Bavail) * bs, Used: int64(st.Blocks-st.Bfree) * bs},
+			{Unit: csipb.VolumeUsage_INODES, Total: int64(st.Files), Available: int64(st.Ffree), Used: int64(st.Files - st.Ffree)},
+		},
+	}, nil
+}
+
+// ReasonMountDead is the VolumeHealth reason of a mount whose probe returns EIO, ENOTCONN,
+// ESTALE or similar (field case B17).
+const ReasonMountDead = "MountDead"
+
+// ReasonDeviceGone is the VolumeHealth reason of a staged volume whose block device vanished.
+const ReasonDeviceGone = "DeviceGone"
+
+// NodeGetVolumeHealth reports INACCESSIBLE when the staging or publish mount is dead or the
+// staged device is gone; no entries mean healthy (CSI v1.13 NodeGetVolumeHealth, which
+// replaced the VolumeCondition of NodeGetVolumeStats).
+func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolumeHealthRequest) (*csipb.NodeGetVolumeHealthResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	rec, err := s.d.stages.Load(id)
+	if err != nil && !errors.Is(err, stage.ErrNotFound) {
+		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+	}
+	staged := err == nil
+	if !staged && req.GetVolumePublishPath() == "" && req.GetStagingTargetPath() == "" {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
+	}
+	h := &csipb.VolumeHealth{VolumeId: id}
+	add := func(t csipb.VolumeHealthErrorType, reason, msg string) {
+		h.HealthStatuses = append(h.HealthStatuses, &csipb.VolumeHealth_VolumeHealthEntry{Status: t, Reason: reason, Message: msg})
+	}
+	if staged {
+		if _, err := os.Stat(rec.Device); err != nil {
+			add(csipb.VolumeHealthErrorType_INACCESSIBLE, ReasonDeviceGone, fmt.Sprintf("device %s: %v", rec.Device, err))
+		}
+	}
+	dead := false
+	for _, p := range []string{req.GetStagingTargetPath(), req.GetVolumePublishPath()} {
+		if p == "" || dead {
+			continue
+		}
+		if err := s.d.mounter.Probe(p); err != nil && mount.IsCorrupted(err) {
+			dead = true
+			add(csipb.VolumeHealthErrorType_INACCESSIBLE, ReasonMountDead, fmt.Sprintf("%s: %v", p, err))
+		}
+	}
+	return &csipb.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// NodeExpandVolume grows the filesystem to the device (resize2fs, xfs_growfs); block volumes
+// need nothing. Already large enough is success (CSI spec NodeExpandVolume).
+func (s *node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolumeRequest) (*csipb.NodeExpandVolumeResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if path == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume path is required")
+	}
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.NotFound, "volume path %s does not exist", path)
+	}
+	release, err := s.d.locks.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rec, err := s.d.stages.Load(id)
+	if errors.Is(err, stage.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
+	} else if err != nil {
+		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+	}
+	if !rec.Block && req.GetVolumeCapability().GetBlock() == nil {
+		mnt := rec.StagingPath
+		if m, _ := s.d.mounter.IsMounted(mnt); !m {
+			mnt = path
+		}
+		if err := s.d.mounter.Resize(rec.Device, mnt); err != nil {
+			return nil, status.Errorf(codes.Internal, "grow filesystem on %s: %v", rec.Device, err)
+		}
+	}
+	size, err := mount.DeviceSize(rec.Device)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "device size: %v", err)
+	}
+	if r := req.GetCapacityRange().GetRequiredBytes(); r > 0 && size < r {
+		return nil, status.Errorf(codes.Internal, "device %s has %d bytes, %d asked: the agent has not grown it yet", rec.Device, size, r)
+	}
+	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+}

@@ -1,0 +1,165 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	corev1 "k8s.io/api/core/v1"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// hub fans VolumeState informer events out to the calls waiting on one volume.
+type hub struct {
+	mu   sync.Mutex
+	subs map[string]map[chan *storev1.VolumeState]struct{}
+}
+
+func (h *hub) subscribe(name string) (chan *storev1.VolumeState, func()) {
+	ch := make(chan *storev1.VolumeState, 1)
+	h.mu.Lock()
+	if h.subs[name] == nil {
+		h.subs[name] = map[chan *storev1.VolumeState]struct{}{}
+	}
+	h.subs[name][ch] = struct{}{}
+	h.mu.Unlock()
+	return ch, func() {
+		h.mu.Lock()
+		delete(h.subs[name], ch)
+		if len(h.subs[name]) == 0 {
+			delete(h.subs, name)
+		}
+		h.mu.Unlock()
+	}
+}
+
+// notify hands the newest state (nil = deleted) to each waiter, replacing an unread older one.
+func (h *hub) notify(name string, vs *storev1.VolumeState) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.subs[name] {
+		select {
+		case ch <- vs:
+		default:
+			select {
+			case <-ch:
+			default:
+			}
+			ch <- vs
+		}
+	}
+}
+
+func (h *hub) handler() toolscache.ResourceEventHandler {
+	get := func(obj any) (string, *storev1.VolumeState) {
+		switch o := obj.(type) {
+		case *storev1.VolumeState:
+			return o.Name, o
+		case toolscache.DeletedFinalStateUnknown:
+			if vs, ok := o.Obj.(*storev1.VolumeState); ok {
+				return vs.Name, nil
+			}
+		}
+		return "", nil
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if n, vs := get(obj); n != "" {
+				h.notify(n, vs)
+			}
+		},
+		UpdateFunc: func(_, obj any) {
+			if n, vs := get(obj); n != "" {
+				h.notify(n, vs)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if n, _ := get(obj); n != "" {
+				h.notify(n, nil)
+			}
+		},
+	}
+}
+
+// connect builds the API clients: in controller modes a cache with informers on the kinds the
+// controller reads (synced before Run serves), otherwise a direct client.
+func (d *Driver) connect(ctx context.Context) error {
+	if d.opts.Config == nil {
+		return nil
+	}
+	direct, err := client.New(d.opts.Config, client.Options{Scheme: d.scheme})
+	if err != nil {
+		return fmt.Errorf("api client: %w", err)
+	}
+	d.kube, d.live = direct, direct
+	if !d.controllerMode() {
+		return nil
+	}
+	ca, err := cache.New(d.opts.Config, cache.Options{Scheme: d.scheme})
+	if err != nil {
+		return fmt.Errorf("api cache: %w", err)
+	}
+	d.hub = &hub{subs: map[string]map[chan *storev1.VolumeState]struct{}{}}
+	inf, err := ca.GetInformer(ctx, &storev1.VolumeState{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return fmt.Errorf("volumestate informer: %w", err)
+	}
+	if _, err := inf.AddEventHandler(d.hub.handler()); err != nil {
+		return err
+	}
+	for _, obj := range []client.Object{&storev1.Store{}, &policyv1.Placement{}, &policyv1.StoragePool{}, &policyv1.Protocol{}, &corev1.Node{}} {
+		if _, err := ca.GetInformer(ctx, obj, cache.BlockUntilSynced(false)); err != nil {
+			return fmt.Errorf("informer %T: %w", obj, err)
+		}
+	}
+	go func() {
+		if err := ca.Start(ctx); err != nil {
+			d.log.Error(err, "api cache stopped")
+		}
+	}()
+	syncCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if !ca.WaitForCacheSync(syncCtx) {
+		return fmt.Errorf("api cache did not sync: %w", syncCtx.Err())
+	}
+	d.kube, err = client.New(d.opts.Config, client.Options{Scheme: d.scheme, Cache: &client.CacheOptions{Reader: ca}})
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+// waitVolume calls done with the live VolumeState (nil when absent), then with every state the
+// informer delivers, until done says finished or fails, or the wait is over (the caller's
+// deadline or WaitTimeout). It never polls: between events it sleeps on the informer.
+func (d *Driver) waitVolume(ctx context.Context, name string, done func(vs *storev1.VolumeState) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.WaitTimeout)
+	defer cancel()
+	ch, unsubscribe := d.hub.subscribe(name)
+	defer unsubscribe()
+	vs := &storev1.VolumeState{}
+	if err := d.live.Get(ctx, client.ObjectKey{Name: name}, vs); apierrors.IsNotFound(err) {
+		vs = nil
+	} else if err != nil {
+		return err
+	}
+	for {
+		ok, err := done(vs)
+		if err != nil || ok {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case vs = <-ch:
+		}
+	}
+}
