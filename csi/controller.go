@@ -135,6 +135,12 @@ func readyOrFailed(vs *storev1.VolumeState) (bool, error) {
 		return false, nil // not yet visible (informer lag) — or deleted meanwhile: the wait bounds it
 	}
 	st := vs.Status
+	// A failed expansion keeps the phase of the existing volume; the Ready condition of the
+	// current generation says there is no room.
+	if c := meta.FindStatusCondition(st.Conditions, "Ready"); c != nil && c.Status == metav1.ConditionFalse &&
+		c.Reason == storev1.ReasonInsufficientCapacity && c.ObservedGeneration >= vs.Generation {
+		return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
+	}
 	switch {
 	case st.Phase == storev1.VolumeFailed:
 		if c := meta.FindStatusCondition(st.Conditions, "Ready"); c != nil && c.Reason == storev1.ReasonInsufficientCapacity {
