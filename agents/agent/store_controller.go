@@ -250,7 +250,9 @@ func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, vol
 		}
 		*drift = append(*drift, items...)
 		drifted := apimeta.IsStatusConditionTrue(vs.Status.Conditions, CondDrifted)
-		if (len(items) > 0) != drifted {
+		// wake when the condition is out of date, and on every refresh while
+		// drift persists under Correct (the volume's reconcile corrects it)
+		if (len(items) > 0) != drifted || (len(items) > 0 && s.Spec.DriftPolicy == policyv1.DriftPolicyCorrect) {
 			wake = append(wake, vs.Name)
 		}
 	}

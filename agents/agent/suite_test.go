@@ -1,0 +1,177 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/sys/unix"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/plinth-storage/plinth/agents/agent"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// These tests run the agent against the real kube-apiserver and etcd of
+// test/controlplane (make testbin) with the file backend on the host's real
+// loop devices. They skip without the binaries (fail with
+// PLINTH_INTEGRATION=1) and without root or /dev/loop-control.
+
+const hostNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000aa"
+
+// env is one control plane with the CRDs and a client for a test.
+type env struct {
+	cfg *rest.Config
+	c   client.Client
+}
+
+func requireLoop(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("agent host suite: needs root for loop devices")
+	}
+	fd, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Skipf("agent host suite: /dev/loop-control unusable: %v", err)
+	}
+	unix.Close(fd)
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	cp := controlplane.ForTest(t, controlplane.Options{})
+	root, err := controlplane.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
+		Paths: []string{filepath.Join(root, "schema", "crd", "bases")}, ErrorIfPathMissing: true,
+	}); err != nil {
+		t.Fatalf("install CRDs: %v", err)
+	}
+	c, err := client.New(cp.Admin.Config, client.Options{Scheme: agent.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{cfg: cp.Admin.Config, c: c}
+}
+
+// runner runs one agent instance at a time and can crash it.
+type runner struct {
+	t      *testing.T
+	cfg    *rest.Config
+	opts   agent.Options
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (r *runner) start(opts agent.Options) {
+	r.t.Helper()
+	mgr, err := agent.NewManager(r.cfg, opts)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	r.mu.Lock()
+	r.cancel, r.done = cancel, done
+	r.mu.Unlock()
+}
+
+// crash cancels the running agent; the reconcile in flight ends where it is.
+func (r *runner) crash() {
+	r.mu.Lock()
+	cancel := r.cancel
+	r.mu.Unlock()
+	cancel()
+}
+
+func (r *runner) wait() {
+	r.t.Helper()
+	select {
+	case err := <-r.done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			r.t.Errorf("agent exited: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		r.t.Fatal("agent did not stop")
+	}
+}
+
+func (r *runner) stop() { r.crash(); r.wait() }
+
+// eventually polls f until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s: %v", what, timeout, err)
+}
+
+func counter(c *prometheus.CounterVec, label string) float64 {
+	m := &dto.Metric{}
+	if err := c.WithLabelValues(label).Write(m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
+
+func nodeLabels(node, pool string) map[string]string {
+	return map[string]string{policyv1.LabelNode: storev1.NameLabelValue(node), policyv1.LabelPool: storev1.NameLabelValue(pool)}
+}
+
+func newVolumeState(csiName, node, pool, store string, size int64, proto policyv1.ProtocolSpec, backend policyv1.Backend) *storev1.VolumeState {
+	vs := &storev1.VolumeState{}
+	vs.Name = storev1.VolumeID(csiName)
+	vs.Labels = nodeLabels(node, pool)
+	vs.Spec = storev1.VolumeStateSpec{
+		CSIName: csiName, StoreName: store, CapacityBytes: size, VolumeMode: "Filesystem",
+		Policy: storev1.FrozenPolicy{Placement: "p", Pool: pool, Protocol: "proto", Backend: backend, ProtocolSpec: proto},
+	}
+	return vs
+}
+
+// ready returns nil when the VolumeState is Ready for its current generation.
+func readyVS(ctx context.Context, c client.Client, name string) (*storev1.VolumeState, error) {
+	var vs storev1.VolumeState
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, &vs); err != nil {
+		return nil, err
+	}
+	rc := apimeta.FindStatusCondition(vs.Status.Conditions, agent.CondReady)
+	if vs.Status.Phase != storev1.VolumeReady || rc == nil || rc.Status != "True" || vs.Status.ObservedGeneration != vs.Generation {
+		return &vs, fmt.Errorf("phase %q, observedGeneration %d of %d, Ready %+v", vs.Status.Phase, vs.Status.ObservedGeneration, vs.Generation, rc)
+	}
+	return &vs, nil
+}
+
+func gone(ctx context.Context, c client.Client, obj client.Object) error {
+	err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%s still exists (finalizers %v)", obj.GetName(), obj.GetFinalizers())
+}
