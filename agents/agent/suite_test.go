@@ -52,7 +52,12 @@ func requireLoop(t *testing.T) {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	cp := controlplane.ForTest(t, controlplane.Options{})
+	return newEnvFor(t, controlplane.ForTest(t, controlplane.Options{}))
+}
+
+// newEnvFor installs Plinth's CRDs into cp and returns an admin client.
+func newEnvFor(t *testing.T, cp *controlplane.ControlPlane) *env {
+	t.Helper()
 	root, err := controlplane.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
