@@ -245,6 +245,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	})
 
 	t.Run("StoreThinCapacity", func(t *testing.T) {
+		g := guestT{t, gg}
 		eventually(t, 3*time.Minute, "Store Ready", func() error {
 			if err := e.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
 				return err
@@ -268,6 +269,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	})
 
 	t.Run("DeviceWithDataRefused", func(t *testing.T) {
+		g := guestT{t, gg}
 		eventually(t, 2*time.Minute, "busy Store refused", func() error {
 			if err := e.c.Get(ctx, client.ObjectKeyFromObject(busy), busy); err != nil {
 				return err
@@ -289,6 +291,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	nqn, _ := nvmet.VolumeNQN(vs.Name)
 	connect := func(t *testing.T, wantBytes int64) {
 		t.Helper()
+		g := guestT{t, gg}
 		g.sh(fmt.Sprintf("nvme connect -t tcp -a 127.0.0.1 -s 4420 -n %s", nqn))
 		defer g.sh(fmt.Sprintf("nvme disconnect -n %s", nqn))
 		out := g.sh(fmt.Sprintf(`for i in $(seq 100); do for f in /sys/class/nvme-subsystem/*/subsysnqn; do
@@ -299,6 +302,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	}
 
 	t.Run("CreateExportConnect", func(t *testing.T) {
+		g := guestT{t, gg}
 		start := time.Now()
 		if err := e.c.Create(ctx, vs); err != nil {
 			t.Fatal(err)
@@ -319,6 +323,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	})
 
 	t.Run("IdleIsOneVgsLvsPairPerRefresh", func(t *testing.T) {
+		g := guestT{t, gg}
 		before := g.lvmCommands()
 		t0 := time.Now()
 		time.Sleep(4 * refresh)
@@ -333,6 +338,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	})
 
 	t.Run("ExpandRevalidates", func(t *testing.T) {
+		g := guestT{t, gg}
 		if err := e.c.Get(ctx, client.ObjectKeyFromObject(vs), vs); err != nil {
 			t.Fatal(err)
 		}
@@ -347,10 +353,14 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 			}
 			return err
 		})
+		if out := g.sh("lvs --noheadings --units b --nosuffix -o lv_size plinth-agent/" + vs.Name); strings.TrimSpace(out) != strconv.Itoa(96<<20) {
+			t.Errorf("LV size %q after expand", out)
+		}
 		connect(t, 96<<20)
 	})
 
 	t.Run("ExportRemovedByHand", func(t *testing.T) {
+		g := guestT{t, gg}
 		// remove the export the way an operator would, in the kernel's order
 		g.sh(fmt.Sprintf(`set -e; C=/sys/kernel/config/nvmet; N=%s
 for l in $C/ports/*/subsystems/$N; do rm $l; done
@@ -395,6 +405,7 @@ rmdir $C/subsystems/$N`, nqn))
 	})
 
 	t.Run("Delete", func(t *testing.T) {
+		g := guestT{t, gg}
 		if err := e.c.Delete(ctx, vs); err != nil {
 			t.Fatal(err)
 		}
