@@ -1,0 +1,232 @@
+package csi_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/plinth-storage/plinth/csi"
+	"github.com/plinth-storage/plinth/csi/mount"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+)
+
+// loopDevice attaches a sparse file to a free loop device of the host's kernel and detaches it
+// at cleanup; skips without root or losetup.
+func loopDevice(t *testing.T, size int64) (dev, file string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: the node service tests need root (loop devices, mkfs, mount)")
+	}
+	if _, err := exec.LookPath("losetup"); err != nil {
+		t.Skip("SKIP: losetup not installed")
+	}
+	file = filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(file, size); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
+	if err != nil {
+		t.Skipf("SKIP: no free loop device: %v: %s", err, out)
+	}
+	dev = strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "--detach", dev).Run() }) //nolint:errcheck
+	return dev, file
+}
+
+type nodeEnv struct {
+	state string
+	node  csipb.NodeClient
+	opts  csi.Options
+}
+
+// nodePlugin runs the node service (no API server: kubelet's calls only) with its stage
+// records in state.
+func nodePlugin(t *testing.T, state string) csipb.NodeClient {
+	opts := csi.Options{Mode: csi.ModeNode, NodeName: "host-node", StateDir: state, HostNQNFile: filepath.Join(state, "no-hostnqn")}
+	return csipb.NewNodeClient(startDriver(t, opts))
+}
+
+func fsCap(fs string, mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapability {
+	return &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: fs}}, AccessMode: &csipb.VolumeCapability_AccessMode{Mode: mode}}
+}
+
+func isMounted(t *testing.T, path string) bool {
+	t.Helper()
+	m, err := mount.New().IsMounted(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func localPublish(dev string) map[string]string {
+	return map[string]string{csi.ContextKind: "local", csi.PublishDevicePath: dev}
+}
+
+// The node lifecycle on a real loop device: stage formats the blank device, publish binds,
+// stats, expand grows xfs after the device grew (ext4 online growth needs CAP_SYS_RESOURCE,
+// which this test machine's sandbox withholds: resize2fs gets EPERM), unpublish and unstage clean up; a restarted
+// plugin unstages from the record alone (B19).
+func TestNodeLifecycle(t *testing.T) {
+	dev, file := loopDevice(t, 320<<20)
+	state := filepath.Join(t.TempDir(), "state")
+	node := nodePlugin(t, state)
+	ctx := t.Context()
+	root := t.TempDir()
+	staging, target := filepath.Join(root, "staging"), filepath.Join(root, "pods", "target")
+	const id = "vol-0000000000000000000000000000000000000001"
+	stageReq := &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish(dev)}
+	if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
+		t.Errorf("stage again: %v", err)
+	}
+	if !isMounted(t, staging) {
+		t.Fatal("staging path not mounted")
+	}
+	if _, err := os.Stat(filepath.Join(state, id+".json")); err != nil {
+		t.Errorf("no stage record: %v", err)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: fsCap("xfs", rwo)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := node.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+	if err != nil || len(stats.GetUsage()) != 2 || stats.GetUsage()[0].GetTotal() <= 0 {
+		t.Errorf("stats %v, %v", stats, err)
+	}
+	// Grow the device (as the agent would grow the LV/file), then expand the filesystem.
+	before := stats.GetUsage()[0].GetTotal()
+	if err := os.Truncate(file, 640<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("losetup", "--set-capacity", dev).CombinedOutput(); err != nil {
+		t.Fatalf("losetup --set-capacity: %v %s", err, out)
+	}
+	exp, err := node.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target, StagingTargetPath: staging, CapacityRange: &csipb.CapacityRange{RequiredBytes: 640 << 20}})
+	if err != nil || exp.GetCapacityBytes() != 640<<20 {
+		t.Fatalf("expand: %v, %v", exp, err)
+	}
+	stats, _ = node.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+	if after := stats.GetUsage()[0].GetTotal(); after <= before {
+		t.Errorf("filesystem %d bytes after expand, %d before", after, before)
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("target left behind: %v", err)
+	}
+	// A restarted plugin (new process, same state folder) unstages from the record (B19b).
+	restarted := nodePlugin(t, state)
+	if _, err := restarted.NodeStageVolume(ctx, stageReq); err != nil {
+		t.Errorf("stage of a staged volume after restart: %v", err)
+	}
+	if _, err := restarted.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(t, staging) {
+		t.Error("staging path still mounted after unstage returned OK")
+	}
+	if _, err := os.Stat(filepath.Join(state, id+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stage record left: %v", err)
+	}
+	// B19a: unstage of what is not staged.
+	if _, err := restarted.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Errorf("unstage again: %v", err)
+	}
+	// The data survived: restage keeps the filesystem (B15: no mkfs on a formatted device).
+	if _, err := restarted.NodeStageVolume(ctx, stageReq); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(staging, "data")); err != nil || string(b) != "kept" {
+		t.Errorf("data after restage: %q, %v", b, err)
+	}
+	if _, err := restarted.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := restarted.NodeGetInfo(ctx, &csipb.NodeGetInfoRequest{})
+	if err != nil || info.GetNodeId() != "host-node" || info.GetAccessibleTopology().GetSegments()[policyv1.TopologyKeyNode] != "host-node" {
+		t.Errorf("NodeGetInfo %v, %v", info, err)
+	}
+}
+
+// B15: a missing device is NOT_FOUND and nothing is formatted.
+func TestNodeStageMissingDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: needs root")
+	}
+	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
+	_, err := node.NodeStageVolume(t.Context(), &csipb.NodeStageVolumeRequest{VolumeId: "vol-x", StagingTargetPath: filepath.Join(t.TempDir(), "s"),
+		VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish("/dev/plinth-gone")})
+	wantCode(t, "stage of a missing device", err, codes.NotFound)
+}
+
+// B17: unpublish and unstage of a dead mount (xfs shut down: stat returns EIO) succeed only
+// after unmounting; health reports it INACCESSIBLE before.
+func TestNodeDeadMount(t *testing.T) {
+	if _, err := exec.LookPath("xfs_io"); err != nil {
+		t.Skip("SKIP: xfs_io not installed")
+	}
+	dev, _ := loopDevice(t, 320<<20)
+	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
+	ctx := t.Context()
+	root := t.TempDir()
+	staging, target := filepath.Join(root, "staging"), filepath.Join(root, "target")
+	const id = "vol-0000000000000000000000000000000000000017"
+	if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish(dev)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: fsCap("xfs", rwo)}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("xfs_io", "-x", "-c", "shutdown", staging).CombinedOutput(); err != nil {
+		t.Fatalf("xfs_io shutdown: %v %s", err, out)
+	}
+	h, err := node.NodeGetVolumeHealth(ctx, &csipb.NodeGetVolumeHealthRequest{VolumeId: id, VolumePublishPath: target, StagingTargetPath: staging})
+	if err != nil || len(h.GetVolumeHealth().GetHealthStatuses()) == 0 || h.GetVolumeHealth().GetHealthStatuses()[0].GetStatus() != csipb.VolumeHealthErrorType_INACCESSIBLE {
+		t.Errorf("health of a dead mount: %v, %v", h, err)
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(t, target) {
+		t.Error("dead target still mounted after OK")
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(t, staging) {
+		t.Error("dead staging mount still mounted after OK")
+	}
+}
+
+// B19c: a staging path mounted from a device that is gone, with no record, is an error — never
+// a silent OK. Mountinfo is a recorded file naming a vanished device.
+func TestNodeUnstageWithoutRecordDeviceGone(t *testing.T) {
+	dir := t.TempDir()
+	staging := filepath.Join(dir, "staging")
+	info := filepath.Join(dir, "mountinfo")
+	line := "100 1 259:3 / " + staging + " rw,relatime shared:1 - xfs /dev/nvme3n1 rw,nouuid\n"
+	if err := os.WriteFile(info, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := mount.New()
+	m.MountInfo = info
+	opts := csi.Options{Mode: csi.ModeNode, NodeName: "host-node", StateDir: filepath.Join(dir, "state"), HostNQNFile: filepath.Join(dir, "none"), Mounter: m}
+	node := csipb.NewNodeClient(startDriver(t, opts))
+	_, err := node.NodeUnstageVolume(t.Context(), &csipb.NodeUnstageVolumeRequest{VolumeId: "vol-c", StagingTargetPath: staging})
+	wantCode(t, "unstage of a mount whose device vanished, no record", err, codes.Internal)
+}
