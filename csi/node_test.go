@@ -10,6 +10,7 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	mountutils "k8s.io/mount-utils"
 
 	"github.com/plinth-storage/plinth/csi"
 	"github.com/plinth-storage/plinth/csi/mount"
@@ -38,7 +39,17 @@ func loopDevice(t *testing.T, size int64) (dev, file string) {
 		t.Skipf("SKIP: no free loop device: %v: %s", err, out)
 	}
 	dev = strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "--detach", dev).Run() }) //nolint:errcheck
+	t.Cleanup(func() {
+		// After a failed test, mounts of dev may remain: unmount them before detaching.
+		if infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo"); err == nil {
+			for i := len(infos) - 1; i >= 0; i-- {
+				if infos[i].Source == dev {
+					exec.Command("umount", infos[i].MountPoint).Run() //nolint:errcheck
+				}
+			}
+		}
+		exec.Command("losetup", "--detach", dev).Run() //nolint:errcheck
+	})
 	return dev, file
 }
 
