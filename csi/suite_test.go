@@ -24,7 +24,7 @@ import (
 	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
-// shared is one control plane (etcd + kube-apiserver) with Plinth's CRDs for the tests of this
+// shared is one control plane (etcd, kube-apiserver, kube-controller-manager) with Plinth's CRDs for the tests of this
 // package that need no control plane of their own; TestMain stops it.
 var shared struct {
 	once sync.Once
@@ -47,11 +47,11 @@ func TestMain(m *testing.M) {
 // or skips (binaries missing, PLINTH_INTEGRATION unset) or fails t.
 func sharedControlPlane(t testing.TB) *controlplane.ControlPlane {
 	t.Helper()
-	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer)
+	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager)
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		shared.cp, shared.err = controlplane.Start(ctx, controlplane.Options{})
+		shared.cp, shared.err = controlplane.Start(ctx, controlplane.Options{ControllerManager: true})
 		if shared.err == nil {
 			shared.err = installCRDs(ctx, shared.cp.Admin.Config)
 		}
@@ -194,3 +194,7 @@ func startDriver(t testing.TB, opts csi.Options) *grpc.ClientConn {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func clientKey(name string) client.ObjectKey { return client.ObjectKey{Name: name} }
+
+func testingShort() bool { return testing.Short() }

@@ -1,0 +1,180 @@
+package csi_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// buildPlinth builds cmd/plinth into dir once per test binary.
+func buildPlinth(t testing.TB, dir string) string {
+	t.Helper()
+	root, err := controlplane.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "plinth")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/plinth")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/plinth: %v\n%s", err, b)
+	}
+	return out
+}
+
+// fileBackendNode sets up, on the shared control plane, one node with a file-backend pool as
+// Plinth's controller would render it (StoragePool, Protocol local, Placement, Agent, Store),
+// plus the Node object that kubelet would register, then runs the REAL agent
+// (`plinth agent`, agents/agent) for that node on this host and waits for its capacity report.
+// It returns the StorageClass parameters.
+func fileBackendNode(t testing.TB, cp *controlplane.ControlPlane, plinth, name string) map[string]string {
+	t.Helper()
+	ctx := t.Context()
+	c := kubeClient(t, cp.Admin.Config)
+	dir := t.TempDir()
+	pool := name
+	node := name + "-node"
+	create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}) // stands in for kubelet's registration
+	create(t, c, &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: pool}, Spec: policyv1.StoragePoolSpec{
+		Backend: policyv1.Backend{File: &policyv1.FileBackend{Directory: filepath.Join(dir, "volumes")}}}})
+	create(t, c, &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: pool + "-local"}, Spec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}})
+	create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: pool + "-local"}, Spec: policyv1.PlacementSpec{
+		PoolRef: policyv1.LocalObjectReference{Name: pool}, ProtocolRef: policyv1.LocalObjectReference{Name: pool + "-local"},
+		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-local", AllowVolumeExpansion: true},
+		// xfs: ext4 online growth needs CAP_SYS_RESOURCE, which this host's sandbox withholds.
+		Filesystem: policyv1.Filesystem{FSType: "xfs"},
+	}})
+	store := storev1.StoreName(pool, node)
+	labels := map[string]string{policyv1.LabelPool: storev1.NameLabelValue(pool), policyv1.LabelNode: storev1.NameLabelValue(node)}
+	create(t, c, &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{policyv1.LabelNode: storev1.NameLabelValue(node)}},
+		Spec: storev1.AgentSpec{NodeName: node, Stores: []string{store}}})
+	create(t, c, &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: store, Labels: labels},
+		Spec: storev1.StoreSpec{Pool: pool, NodeName: node, Backend: policyv1.Backend{File: &policyv1.FileBackend{Directory: filepath.Join(dir, "volumes")}}}})
+
+	agent, err := cp.StartProcess(ctx, controlplane.ProcessSpec{
+		Name:   "plinth-agent-" + name,
+		Binary: plinth,
+		Args: []string{"agent", "--node", node, "--kubeconfig", cp.Admin.Kubeconfig, "--state-dir", filepath.Join(dir, "agent"),
+			"--refresh-interval", "2s", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--host-nqn-file", filepath.Join(dir, "no-hostnqn")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- agent log, last lines:\n%s", agent.Tail(40))
+		}
+		agent.Stop() //nolint:errcheck
+	})
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var st storev1.Store
+		if err := c.Get(ctx, client.ObjectKey{Name: store}, &st); err == nil && st.Status.Capacity != nil && st.Status.Capacity.Available > 0 {
+			break
+		}
+		if agent.Exited() || time.Now().After(deadline) {
+			t.Fatalf("the agent did not report capacity of %s:\n%s", store, agent.Tail(40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return map[string]string{policyv1.ParamPlacement: pool + "-local", policyv1.ParamPool: pool, policyv1.ParamProtocol: pool + "-local"}
+}
+
+// startCSIProcess runs `plinth csi` as its own process (the binary the DaemonSet runs).
+func startCSIProcess(t testing.TB, cp *controlplane.ControlPlane, plinth, mode, node string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "plinth-csi-") // short unix socket path
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "csi.sock")
+	args := []string{"csi", "--mode", mode, "--endpoint", "unix://" + sock, "--kubeconfig", cp.Admin.Kubeconfig,
+		"--state-dir", filepath.Join(dir, "state"), "--host-nqn-file", filepath.Join(dir, "no-hostnqn"), "--wait-timeout", "60s", "-v", "2"}
+	if node != "" {
+		args = append(args, "--node-name", node)
+	}
+	p, err := cp.StartProcess(t.Context(), controlplane.ProcessSpec{Name: "plinth-csi-" + mode, Binary: plinth, Args: args,
+		Ready: controlplane.SocketReady(sock), ReadyTimeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- plinth csi log, last lines:\n%s", p.Tail(60))
+		}
+		p.Stop() //nolint:errcheck
+	})
+	return sock
+}
+
+var sanitySummary = regexp.MustCompile(`Ran (\d+) of (\d+) Specs.*\n(?:.*\n)?.*(?:SUCCESS|FAIL)!? -- (\d+) Passed \| (\d+) Failed \| (\d+) Pending \| (\d+) Skipped`)
+
+// TestSanityAllMode runs csi-sanity in full against `plinth csi --mode all` with the real agent
+// and the file backend on this host's loop devices (mkfs, mount), on the real API server.
+func TestSanityAllMode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: csi-sanity with the file backend needs root (loop devices, mount)")
+	}
+	controlplane.RequireBinaries(t, controlplane.BinCSISanity)
+	cp := sharedControlPlane(t)
+	bin := t.TempDir()
+	plinth := buildPlinth(t, bin)
+	params := fileBackendNode(t, cp, plinth, "sanity")
+	sock := startCSIProcess(t, cp, plinth, "all", "sanity-node")
+	paramFile := filepath.Join(bin, "params.yaml")
+	data, _ := yaml.Marshal(params)
+	if err := os.WriteFile(paramFile, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sanity, _ := controlplane.BinaryPath("", controlplane.BinCSISanity)
+	work := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sanity,
+		"--csi.endpoint="+sock,
+		"--csi.testvolumeparameters="+paramFile,
+		"--csi.mountdir="+filepath.Join(work, "mount"),
+		"--csi.stagingdir="+filepath.Join(work, "staging"),
+		fmt.Sprintf("--csi.testvolumesize=%d", 320<<20), // xfs needs 300 MiB
+		fmt.Sprintf("--csi.testvolumeexpandsize=%d", 640<<20),
+		"--ginkgo.no-color",
+		"--ginkgo.timeout=14m",
+	)
+	out, err := cmd.CombinedOutput()
+	m := sanitySummary.FindStringSubmatch(string(out))
+	if err != nil || m == nil {
+		t.Fatalf("csi-sanity: %v\n%s", err, tailLines(string(out), 200))
+	}
+	t.Logf("csi-sanity: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
+	if m[4] != "0" {
+		t.Errorf("csi-sanity failures:\n%s", tailLines(string(out), 200))
+	}
+}
+
+func tailLines(s string, n int) string {
+	lines := regexp.MustCompile("\n").Split(s, -1)
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	out := ""
+	for _, l := range lines {
+		out += l + "\n"
+	}
+	return out
+}

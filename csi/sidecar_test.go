@@ -1,0 +1,296 @@
+package csi_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// sidecars is the controller side as deployed: `plinth csi --mode controller`, the real agent
+// with the file backend on this host, csi-provisioner, csi-attacher and csi-resizer built from
+// their modules, on the control plane with kube-controller-manager (PV binder, expander).
+type sidecars struct {
+	cs    *kubernetes.Clientset
+	class string
+	node  string
+	ns    string
+}
+
+func startSidecars(t testing.TB, name string) *sidecars {
+	t.Helper()
+	controlplane.RequireBinaries(t, controlplane.BinCSIProvisioner, controlplane.BinCSIAttacher, controlplane.BinCSIResizer)
+	cp := sharedControlPlane(t)
+	ctx := t.Context()
+	plinth := buildPlinth(t, t.TempDir())
+	params := fileBackendNode(t, cp, plinth, name)
+	s := &sidecars{class: name + "-local", node: name + "-node", ns: name}
+	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cs = cs
+	// What kubelet would do after NodeGetInfo: the topology label and the CSINode entry.
+	n, err := cs.CoreV1().Nodes().Get(ctx, s.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	n.Labels[policyv1.TopologyKeyNode] = s.node
+	if _, err := cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.StorageV1().CSINodes().Create(ctx, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: s.node},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: policyv1.DriverName, NodeID: s.node, TopologyKeys: []string{policyv1.TopologyKeyNode}}}}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	// The CSIDriver object the kustomize manifests carry.
+	yes, fsGroup := true, storagev1.FileFSGroupPolicy
+	if _, err := cs.StorageV1().CSIDrivers().Create(ctx, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: policyv1.DriverName},
+		Spec: storagev1.CSIDriverSpec{AttachRequired: &yes, StorageCapacity: &yes, FSGroupPolicy: &fsGroup}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	expand, bind, reclaim := true, storagev1.VolumeBindingImmediate, corev1.PersistentVolumeReclaimDelete
+	scParams := map[string]string{policyv1.ParamFSType: "xfs"}
+	for k, v := range params {
+		scParams[k] = v
+	}
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: s.class}, Provisioner: policyv1.DriverName,
+		Parameters: scParams, AllowVolumeExpansion: &expand, VolumeBindingMode: &bind, ReclaimPolicy: &reclaim}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+
+	sock := startCSIProcess(t, cp, plinth, "controller", "")
+	for _, sc := range []struct {
+		bin  string
+		args []string
+		env  []string
+	}{
+		// Outside a pod: no owner for CSIStorageCapacity objects (DESIGN.md "Tests without a kubelet").
+		{controlplane.BinCSIProvisioner, []string{"--feature-gates=Topology=true", "--extra-create-metadata", "--enable-capacity",
+			"--capacity-ownerref-level=-1", "--capacity-poll-interval=5s"}, []string{"NAMESPACE=" + s.ns}},
+		{controlplane.BinCSIAttacher, nil, nil},
+		{controlplane.BinCSIResizer, nil, nil},
+	} {
+		args := append([]string{"--csi-address=" + sock, "--kubeconfig=" + cp.Admin.Kubeconfig, "--leader-election=false", "--timeout=60s", "--v=3"}, sc.args...)
+		p, err := cp.StartProcess(ctx, controlplane.ProcessSpec{Name: sc.bin + "-" + name, Binary: sc.bin, Args: args, Env: sc.env})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("--- %s log, last lines:\n%s", p.Name, p.Tail(40))
+			}
+			p.Stop() //nolint:errcheck
+		})
+	}
+	return s
+}
+
+func (s *sidecars) pvc(name, size string) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: &s.class,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+}
+
+// until polls f every 20 ms (a test of the whole system observing several controllers; no
+// assertion on the time it takes) until it returns nil or timeout.
+func until(t testing.TB, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s: %v", what, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSidecars: a PVC becomes Bound to a PV of the right size with node affinity; a
+// VolumeAttachment (as the attach-detach controller would create it) is attached through
+// ControllerPublish; expanding the PVC grows the volume; deleting it removes the PV and the
+// volume; GetCapacity feeds CSIStorageCapacity.
+func TestSidecars(t *testing.T) {
+	if testingShort() {
+		t.Skip("SKIP: -short")
+	}
+	s := startSidecars(t, "side")
+	ctx := t.Context()
+	cs := s.cs
+	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx, s.pvc("data", "1Gi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pv *corev1.PersistentVolume
+	until(t, 2*time.Minute, "PVC Bound", func() error {
+		pvc, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Get(ctx, "data", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if pvc.Status.Phase != corev1.ClaimBound {
+			return fmt.Errorf("phase %s", pvc.Status.Phase)
+		}
+		pv, err = cs.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+		return err
+	})
+	if got := pv.Spec.Capacity[corev1.ResourceStorage]; got.Value() != 1<<30 {
+		t.Errorf("PV capacity %s, want 1Gi", got.String())
+	}
+	id := pv.Spec.CSI.VolumeHandle
+	if id != storev1.VolumeID(pv.Name) || pv.Spec.CSI.FSType != "xfs" {
+		t.Errorf("PV handle %s fsType %s, want %s and xfs", id, pv.Spec.CSI.FSType, storev1.VolumeID(pv.Name))
+	}
+	if na := pv.Spec.NodeAffinity; na == nil || na.Required == nil || len(na.Required.NodeSelectorTerms) != 1 ||
+		na.Required.NodeSelectorTerms[0].MatchExpressions[0].Key != policyv1.TopologyKeyNode || na.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0] != s.node {
+		t.Errorf("PV node affinity %+v, want %s=%s", pv.Spec.NodeAffinity, policyv1.TopologyKeyNode, s.node)
+	}
+	c := kubeClient(t, shared.cp.Admin.Config)
+	vs := &storev1.VolumeState{}
+	if err := c.Get(ctx, clientKey(id), vs); err != nil || vs.Status.Phase != storev1.VolumeReady || vs.Status.ActualBytes != 1<<30 {
+		t.Fatalf("VolumeState %s: phase %s actual %d (%v)", id, vs.Status.Phase, vs.Status.ActualBytes, err)
+	}
+
+	// Publish through a VolumeAttachment, standing in for the attach-detach controller.
+	va := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: "va-" + pv.Name}, Spec: storagev1.VolumeAttachmentSpec{
+		Attacher: policyv1.DriverName, NodeName: s.node, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv.Name}}}
+	if _, err := cs.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, time.Minute, "VolumeAttachment attached", func() error {
+		got, err := cs.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !got.Status.Attached {
+			return fmt.Errorf("not attached: %+v", got.Status.AttachError)
+		}
+		if got.Status.AttachmentMetadata["devicePath"] != vs.Status.DevicePath {
+			return fmt.Errorf("attachment metadata %v, want devicePath %s", got.Status.AttachmentMetadata, vs.Status.DevicePath)
+		}
+		return nil
+	})
+
+	// Expand: the resizer calls ControllerExpandVolume; the agent grows the file.
+	pvc, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Get(ctx, "data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("2Gi")
+	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 2*time.Minute, "PV and volume grown to 2Gi", func() error {
+		got, err := cs.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if q := got.Spec.Capacity[corev1.ResourceStorage]; q.Value() < 2<<30 {
+			return fmt.Errorf("PV capacity %s", q.String())
+		}
+		if err := c.Get(ctx, clientKey(id), vs); err != nil {
+			return err
+		}
+		if vs.Status.ActualBytes < 2<<30 {
+			return fmt.Errorf("volume %d bytes", vs.Status.ActualBytes)
+		}
+		return nil
+	})
+
+	// Capacity tracking: the provisioner publishes GetCapacity as CSIStorageCapacity.
+	until(t, time.Minute, "CSIStorageCapacity for the class", func() error {
+		list, err := cs.StorageV1().CSIStorageCapacities(s.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range list.Items {
+			if c.StorageClassName == s.class && c.Capacity != nil && c.Capacity.Value() > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("%d objects, none with capacity for %s", len(list.Items), s.class)
+	})
+
+	// Detach, then delete: PV and volume go.
+	if err := cs.StorageV1().VolumeAttachments().Delete(ctx, va.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, time.Minute, "VolumeAttachment gone", func() error {
+		if _, err := cs.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	if err := cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(ctx, "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 2*time.Minute, "PV and VolumeState deleted", func() error {
+		if _, err := cs.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("PV still there (%v)", err)
+		}
+		if err := c.Get(ctx, clientKey(id), &storev1.VolumeState{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("VolumeState still there (%v)", err)
+		}
+		return nil
+	})
+}
+
+// BenchmarkPVCBound measures PVC creation → Bound with the real sidecars, the controller, the
+// real agent and the file backend (Immediate binding); reports p50 and p99 in ms.
+func BenchmarkPVCBound(b *testing.B) {
+	s := startSidecars(b, "bench-pvc")
+	ctx := context.Background()
+	var lat []time.Duration
+	run := time.Now().Unix()
+	i := 0
+	for b.Loop() {
+		name := fmt.Sprintf("p-%d-%d", run, i)
+		i++
+		start := time.Now()
+		if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx, s.pvc(name, "64Mi"), metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		until(b, 2*time.Minute, "PVC Bound", func() error {
+			pvc, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if pvc.Status.Phase != corev1.ClaimBound {
+				return fmt.Errorf("phase %s", pvc.Status.Phase)
+			}
+			return nil
+		})
+		lat = append(lat, time.Since(start))
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	q := func(p float64) float64 {
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(q(0.5), "bound-p50-ms")
+	b.ReportMetric(q(0.99), "bound-p99-ms")
+}
