@@ -198,6 +198,8 @@ func (n *node) backend(ctx context.Context, s *storev1.Store, rt *storeRuntime) 
 	return rt.be, nil
 }
 
+var errOtherNode = errors.New("store of another node")
+
 // storeOf returns the Store a VolumeState names, from the node's cache.
 func (n *node) storeOf(ctx context.Context, vs *storev1.VolumeState) (*storev1.Store, error) {
 	var s storev1.Store
@@ -205,7 +207,7 @@ func (n *node) storeOf(ctx context.Context, vs *storev1.VolumeState) (*storev1.S
 		return nil, err
 	}
 	if s.Spec.NodeName != n.opts.NodeName {
-		return nil, fmt.Errorf("store %s belongs to node %s", s.Name, s.Spec.NodeName)
+		return nil, fmt.Errorf("store %s belongs to node %s: %w", s.Name, s.Spec.NodeName, errOtherNode)
 	}
 	return &s, nil
 }

@@ -68,10 +68,10 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	before := vs.DeepCopy()
 	store, err := r.storeOf(ctx, &vs)
 	if err != nil {
-		if !apierrors.IsNotFound(err) {
+		if !apierrors.IsNotFound(err) && !errors.Is(err, errOtherNode) {
 			return ctrl.Result{}, err
 		}
-		r.fail(&vs, ReasonStoreNotReady, fmt.Sprintf("store %s is not on this node", vs.Spec.StoreName))
+		r.fail(&vs, ReasonStoreNotReady, fmt.Sprintf("store %s is not a store of node %s: %v", vs.Spec.StoreName, r.opts.NodeName, err))
 		return r.status(ctx, &vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
 	}
 
