@@ -16,7 +16,10 @@ const DefaultName = "plinth-inventory"
 
 // Store reads and writes the inventory ConfigMap Namespace/Name.
 type Store struct {
+	// Client writes the ConfigMap; Reader reads it (the API server directly, so no informer
+	// on every ConfigMap of the cluster is needed); nil Reader means Client.
 	Client    client.Client
+	Reader    client.Reader
 	Namespace string
 	Name      string
 	// FieldOwner is the field manager of the ConfigMap writes.
@@ -26,7 +29,11 @@ type Store struct {
 // Load returns the stored inventory; a missing ConfigMap is an empty inventory, not an error.
 func (s *Store) Load(ctx context.Context) (*Inventory, error) {
 	var cm corev1.ConfigMap
-	err := s.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, &cm)
+	var rd client.Reader = s.Client
+	if s.Reader != nil {
+		rd = s.Reader
+	}
+	err := rd.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, &cm)
 	if apierrors.IsNotFound(err) {
 		return New(), nil
 	}

@@ -1,0 +1,58 @@
+package policy
+
+// Condition types beyond kstatus's Ready, Reconciling and Stalled (fluxcd/pkg/apis/meta).
+const (
+	// DriftedCondition is True while a rendered API object differs from policy by a hand
+	// edit or deletion.
+	DriftedCondition = "Drifted"
+	// StoresReadyCondition says whether the pool's Stores report Ready; it never gates Ready.
+	StoresReadyCondition = "StoresReady"
+)
+
+// Reasons, PascalCase.
+const (
+	// ReasonApplied surfaces when the rendered objects of the policy object are applied.
+	ReasonApplied = "Applied"
+	// ReasonInvalidPolicy surfaces when the CUE schema or render rejects the policy object.
+	ReasonInvalidPolicy = "InvalidPolicy"
+	// ReasonPolicySetInvalid surfaces on valid objects of a set that has an invalid one:
+	// nothing is applied until the set is valid.
+	ReasonPolicySetInvalid = "PolicySetInvalid"
+	// ReasonReplacementRequired surfaces when a StorageClass's immutable fields changed and
+	// the Placement's replacement policy does not allow replacing it now.
+	ReasonReplacementRequired = "ReplacementRequired"
+	// ReasonReplacementInProgress surfaces while the old StorageClass is going away.
+	ReasonReplacementInProgress = "ReplacementInProgress"
+	// ReasonReplaced surfaces after a StorageClass was deleted and created again.
+	ReasonReplaced = "Replaced"
+	// ReasonInUse surfaces on a Placement removed from Git whose StorageClass PVCs still use.
+	ReasonInUse = "InUse"
+	// ReasonApplyFailed surfaces when the API server refused an apply, delete or dry-run.
+	ReasonApplyFailed = "ApplyFailed"
+	// ReasonDriftDetected surfaces with Drifted=True.
+	ReasonDriftDetected = "DriftDetected"
+	// ReasonDriftCorrected surfaces with Drifted=False after Plinth reverted a drift.
+	ReasonDriftCorrected = "DriftCorrected"
+	// ReasonNoDrift surfaces with Drifted=False.
+	ReasonNoDrift = "NoDrift"
+	// ReasonStoresReady, ReasonStoresNotReady and ReasonStoresUnknown go with StoresReady.
+	ReasonStoresReady    = "StoresReady"
+	ReasonStoresNotReady = "StoresNotReady"
+	ReasonStoresUnknown  = "StoresNotReported"
+	// ReasonPruned surfaces as an event when an object left Git and was deleted.
+	ReasonPruned = "Pruned"
+	// ReasonDraining surfaces as an event when a Store that left Git still holds volumes.
+	ReasonDraining = "Draining"
+)
+
+// AnnotationDraining marks a Store that left the rendered set while it still holds volumes
+// (VolumeStates name it): the agent keeps serving its volumes, creates no new ones, and Plinth
+// deletes the Store once the last volume is gone. Value "true".
+const AnnotationDraining = "plinth.dev/draining"
+
+// Prune opt-outs honoured on live objects: the object is dropped from the inventory, never
+// deleted (field case B39).
+var pruneDisabled = map[string]string{
+	"plinth.dev/prune":                 "disabled",
+	"kustomize.toolkit.fluxcd.io/prune": "disabled",
+}

@@ -1,0 +1,132 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"net/http"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/plinth-storage/plinth/controllers/inventory"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// Options configure NewManager.
+type Options struct {
+	// Config reaches the API server.
+	Config *rest.Config
+	// MetricsAddr serves /metrics ("0" disables); HealthAddr serves /healthz and /readyz ("0" disables).
+	MetricsAddr, HealthAddr string
+	// LeaderElection makes only one replica reconcile; the Lease lives in LeaderElectionNamespace.
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	// Namespace holds the inventory ConfigMap InventoryName (default inventory.DefaultName).
+	Namespace     string
+	InventoryName string
+	// FieldManager of every write (default DefaultFieldManager).
+	FieldManager string
+	// ArgoNamespace is where Argo CD's Applications live (revision lookup).
+	ArgoNamespace string
+	// Resync is the period of reconciles without events (0: none).
+	Resync time.Duration
+	// Logger for the manager and the reconciler.
+	Logger logr.Logger
+	// WrapClient, when set, wraps the client the reconciler writes with (tests count writes).
+	WrapClient func(client.Client) client.Client
+}
+
+// Scheme returns a scheme with the Kubernetes built-in kinds and Plinth's two API groups.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, policyv1.AddToScheme, storev1.AddToScheme} {
+		if err := add(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// NewManager builds the controller manager with the policy reconciler, health and readiness
+// probes, the metrics endpoint (with plinth_agent_heartbeat_age_seconds) and leader election.
+// Start the returned manager to run.
+func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, error) {
+	if o.Namespace == "" {
+		return nil, nil, fmt.Errorf("the namespace of the inventory ConfigMap is required")
+	}
+	if err := RegisterMetrics(); err != nil {
+		return nil, nil, fmt.Errorf("register metrics: %w", err)
+	}
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctrl.SetLogger(o.Logger)
+	mgr, err := ctrl.NewManager(o.Config, ctrl.Options{
+		Scheme:                        scheme,
+		Logger:                        o.Logger,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:        o.HealthAddr,
+		LeaderElection:                o.LeaderElection,
+		LeaderElectionID:              "plinth-controller.plinth.dev",
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create manager: %w", err)
+	}
+	c := mgr.GetClient()
+	if o.WrapClient != nil {
+		c = o.WrapClient(c)
+	}
+	fm := o.FieldManager
+	if fm == "" {
+		fm = DefaultFieldManager
+	}
+	name := o.InventoryName
+	if name == "" {
+		name = inventory.DefaultName
+	}
+	inv := &inventory.Store{Client: c, Reader: mgr.GetAPIReader(), Namespace: o.Namespace, Name: name, FieldOwner: fm}
+	r, err := New(c, mgr.GetAPIReader(), mgr.GetEventRecorder("plinth-controller"), inv, fm)
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.ArgoNamespace != "" {
+		r.ArgoNamespace = o.ArgoNamespace
+	}
+	r.ResyncInterval = o.Resync
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return nil, nil, fmt.Errorf("set up policy controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, nil, err
+	}
+	if err := mgr.AddReadyzCheck("informers", func(req *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+			return fmt.Errorf("informer caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	if err := metrics.Registry.Register(&HeartbeatCollector{Reader: mgr.GetClient()}); err != nil {
+		var dup prometheus.AlreadyRegisteredError
+		if !errors.As(err, &dup) { // a second manager in one process (tests) keeps the first
+			return nil, nil, err
+		}
+	}
+	return mgr, r, nil
+}

@@ -1,0 +1,120 @@
+package policy
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/plinth-storage/plinth/controllers/render"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// IndexFields registers the cache indexes the reconciler lists by: PVCs and PVs by
+// storageClassName, VolumeStates by storeName.
+func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
+	fi := mgr.GetFieldIndexer()
+	if err := fi.IndexField(ctx, &corev1.PersistentVolumeClaim{}, indexPVCClass, func(o client.Object) []string {
+		if c := o.(*corev1.PersistentVolumeClaim).Spec.StorageClassName; c != nil && *c != "" {
+			return []string{*c}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := fi.IndexField(ctx, &corev1.PersistentVolume{}, indexPVClass, func(o client.Object) []string {
+		if c := o.(*corev1.PersistentVolume).Spec.StorageClassName; c != "" {
+			return []string{c}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return fi.IndexField(ctx, &storev1.VolumeState{}, indexVolumeStor, func(o client.Object) []string {
+		if s := o.(*storev1.VolumeState).Spec.StoreName; s != "" {
+			return []string{s}
+		}
+		return nil
+	})
+}
+
+// SetupWithManager registers the indexes and the controller: every watched event enqueues
+// the one policy-set request, so bursts collapse into one reconcile.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if err := IndexFields(ctx, mgr); err != nil {
+		return err
+	}
+	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: RequestName}}}
+	})
+	// Policy objects: spec (generation), labels, annotations (revision), finalizers and
+	// deletion; not our own status writes.
+	policyChanged := builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
+		predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}, finalizersChanged{}))
+	owned := builder.WithPredicates(managedByPlinth{})
+	createDelete := builder.WithPredicates(predicate.Funcs{
+		UpdateFunc: func(event.UpdateEvent) bool { return false },
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("policy").
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Watches(&policyv1.StoragePool{}, one, policyChanged).
+		Watches(&policyv1.Protocol{}, one, policyChanged).
+		Watches(&policyv1.Placement{}, one, policyChanged).
+		Watches(&corev1.Node{}, one, builder.WithPredicates(predicate.Or(predicate.LabelChangedPredicate{}, createDeleteOnly()))).
+		Watches(&storagev1.StorageClass{}, one, owned).
+		Watches(&storev1.Agent{}, one, builder.WithPredicates(managedByPlinth{}, predicate.GenerationChangedPredicate{})).
+		Watches(&storev1.Store{}, one, owned).
+		Watches(&corev1.PersistentVolumeClaim{}, one, createDelete).
+		Watches(&storev1.VolumeState{}, one, createDelete).
+		Complete(r)
+}
+
+func createDeleteOnly() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}
+}
+
+// managedByPlinth passes events of objects labelled app.kubernetes.io/managed-by=plinth
+// (before or after the change, so removing the label by hand is seen too).
+type managedByPlinth struct{ predicate.Funcs }
+
+func ours(o client.Object) bool {
+	return o != nil && o.GetLabels()[policyv1.LabelManagedBy] == render.ManagedBy
+}
+
+func (managedByPlinth) Create(e event.CreateEvent) bool   { return ours(e.Object) }
+func (managedByPlinth) Delete(e event.DeleteEvent) bool   { return ours(e.Object) }
+func (managedByPlinth) Generic(e event.GenericEvent) bool { return ours(e.Object) }
+func (managedByPlinth) Update(e event.UpdateEvent) bool   { return ours(e.ObjectOld) || ours(e.ObjectNew) }
+
+// finalizersChanged passes updates that change finalizers or set the deletion timestamp.
+type finalizersChanged struct{ predicate.Funcs }
+
+func (finalizersChanged) Update(e event.UpdateEvent) bool {
+	if e.ObjectOld == nil || e.ObjectNew == nil {
+		return false
+	}
+	if e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero() {
+		return true
+	}
+	a, b := e.ObjectOld.GetFinalizers(), e.ObjectNew.GetFinalizers()
+	if len(a) != len(b) {
+		return true
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return true
+		}
+	}
+	return false
+}
