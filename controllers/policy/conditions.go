@@ -53,6 +53,6 @@ const AnnotationDraining = "plinth.dev/draining"
 // Prune opt-outs honoured on live objects: the object is dropped from the inventory, never
 // deleted (field case B39).
 var pruneDisabled = map[string]string{
-	"plinth.dev/prune":                 "disabled",
+	"plinth.dev/prune":                  "disabled",
 	"kustomize.toolkit.fluxcd.io/prune": "disabled",
 }

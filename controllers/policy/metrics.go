@@ -74,7 +74,6 @@ func RegisterMetrics() error {
 	return err
 }
 
-
 // HeartbeatCollector exports plinth_agent_heartbeat_age_seconds{node}: seconds since each
 // Agent's status.lastHeartbeatTime, computed at scrape time from the informer cache. Agents
 // that never reported are left out.

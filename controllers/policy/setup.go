@@ -95,7 +95,9 @@ func ours(o client.Object) bool {
 func (managedByPlinth) Create(e event.CreateEvent) bool   { return ours(e.Object) }
 func (managedByPlinth) Delete(e event.DeleteEvent) bool   { return ours(e.Object) }
 func (managedByPlinth) Generic(e event.GenericEvent) bool { return ours(e.Object) }
-func (managedByPlinth) Update(e event.UpdateEvent) bool   { return ours(e.ObjectOld) || ours(e.ObjectNew) }
+func (managedByPlinth) Update(e event.UpdateEvent) bool {
+	return ours(e.ObjectOld) || ours(e.ObjectNew)
+}
 
 // finalizersChanged passes updates that change finalizers or set the deletion timestamp.
 type finalizersChanged struct{ predicate.Funcs }
