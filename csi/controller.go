@@ -689,13 +689,14 @@ func (s *controller) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequ
 		return nil, status.Errorf(codes.Unavailable, "list VolumeStates: %v", err)
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	// The token is the last volume id of the previous page (ids sort by name), so deleting or
+	// adding volumes between pages neither skips nor repeats the rest.
 	start := 0
 	if tok := req.GetStartingToken(); tok != "" {
-		n, err := strconv.Atoi(tok)
-		if err != nil || n < 0 || n > len(list.Items) {
+		if !storev1.IsVolumeID(tok) {
 			return nil, status.Errorf(codes.Aborted, "starting token %q is not valid", tok)
 		}
-		start = n
+		start = sort.Search(len(list.Items), func(i int) bool { return list.Items[i].Name > tok })
 	}
 	end := len(list.Items)
 	if m := int(req.GetMaxEntries()); m > 0 && start+m < end {
@@ -709,8 +710,8 @@ func (s *controller) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequ
 			CapacityBytes: max(vs.Status.ActualBytes, vs.Spec.CapacityBytes),
 		}})
 	}
-	if end < len(list.Items) {
-		resp.NextToken = strconv.Itoa(end)
+	if end < len(list.Items) && end > start {
+		resp.NextToken = list.Items[end-1].Name
 	}
 	return resp, nil
 }
