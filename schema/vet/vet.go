@@ -120,7 +120,8 @@ func (v *Vetter) cueProblems(d *Document, err error) []Problem {
 				continue // the definition the document was unified with
 			}
 			if f, ok := strings.CutPrefix(sel, "_invalid_"); ok {
-				clean = append(clean, f) // a schema check that reports on a sibling field
+				// A schema check that reports on another field: "_invalid_a__b" is a.b.
+				clean = append(clean, strings.Split(f, "__")...)
 				break
 			}
 			if strings.HasPrefix(sel, "_") {

@@ -74,10 +74,12 @@ type StorageClassTemplate struct {
 	VolumeBindingMode string `json:"volumeBindingMode,omitempty"`
 	// AllowVolumeExpansion lets PVCs of the class grow. Default false.
 	// +optional
+	// +kubebuilder:default=false
 	AllowVolumeExpansion bool `json:"allowVolumeExpansion,omitempty"`
 	// IsDefault marks the class as the cluster default
 	// (storageclass.kubernetes.io/is-default-class). At most one placement may set it.
 	// +optional
+	// +kubebuilder:default=false
 	IsDefault bool `json:"isDefault,omitempty"`
 	// Replacement is Never (default), IfUnused or Always.
 	// +optional

@@ -116,6 +116,7 @@ type ZFSBackend struct {
 	// VolBlockSize is the zvol volblocksize, a power of two from 4K to 128K. Default "16K".
 	// +optional
 	// +kubebuilder:validation:Enum="4K";"8K";"16K";"32K";"64K";"128K"
+	// +kubebuilder:default="16K"
 	VolBlockSize string `json:"volBlockSize,omitempty"`
 
 	// Properties are extra ZFS properties set on each zvol (for example compression: lz4).
