@@ -630,17 +630,40 @@ func (r *Reconciler) replace(ctx context.Context, desired, live *storagev1.Stora
 	case !apierrors.IsNotFound(err):
 		return false, err
 	}
-	u, err := toUnstructured(want)
+	// Apply what policy renders; the preserved default-class annotation goes back to the
+	// manager that owned it, so a later apply does not remove it as a field Plinth dropped.
+	du, err := toUnstructured(desired)
 	if err != nil {
 		return false, err
 	}
-	if _, err := r.manager.Apply(ctx, u, ssa.DefaultApplyOptions()); err != nil {
+	if _, err := r.manager.Apply(ctx, du, ssa.DefaultApplyOptions()); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return false, nil
 		}
 		return false, fmt.Errorf("create replacement StorageClass %s: %w", want.Name, err)
 	}
+	if v, ok := want.Annotations[storageclass.DefaultClassAnnotation]; ok && desired.Annotations[storageclass.DefaultClassAnnotation] == "" {
+		owner := annotationOwner(live, storageclass.DefaultClassAnnotation)
+		p := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, storageclass.DefaultClassAnnotation, v))
+		created := &storagev1.StorageClass{}
+		created.Name = want.Name
+		if err := r.Client.Patch(ctx, created, client.RawPatch(types.MergePatchType, p), client.FieldOwner(owner)); err != nil {
+			return false, fmt.Errorf("restore %s on StorageClass %s: %w", storageclass.DefaultClassAnnotation, want.Name, err)
+		}
+	}
 	return true, nil
+}
+
+// annotationOwner returns the field manager that owns annotation key on obj, or
+// "plinth-preserved" when none does.
+func annotationOwner(obj client.Object, key string) string {
+	needle := fmt.Sprintf("%q", "f:"+key)
+	for _, mf := range obj.GetManagedFields() {
+		if mf.FieldsV1 != nil && strings.Contains(string(mf.FieldsV1.Raw), needle) && mf.Manager != "" {
+			return mf.Manager
+		}
+	}
+	return "plinth-preserved"
 }
 
 // classUsage counts PVCs and PVs whose storageClassName is name (informer cache).

@@ -1,0 +1,263 @@
+package policy_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/plinth-storage/plinth/controllers/policy"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// The suite runs one real etcd + kube-apiserver (test/controlplane, built by make testbin)
+// for all tests, started in TestMain, with Plinth's CRDs installed; each test that needs the
+// controller starts a manager with startController and stops it at its end.
+var suite struct {
+	cp      *controlplane.ControlPlane
+	c       client.Client
+	skip    error // missing binaries
+	startUp error
+}
+
+const namespace = "plinth-system"
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	for _, n := range []string{controlplane.BinEtcd, controlplane.BinKubeAPIServer} {
+		if _, err := controlplane.BinaryPath("", n); err != nil {
+			suite.skip = err
+		}
+	}
+	if suite.skip == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		cp, err := controlplane.Start(ctx, controlplane.Options{})
+		cancel()
+		if err != nil {
+			suite.startUp = err
+		} else {
+			suite.cp = cp
+			defer func() {
+				if err := cp.Stop(); err != nil {
+					fmt.Fprintf(os.Stderr, "stop control plane: %v\n", err)
+				}
+			}()
+			suite.startUp = setUp(cp)
+		}
+	}
+	return m.Run()
+}
+
+func setUp(cp *controlplane.ControlPlane) error {
+	root, err := controlplane.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
+		Paths: []string{filepath.Join(root, "schema", "crd", "bases"), filepath.Join("testdata", "crds")}, ErrorIfPathMissing: true,
+	}); err != nil {
+		return fmt.Errorf("install CRDs: %w", err)
+	}
+	scheme, err := policy.Scheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.New(cp.Admin.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	suite.c = c
+	return c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}})
+}
+
+// env returns the suite's client, or skips t (binaries absent, PLINTH_INTEGRATION unset) or
+// fails it (absent with PLINTH_INTEGRATION=1, or the control plane did not start).
+func env(t *testing.T) client.Client {
+	t.Helper()
+	if suite.skip != nil {
+		if os.Getenv(controlplane.EnvIntegration) == "1" {
+			t.Fatalf("%v (%s=1: missing test binaries fail)", suite.skip, controlplane.EnvIntegration)
+		}
+		t.Skipf("SKIP integration test: %v (set %s=1 to make this a failure)", suite.skip, controlplane.EnvIntegration)
+	}
+	if suite.startUp != nil {
+		t.Fatalf("control plane: %v", suite.startUp)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && suite.cp != nil {
+			for name, tail := range suite.cp.LogTails(30) {
+				t.Logf("--- %s log, last lines:\n%s", name, tail)
+			}
+		}
+	})
+	return suite.c
+}
+
+// writeCounter counts the writes the reconciler makes (dry-runs excluded).
+type writeCounter struct {
+	client.Client
+	n   atomic.Int64
+	mu  sync.Mutex
+	log []string
+}
+
+func (w *writeCounter) note(verb string, obj client.Object, dryRun []string) {
+	if len(dryRun) > 0 {
+		return
+	}
+	w.n.Add(1)
+	w.mu.Lock()
+	w.log = append(w.log, fmt.Sprintf("%s %T %s", verb, obj, obj.GetName()))
+	w.mu.Unlock()
+}
+
+func (w *writeCounter) writes() (int64, []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n.Load(), append([]string(nil), w.log...)
+}
+
+func (w *writeCounter) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	o := &client.CreateOptions{}
+	o.ApplyOptions(opts)
+	w.note("create", obj, o.DryRun)
+	return w.Client.Create(ctx, obj, opts...)
+}
+
+func (w *writeCounter) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	o := &client.UpdateOptions{}
+	o.ApplyOptions(opts)
+	w.note("update", obj, o.DryRun)
+	return w.Client.Update(ctx, obj, opts...)
+}
+
+func (w *writeCounter) Patch(ctx context.Context, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+	o := &client.PatchOptions{}
+	o.ApplyOptions(opts)
+	w.note("patch", obj, o.DryRun)
+	return w.Client.Patch(ctx, obj, p, opts...)
+}
+
+func (w *writeCounter) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	o := &client.DeleteOptions{}
+	o.ApplyOptions(opts)
+	w.note("delete", obj, o.DryRun)
+	return w.Client.Delete(ctx, obj, opts...)
+}
+
+func (w *writeCounter) Status() client.SubResourceWriter {
+	return &statusCounter{SubResourceWriter: w.Client.Status(), w: w}
+}
+
+type statusCounter struct {
+	client.SubResourceWriter
+	w *writeCounter
+}
+
+func (s *statusCounter) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	s.w.note("status-update", obj, nil)
+	return s.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+func (s *statusCounter) Patch(ctx context.Context, obj client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+	o := &client.SubResourcePatchOptions{}
+	o.ApplyOptions(opts)
+	s.w.note("status-patch", obj, o.DryRun)
+	return s.SubResourceWriter.Patch(ctx, obj, p, opts...)
+}
+
+// controller is a running manager with the policy reconciler.
+type controller struct {
+	r      *policy.Reconciler
+	writes *writeCounter
+	stop   func()
+}
+
+// startController runs the controller until the test ends (or stop is called).
+func startController(t *testing.T) *controller {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	wc := &writeCounter{}
+	logger := logr.Discard()
+	if testing.Verbose() {
+		logger = zap.New(zap.UseDevMode(true), zap.WriteTo(os.Stderr))
+	}
+	mgr, r, err := policy.NewManager(ctx, policy.Options{
+		Config: suite.cp.Admin.Config, MetricsAddr: "0", HealthAddr: "0",
+		Namespace: namespace, Logger: logger, Resync: 0,
+		WrapClient: func(c client.Client) client.Client { wc.Client = c; return wc },
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	r.ReplacementPoll = 200 * time.Millisecond
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &controller{r: r, writes: wc, stop: stop}
+}
+
+// eventually polls f every 100 ms until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s: %v", what, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// reconcileNow runs one reconcile of the whole set directly (the manager's cache is used)
+// and returns the writes it made.
+func reconcileNow(t *testing.T, c *controller) (int64, []string) {
+	t.Helper()
+	before, _ := c.writes.writes()
+	if _, err := c.r.Reconcile(context.Background(), ctrl.Request{}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	after, log := c.writes.writes()
+	return after - before, log[before:]
+}
+
+// reconciles is how many reconciles of the policy set have finished in this process.
+func reconciles(t *testing.T) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := policy.ReconcileDuration.WithLabelValues(policy.KindPolicySet).(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
