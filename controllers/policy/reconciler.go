@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	"github.com/fluxcd/pkg/runtime/patch"
@@ -339,7 +341,11 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 	var toApply []*unstructured.Unstructured
 	applyOwners := map[string][]string{}
 	var driftCount = map[string]int{"StorageClass": 0, "Agent": 0, "Store": 0}
-	for _, u := range toDiff {
+	diffs, err := r.diffAll(ctx, toDiff)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	for i, u := range toDiff {
 		key := u.GetKind() + "/" + u.GetName()
 		owners := ownersOf(key, rendered.Sources)
 		e, err := inventory.EntryOf(u)
@@ -356,7 +362,8 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 				}
 			}
 		}
-		cse, live, merged, err := r.manager.Diff(ctx, u, ssa.DefaultDiffOptions())
+		d := diffs[i]
+		cse, live, merged, err := d.cse, d.live, d.merged, d.err
 		if err != nil {
 			for _, o := range owners {
 				out.applyErr[o] = append(out.applyErr[o], fmt.Sprintf("%s: dry-run: %v", key, err))
@@ -516,7 +523,7 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 				continue
 			}
 		}
-		if _, err := r.manager.Delete(ctx, live, ssa.DeleteOptions{PropagationPolicy: "Background"}); err != nil {
+		if _, err := r.manager.Delete(ctx, live, ssa.DeleteOptions{PropagationPolicy: "Background", Exclusions: pruneDisabled}); err != nil {
 			for _, o := range owners {
 				out.applyErr[o] = append(out.applyErr[o], fmt.Sprintf("prune %s: %v", e, err))
 			}
@@ -578,6 +585,28 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 		return ctrl.Result{RequeueAfter: r.ReplacementPoll}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.ResyncInterval}, nil
+}
+
+type diffResult struct {
+	cse          *ssa.ChangeSetEntry
+	live, merged *unstructured.Unstructured
+	err          error
+}
+
+// diffAll runs the server-side dry-run diff of every object, 8 at a time (the API server
+// serves them in parallel; a no-op reconcile of 1,000 objects is 2,000 reads and dry-runs).
+func (r *Reconciler) diffAll(ctx context.Context, objs []*unstructured.Unstructured) ([]diffResult, error) {
+	out := make([]diffResult, len(objs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i, u := range objs {
+		g.Go(func() error {
+			cse, live, merged, err := r.manager.Diff(gctx, u, ssa.DefaultDiffOptions())
+			out[i] = diffResult{cse: cse, live: live, merged: merged, err: err}
+			return gctx.Err()
+		})
+	}
+	return out, g.Wait()
 }
 
 // correctDrift says whether drift of u is corrected: a StorageClass follows the driftPolicy of

@@ -1,0 +1,105 @@
+package policy_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/apis/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// TestScaleThousandObjects renders 1,001 objects (500 nodes: 500 Stores, 500 Agents, one
+// StorageClass) and proves that a no-op reconcile makes zero writes; it logs (SCALE lines)
+// the time to apply them all, the no-op reconcile's duration, and the time to apply 1,000
+// changed objects (every Store and every Agent). Durations are reported, never asserted.
+func TestScaleThousandObjects(t *testing.T) {
+	c := env(t)
+	if testing.Short() {
+		t.Skip("-short: the 1,000-object run takes a minute on a loaded machine")
+	}
+	const nodes = 500
+	for i := 0; i < nodes; i++ {
+		node(t, c, fmt.Sprintf("s%03d", i), map[string]string{"plinth.dev/storage": "scale"})
+	}
+	p := pool("spool", "scale", "")
+	proto := &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: "snvme"},
+		Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "10.20.0.0/16"}}}
+	pl := placement("sfast", "spool", "snvme", "s-fast")
+	ctl := startController(t)
+	start := time.Now()
+	create(t, c, p, proto, pl)
+	waitReadyLong(t, c, p, 5*time.Minute)
+	t.Logf("SCALE: applied %d new objects in %s", 2*nodes+1, time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	n, log := reconcileNow(t, ctl)
+	t.Logf("SCALE: no-op reconcile of %d objects: %s, %d writes", 2*nodes+1, time.Since(start).Round(time.Millisecond), n)
+	if n != 0 {
+		t.Errorf("no-op reconcile made %d writes: %v", n, log[:min(len(log), 10)])
+	}
+
+	// Every Store (reserve) and every Agent (NVMe-oF port) changes.
+	before, _ := ctl.writes.writes()
+	start = time.Now()
+	update(t, c, p, func(p *policyv1.StoragePool) { p.Spec.Reserve = "1Gi" })
+	update(t, c, proto, func(p *policyv1.Protocol) { p.Spec.NVMeoFTCP.Port = 4421 })
+	eventually(t, 5*time.Minute, "all Stores and Agents updated", func() error {
+		var stores storev1.StoreList
+		var agents storev1.AgentList
+		if err := c.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: "spool"}); err != nil {
+			return err
+		}
+		if err := c.List(ctx, &agents); err != nil {
+			return err
+		}
+		for _, s := range stores.Items {
+			if s.Spec.Reserve != "1Gi" {
+				return fmt.Errorf("Store %s reserve %q", s.Name, s.Spec.Reserve)
+			}
+		}
+		for _, a := range agents.Items {
+			if a.Spec.NVMeoF != nil && a.Spec.NVMeoF.Port != 4421 {
+				return fmt.Errorf("Agent %s port %d", a.Name, a.Spec.NVMeoF.Port)
+			}
+		}
+		return nil
+	})
+	waitReadyLong(t, c, p, time.Minute)
+	after, _ := ctl.writes.writes()
+	t.Logf("SCALE: applied %d changed objects in %s (%d writes including status and inventory)", 2*nodes, time.Since(start).Round(time.Millisecond), after-before)
+
+	start = time.Now()
+	deleteAll(t, c, pl, p, proto)
+	eventually(t, 5*time.Minute, "all Stores pruned", func() error {
+		var stores storev1.StoreList
+		if err := c.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: "spool"}); err != nil {
+			return err
+		}
+		if len(stores.Items) > 0 {
+			return fmt.Errorf("%d Stores left", len(stores.Items))
+		}
+		return nil
+	})
+	t.Logf("SCALE: pruned %d objects in %s", 2*nodes+1, time.Since(start).Round(time.Millisecond))
+}
+
+func waitReadyLong(t *testing.T, c client.Client, obj client.Object, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, obj.GetName()+" Ready", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		p := obj.(*policyv1.StoragePool)
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == meta.ReadyCondition && cond.Status == metav1.ConditionTrue && cond.ObservedGeneration == p.Generation {
+				return nil
+			}
+		}
+		return fmt.Errorf("not ready: %+v", p.Status.Conditions)
+	})
+}
