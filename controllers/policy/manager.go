@@ -44,6 +44,8 @@ type Options struct {
 	Resync time.Duration
 	// Logger for the manager and the reconciler.
 	Logger logr.Logger
+	// SkipNameValidation allows more than one manager per process (tests).
+	SkipNameValidation bool
 	// WrapClient, when set, wraps the client the reconciler writes with (tests count writes).
 	WrapClient func(client.Client) client.Client
 }
@@ -108,6 +110,7 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 		r.ArgoNamespace = o.ArgoNamespace
 	}
 	r.ResyncInterval = o.Resync
+	r.SkipNameValidation = o.SkipNameValidation
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return nil, nil, fmt.Errorf("set up policy controller: %w", err)
 	}

@@ -66,6 +66,9 @@ type Reconciler struct {
 	ResyncInterval time.Duration
 	// ReplacementPoll is how soon to look again while an old StorageClass goes away.
 	ReplacementPoll time.Duration
+	// SkipNameValidation lets several managers in one process (tests) register the
+	// controller name "policy".
+	SkipNameValidation bool
 
 	manager *ssa.ResourceManager
 	vetter  *vet.Vetter

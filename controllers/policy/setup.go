@@ -67,7 +67,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("policy").
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: &r.SkipNameValidation}).
 		Watches(&policyv1.StoragePool{}, one, policyChanged).
 		Watches(&policyv1.Protocol{}, one, policyChanged).
 		Watches(&policyv1.Placement{}, one, policyChanged).

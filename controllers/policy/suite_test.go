@@ -201,7 +201,7 @@ func startController(t *testing.T) *controller {
 	}
 	mgr, r, err := policy.NewManager(ctx, policy.Options{
 		Config: suite.cp.Admin.Config, MetricsAddr: "0", HealthAddr: "0",
-		Namespace: namespace, Logger: logger, Resync: 0,
+		Namespace: namespace, Logger: logger, Resync: 0, SkipNameValidation: true,
 		WrapClient: func(c client.Client) client.Client { wc.Client = c; return wc },
 	})
 	if err != nil {
