@@ -55,33 +55,39 @@ lint: vet ## Static checks: gofmt cleanliness and go vet.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 
 ##@ Test
-testbin: ## Build the pinned test peers (Kubernetes, CSI sidecars, csi-sanity, cue) into bin/.
+testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, csi-sanity, cue) into bin/.
 	test/tools/build.sh
 
-kernel-assets: ## Fetch the Debian kernel and build the guest initramfs for kernel tests.
+kernel-assets: ## Fetch the Debian kernel and build the guest initramfs (and zfs modules) for kernel tests.
 	test/kernel/setup.sh
 
-test-unit: $(CUE) ## Unit tests (no servers).
+test-unit: $(CUE) ## Unit tests of the main module (integration tests skip without bin/).
 	PLINTH_CUE=$(CUE) go test ./...
 
-test-integration: testbin ## Tests against the real control plane built by testbin.
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 ./test/... ./controllers/...
+test-integration: testbin $(CUE) ## Every test of the main module, integration tests on the real control plane included.
+	PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 -timeout 30m ./...
 
-test-kernel: kernel-assets ## Kernel suite in the qemu guest (LVM, nvmet, nvme-tcp).
+test-scheduler: testbin ## The scheduler module's unit and integration tests (real scheduler, real API server).
+	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 -timeout 20m ./...
+
+test-kernel: kernel-assets ## Kernel suites in one qemu guest (LVM, ZFS, nvmet, nvme-tcp, the agent).
 	test/kernel/run.sh
 
 test-e2e: testbin ## End-to-end suites.
-	PLINTH_TESTBIN=$(BIN) PLINTH_E2E=1 go test -count=1 ./test/e2e/...
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
-test: lint verify-generate test-unit test-integration test-kernel vet-policies ## Everything CI runs.
+test: lint verify-generate test-integration test-scheduler test-kernel vet-policies ## Everything CI runs.
 
-bench: ## Benchmarks (vet/render at fleet scale, parsers).
-	go test -run '^$$' -bench . -benchmem ./schema/... ./controllers/...
+bench: ## Benchmarks (vet/render at fleet scale, parsers, CSI, scheduler scoring).
+	go test -run '^$$' -bench . -benchmem ./...
 
-vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth vet and plain cue vet.
+vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth vet, and single documents with plain cue vet.
 	$(BIN)/plinth vet policies/clusters/staging
 	$(BIN)/plinth vet policies/clusters/production
 	$(BIN)/plinth vet examples/quickstart
+	$(CUE) vet -c -d '#StoragePool' schema/cue/policy.cue examples/quickstart/pool.yaml
+	$(CUE) vet -c -d '#Protocol' schema/cue/policy.cue examples/quickstart/protocol.yaml
+	$(CUE) vet -c -d '#Placement' schema/cue/policy.cue examples/quickstart/placement.yaml
 
 ##@ Run
 dev: build ## The whole GitOps storage loop on this machine (plinth dev up).
@@ -90,4 +96,4 @@ dev: build ## The whole GitOps storage loop on this machine (plinth dev up).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: help build tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: help build tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
