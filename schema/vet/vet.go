@@ -6,6 +6,7 @@ import (
 
 	"cuelang.org/go/cue"
 	cueerrors "cuelang.org/go/cue/errors"
+	"sigs.k8s.io/yaml"
 
 	cueschema "github.com/plinth-storage/plinth/schema/cue"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -69,6 +70,9 @@ func (v *Vetter) Vet(set *Set) (*Policies, []Problem) {
 	return out, problems
 }
 
+// defaulter is a policy object that fills its own defaults.
+type defaulter interface{ Default() }
+
 // vetted is a policy document that passed its schema, decoded.
 type vetted struct {
 	doc *Document
@@ -91,7 +95,7 @@ func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
 	if err := u.Validate(cue.Concrete(true)); err != nil {
 		return nil, v.cueProblems(d, err)
 	}
-	var obj any
+	var obj defaulter
 	switch d.Kind {
 	case "StoragePool":
 		obj = &policyv1.StoragePool{}
@@ -100,9 +104,13 @@ func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
 	case "Placement":
 		obj = &policyv1.Placement{}
 	}
-	if err := u.Decode(obj); err != nil {
+	// The document is valid: decode its text directly (several times faster than decoding
+	// the CUE value) and fill the defaults the schema states (TestDecodeMatchesCUE holds the
+	// two paths equal).
+	if err := yaml.Unmarshal(d.YAML, obj); err != nil {
 		return nil, []Problem{at(d, nil, "cannot decode: "+err.Error())}
 	}
+	obj.(defaulter).Default()
 	return &vetted{doc: d, obj: obj}, nil
 }
 

@@ -4,8 +4,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"sort"
 	"strings"
 	"testing"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
 const testdata = "../cue/testdata"
@@ -190,4 +194,81 @@ func FuzzLoadAndVet(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDecodeMatchesCUE decodes every valid document both ways — the fast path Vet uses
+// (YAML text plus Go defaults) and the CUE value unified with the schema — and requires the
+// same object, so Go and CUE defaults cannot drift apart.
+func TestDecodeMatchesCUE(t *testing.T) {
+	v, err := NewVetter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(testdata, "valid"), "../../policies/clusters/staging", "../../policies/clusters/production", "../../examples/quickstart"} {
+		set, err := Load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol, problems := v.Vet(set)
+		if len(problems) > 0 {
+			t.Fatalf("%s: %v", p, problems)
+		}
+		var fast []any
+		for i := range pol.Pools {
+			fast = append(fast, &pol.Pools[i])
+		}
+		for i := range pol.Protocols {
+			fast = append(fast, &pol.Protocols[i])
+		}
+		for i := range pol.Placements {
+			fast = append(fast, &pol.Placements[i])
+		}
+		var slow []any
+		for _, d := range set.Documents {
+			if !d.IsPolicy() {
+				continue
+			}
+			u := v.schema.Defs[d.Kind].Unify(v.schema.Context.BuildExpr(d.Expr))
+			var obj defaulter
+			switch d.Kind {
+			case "StoragePool":
+				obj = &policyv1.StoragePool{}
+			case "Protocol":
+				obj = &policyv1.Protocol{}
+			case "Placement":
+				obj = &policyv1.Placement{}
+			}
+			if err := u.Decode(obj); err != nil {
+				t.Fatal(err)
+			}
+			slow = append(slow, obj)
+		}
+		// Vet returns pools, then protocols, then placements; order the CUE side the same way.
+		order := map[string]int{"StoragePool": 0, "Protocol": 1, "Placement": 2}
+		sort.SliceStable(slow, func(i, j int) bool {
+			return order[kindOf(slow[i])] < order[kindOf(slow[j])]
+		})
+		if len(fast) != len(slow) {
+			t.Fatalf("%s: %d vs %d objects", p, len(fast), len(slow))
+		}
+		for i := range fast {
+			// Filesystem is optional in CUE, so its defaults apply only where it is written;
+			// Go fills them always. Apply the Go defaults to the CUE side too: what remains
+			// must be equal, which proves every CUE default is also a Go default.
+			slow[i].(defaulter).Default()
+			if !reflect.DeepEqual(fast[i], slow[i]) {
+				t.Errorf("%s: decoded objects differ:\n fast %+v\n  cue %+v", p, fast[i], slow[i])
+			}
+		}
+	}
+}
+
+func kindOf(o any) string {
+	switch o.(type) {
+	case *policyv1.StoragePool:
+		return "StoragePool"
+	case *policyv1.Protocol:
+		return "Protocol"
+	}
+	return "Placement"
 }
