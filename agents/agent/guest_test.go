@@ -256,7 +256,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 			return nil
 		})
 		c := s.Status.Capacity
-		reserve := c.Total / 100 * 5
+		reserve, _ := agent.ReserveBytes("5%", c.Total)
 		if c.Total <= 0 || c.Total >= 2<<30 || c.Allocatable != c.Total-reserve || c.Available != (c.Total-reserve)*2-c.Provisioned ||
 			s.Status.Thin == nil || s.Status.ExtentBytes != 4<<20 {
 			t.Errorf("capacity %+v thin %+v extent %d", c, s.Status.Thin, s.Status.ExtentBytes)
