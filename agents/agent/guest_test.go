@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -31,8 +32,9 @@ import (
 // The guest suite: `plinth agent` (CGO_ENABLED=0) runs inside the qemu guest
 // of test/kernel (Debian's kernel, real LVM thin pool, real nvmet and the
 // nvme-tcp initiator) and reaches the host's kube-apiserver through qemu
-// guestfwd at 10.0.2.100. The test drives it from the host through the API
-// and inspects the kernel with commands run in the guest.
+// guestfwd at 10.0.2.100 (through testdata/apimux, see apiDemux). The test
+// drives it from the host through the API and inspects the kernel with
+// commands run in the guest.
 //
 // It boots one guest (about 2–4 minutes under software emulation), so it
 // runs only with PLINTH_GUEST_AGENT=1, after make testbin and make
@@ -42,61 +44,106 @@ const guestNode = "guest-node"
 // guestHostNQN is the guest's /etc/nvme/hostnqn (test/kernel/README.md).
 const guestHostNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001"
 
-// apiProxy accepts the connection qemu's guestfwd chardev opens at boot and
-// dials the API server only when the first bytes arrive: the API server
-// would otherwise close an idle TLS connection before the agent starts. A
-// guestfwd to a chardev carries one stream for the guest's life, so the
-// guest runs exactly one API client (the agent, whose client-go shares one
-// HTTP/2 connection).
-type apiProxy struct {
+// apiDemux is the host end of testdata/apimux. qemu's guestfwd to a host
+// socket is a chardev: qemu connects it once at boot and carries every guest
+// connection to 10.0.2.100:6443 over that ONE byte stream, unframed (checked
+// in a guest: the host sees one connection, opened before the guest runs).
+// So apimux in the guest frames each API connection and apiDemux dials the
+// API server once per stream. The agent may then open and reopen as many
+// connections as it likes (restarts included).
+type apiDemux struct {
 	l       net.Listener
 	backend string
-	wg      sync.WaitGroup
 }
 
-func startProxy(t *testing.T, backend string) *apiProxy {
+func startDemux(t *testing.T, backend string) *apiDemux {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &apiProxy{l: l, backend: backend}
-	p.wg.Add(1)
+	d := &apiDemux{l: l, backend: backend}
 	go func() {
-		defer p.wg.Done()
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			p.wg.Add(1)
-			go func() { defer p.wg.Done(); p.serve(c) }()
+			go d.serve(c)
 		}
 	}()
 	t.Cleanup(func() { l.Close() })
-	return p
+	return d
 }
 
-func (p *apiProxy) port() int { return p.l.Addr().(*net.TCPAddr).Port }
+func (d *apiDemux) port() int { return d.l.Addr().(*net.TCPAddr).Port }
 
-func (p *apiProxy) serve(c net.Conn) {
-	defer c.Close()
-	first := make([]byte, 32<<10)
-	n, err := c.Read(first)
-	if err != nil {
-		return
+func (d *apiDemux) serve(up net.Conn) {
+	defer up.Close()
+	var wmu, mu sync.Mutex
+	conns := map[uint32]net.Conn{}
+	send := func(id uint32, typ byte, p []byte) error {
+		var h [9]byte
+		binary.BigEndian.PutUint32(h[0:], id)
+		h[4] = typ
+		binary.BigEndian.PutUint32(h[5:], uint32(len(p)))
+		wmu.Lock()
+		defer wmu.Unlock()
+		if _, err := up.Write(h[:]); err != nil {
+			return err
+		}
+		_, err := up.Write(p)
+		return err
 	}
-	b, err := net.Dial("tcp", p.backend)
-	if err != nil {
-		return
+	var h [9]byte
+	for {
+		if _, err := io.ReadFull(up, h[:]); err != nil {
+			return
+		}
+		id, typ, n := binary.BigEndian.Uint32(h[0:]), h[4], binary.BigEndian.Uint32(h[5:])
+		p := make([]byte, n)
+		if _, err := io.ReadFull(up, p); err != nil {
+			return
+		}
+		switch typ {
+		case 0: // open
+			b, err := net.Dial("tcp", d.backend)
+			if err != nil {
+				send(id, 2, nil)
+				continue
+			}
+			mu.Lock()
+			conns[id] = b
+			mu.Unlock()
+			go func() {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := b.Read(buf)
+					if n > 0 && send(id, 1, buf[:n]) != nil {
+						return
+					}
+					if err != nil {
+						send(id, 2, nil)
+						return
+					}
+				}
+			}()
+		case 1, 2:
+			mu.Lock()
+			b := conns[id]
+			if typ == 2 {
+				delete(conns, id)
+			}
+			mu.Unlock()
+			if b == nil {
+				continue
+			}
+			if typ == 2 {
+				b.Close()
+			} else {
+				b.Write(p)
+			}
+		}
 	}
-	defer b.Close()
-	if _, err := b.Write(first[:n]); err != nil {
-		return
-	}
-	done := make(chan struct{}, 2)
-	go func() { io.Copy(b, c); done <- struct{}{} }()
-	go func() { io.Copy(c, b); done <- struct{}{} }()
-	<-done
 }
 
 type guestT struct {
@@ -161,16 +208,22 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build plinth: %v\n%s", err, out)
 	}
+	mux := exec.Command("go", "build", "-o", filepath.Join(work, "apimux"), "./agents/agent/testdata/apimux")
+	mux.Dir = root
+	mux.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := mux.CombinedOutput(); err != nil {
+		t.Fatalf("build apimux: %v\n%s", err, out)
+	}
 	u, err := url.Parse(cp.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := startProxy(t, u.Host)
+	demux := startDemux(t, u.Host)
 
 	bootStart := time.Now()
 	gg, err := guest.Boot(ctx, guest.Options{
 		DiskBytes:     []int64{2 << 30, 1 << 30}, // vda: the VG; vdb: a device with data
-		GuestForwards: []guest.Forward{{HostPort: proxy.port(), GuestPort: 6443}},
+		GuestForwards: []guest.Forward{{HostPort: demux.port(), GuestPort: 6443}},
 		Timeout:       20 * time.Minute,
 	})
 	if err != nil {
@@ -180,20 +233,25 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	g := guestT{t, gg}
 	t.Logf("TIMING guest-boot %s", time.Since(bootStart).Round(time.Millisecond))
 
-	kc, err := cp.KubeconfigFor("admin", fmt.Sprintf("https://%s:6443", guest.GuestForwardAddr))
+	// the agent talks to apimux on the guest's loopback (the serving
+	// certificate names 127.0.0.1 too); apimux carries it to 10.0.2.100:6443
+	kc, err := cp.KubeconfigFor("admin", "https://127.0.0.1:6443")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(gg.ShareDir(), "kubeconfig"), kc, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
+	for _, f := range []string{bin, filepath.Join(work, "apimux")} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(gg.ShareDir(), filepath.Base(f)), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(gg.ShareDir(), "plinth"), data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	g.sh(fmt.Sprintf("cp %s/apimux /tmp/apimux && /tmp/apimux -listen 127.0.0.1:6443 -upstream %s:6443 >/tmp/apimux.log 2>&1 &", guest.SharePath, guest.GuestForwardAddr))
 	// a device that carries data: the agent must never touch it
 	g.sh("mkfs.ext4 -q /dev/vdb")
 	const refresh = 5 * time.Second
@@ -202,7 +260,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 		guest.SharePath, guestNode, guest.SharePath, refresh))
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := g.try("tail -n 80 /tmp/agent.log; lvs -a; ls -R /sys/kernel/config/nvmet | head -50")
+			out, _ := g.try("tail -n 80 /tmp/agent.log; cat /tmp/apimux.log; lvs -a; ls -R /sys/kernel/config/nvmet | head -50")
 			t.Logf("guest agent log and kernel state:\n%s", out)
 		}
 	})
