@@ -193,11 +193,17 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	}
 	defer release()
 
+	// The informer cache answers "new name" without a round trip; a volume the cache has not
+	// seen yet still cannot be created twice: Create then fails with AlreadyExists below.
 	existing := &storev1.VolumeState{}
-	err = s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing)
+	err = s.d.kube.Get(ctx, client.ObjectKey{Name: id}, existing)
 	switch {
 	case err == nil:
-		return s.existingVolume(ctx, req, existing, mode)
+		if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing); err == nil {
+			return s.existingVolume(ctx, req, existing, mode)
+		} else if !apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", id, err)
+		}
 	case !apierrors.IsNotFound(err):
 		return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", id, err)
 	}
