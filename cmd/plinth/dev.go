@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/plinth-storage/plinth/internal/devenv"
+)
+
+func init() { subcommands = append(subcommands, newDevCommand) }
+
+func newDevCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dev up|down",
+		Short: "Run the whole storage loop on this machine: control plane, Plinth, CSI sidecars, (Flux), the quickstart",
+		Long: `dev runs Plinth on this machine with no cluster and no Docker, on real parts: etcd,
+kube-apiserver, kube-controller-manager and plinth-scheduler from bin/ (make testbin), Plinth's
+controller, agent (file backend on loop devices under --dir) and CSI driver, and the real
+csi-provisioner, csi-attacher and csi-resizer. No kubelet runs: plinth dev registers the Nodes and
+CSINodes and calls NodeStage/NodePublish on the node plugin's socket as kubelet would.
+
+"dev up" walks the quickstart (examples/quickstart) step by step — with --flux, through a local Git
+repository synced by Flux's source-controller and kustomize-controller — then stops everything,
+or stays up with --keep until Ctrl-C or "plinth dev down". It needs root (loop devices, mounts).`,
+	}
+	cmd.AddCommand(newDevUpCommand(), newDevDownCommand())
+	return cmd
+}
+
+func newDevUpCommand() *cobra.Command {
+	var (
+		opts devenv.Options
+		keep bool
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start the dev environment and run the quickstart scenario",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.Out = cmd.OutOrStdout()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			env, err := devenv.Up(ctx, opts)
+			if err != nil {
+				return fmt.Errorf("plinth dev up: %w (logs under %s)", err, env.Dir)
+			}
+			defer func() {
+				fmt.Fprintln(cmd.OutOrStdout(), "stopping every process plinth dev started ...")
+				if err := env.Down(); err != nil {
+					fmt.Fprintln(cmd.ErrOrStderr(), "plinth dev down:", err)
+				}
+			}()
+			if _, err := env.Scenario(ctx); err != nil {
+				return fmt.Errorf("plinth dev up: %w (logs under %s)", err, env.Dir)
+			}
+			if keep {
+				fmt.Fprintf(cmd.OutOrStdout(), "\nplinth dev is up: export KUBECONFIG=%s\nCtrl-C or `plinth dev down --dir %s` stops it.\n", env.Kubeconfig, env.Dir)
+				<-ctx.Done()
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Dir, "dir", devenv.DefaultDir, "work directory (logs, kubeconfig, volumes); recreated")
+	f.StringVar(&opts.BinDir, "bin", "", "folder of the test peers (default $PLINTH_TESTBIN, then <checkout>/bin)")
+	f.BoolVar(&opts.Flux, "flux", false, "deliver the policy through a local Git repository synced by Flux (needs the Flux peers of make testbin)")
+	f.BoolVar(&keep, "keep", false, "stay up after the scenario until Ctrl-C or plinth dev down")
+	return cmd
+}
+
+func newDevDownCommand() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Stop every process a plinth dev up started (by the PIDs it recorded) and release its mounts and loop devices",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pids, err := devenv.DownDir(dir)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "stopped %d processes %v; released mounts and loop devices under %s\n", len(pids), pids, dir)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", devenv.DefaultDir, "work directory of the plinth dev up to stop")
+	return cmd
+}

@@ -1,0 +1,372 @@
+package devenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/cgi"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// Flux peers (test/tools/flux-*; versions in test/tools/versions.env).
+const (
+	BinSourceController    = "source-controller"
+	BinKustomizeController = "kustomize-controller"
+	FluxNamespace          = "flux-system"
+	fluxRepoName           = "plinth-policy"
+	fluxRepoPath           = "clusters/dev"
+)
+
+// gitRepo is a bare repository served over smart HTTP on loopback by git
+// http-backend (net/http/cgi in this process), plus a work tree to commit from.
+type gitRepo struct {
+	bare, work, url string
+	srv             *http.Server
+}
+
+func (g *gitRepo) close() {
+	if g.srv != nil {
+		g.srv.Close()
+	}
+}
+
+func git(dir string, args ...string) error {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=plinth dev", "GIT_AUTHOR_EMAIL=dev@plinth.invalid",
+		"GIT_COMMITTER_NAME=plinth dev", "GIT_COMMITTER_EMAIL=dev@plinth.invalid")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func newGitRepo(dir string) (*gitRepo, error) {
+	g := &gitRepo{bare: filepath.Join(dir, "git", fluxRepoName+".git"), work: filepath.Join(dir, "git", "work")}
+	if err := os.MkdirAll(g.work, 0o755); err != nil {
+		return nil, err
+	}
+	if err := git(dir, "init", "-q", "--bare", "-b", "main", g.bare); err != nil {
+		return nil, err
+	}
+	if err := git(g.bare, "config", "http.receivepack", "true"); err != nil {
+		return nil, err
+	}
+	if err := git(g.work, "init", "-q", "-b", "main"); err != nil {
+		return nil, err
+	}
+	out, err := exec.Command("git", "--exec-path").Output()
+	if err != nil {
+		return nil, fmt.Errorf("git --exec-path: %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	h := &cgi.Handler{
+		Path: filepath.Join(strings.TrimSpace(string(out)), "git-http-backend"),
+		Root: "/git",
+		Env:  []string{"GIT_PROJECT_ROOT=" + filepath.Dir(g.bare), "GIT_HTTP_EXPORT_ALL=1"},
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/git/", h)
+	g.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go g.srv.Serve(l) //nolint:errcheck // closed by close()
+	g.url = fmt.Sprintf("http://%s/git/%s.git", l.Addr(), fluxRepoName)
+	return g, nil
+}
+
+// commit writes files (path relative to the repository → content), commits
+// and pushes to the served bare repository.
+func (g *gitRepo) commit(msg string, files map[string][]byte) error {
+	for p, data := range files {
+		full := filepath.Join(g.work, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(full, data, 0o644); err != nil {
+			return err
+		}
+	}
+	if err := git(g.work, "add", "-A"); err != nil {
+		return err
+	}
+	if err := git(g.work, "commit", "-q", "-m", msg); err != nil {
+		return err
+	}
+	return git(g.work, "push", "-q", g.url, "main")
+}
+
+// fluxCRDs lists the CRD files of the pinned Flux controllers in the Go module cache.
+func fluxCRDs(root string) ([]string, error) {
+	vers, err := readVersions(filepath.Join(root, "test", "tools", "versions.env"))
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		return nil, fmt.Errorf("go env GOMODCACHE: %w", err)
+	}
+	cache := strings.TrimSpace(string(out))
+	sc := filepath.Join(cache, "github.com", "fluxcd", "source-controller@"+vers["FLUX_SOURCE_CONTROLLER_VERSION"], "config", "crd", "bases", "source.toolkit.fluxcd.io_gitrepositories.yaml")
+	kc := filepath.Join(cache, "github.com", "fluxcd", "kustomize-controller@"+vers["FLUX_KUSTOMIZE_CONTROLLER_VERSION"], "config", "crd", "bases", "kustomize.toolkit.fluxcd.io_kustomizations.yaml")
+	for _, f := range []string{sc, kc} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("Flux CRD %s: %w (run `make testbin`)", f, err)
+		}
+	}
+	return []string{sc, kc}, nil
+}
+
+func readVersions(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && !strings.HasPrefix(k, "#") {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
+
+// startFlux installs Flux's GitRepository and Kustomization CRDs, serves the
+// policy repository and starts source-controller and kustomize-controller.
+func (e *Env) startFlux(ctx context.Context) (string, error) {
+	crds, err := fluxCRDs(e.Root)
+	if err != nil {
+		return "", err
+	}
+	if _, err := e.applyCRDFiles(ctx, crds); err != nil {
+		return "", err
+	}
+	if err := e.ensureNamespace(ctx, FluxNamespace); err != nil {
+		return "", err
+	}
+	if e.git, err = newGitRepo(e.Dir); err != nil {
+		return "", err
+	}
+	var ports [5]int
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return "", err
+		}
+	}
+	storage := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	sc, err := e.start(ctx, controlplane.ProcessSpec{
+		Name: BinSourceController, Binary: BinSourceController,
+		Args: []string{"--kubeconfig=" + e.Kubeconfig, fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
+			"--storage-path=" + filepath.Join(e.Dir, "flux-storage"), "--storage-addr=" + storage, "--storage-adv-addr=" + storage,
+			"--enable-leader-election=false", "--log-level=info"},
+		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2]), nil),
+	})
+	if err != nil {
+		return "", err
+	}
+	kc, err := e.start(ctx, controlplane.ProcessSpec{
+		Name: BinKustomizeController, Binary: BinKustomizeController,
+		Args: []string{"--kubeconfig=" + e.Kubeconfig, fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[3]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[4]),
+			"--enable-leader-election=false", "--log-level=info"},
+		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4]), nil),
+	})
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("git repository %s\nsource-controller pid %d, kustomize-controller pid %d", e.git.url, sc.PID(), kc.PID()), nil
+}
+
+// fluxObjects are the GitRepository and Kustomization a production user
+// applies (kustomize/flux), pointed at the local repository.
+func (e *Env) fluxObjects() ([]*unstructured.Unstructured, error) {
+	y := fmt.Sprintf(`apiVersion: source.toolkit.fluxcd.io/v1
+kind: GitRepository
+metadata: {name: %[1]s, namespace: %[2]s}
+spec:
+  interval: 2s
+  url: %[3]s
+  ref: {branch: main}
+---
+apiVersion: kustomize.toolkit.fluxcd.io/v1
+kind: Kustomization
+metadata: {name: %[1]s, namespace: %[2]s}
+spec:
+  interval: 1m
+  retryInterval: 2s
+  path: ./%[4]s
+  prune: true
+  wait: true
+  timeout: 2m
+  sourceRef: {kind: GitRepository, name: %[1]s}
+`, fluxRepoName, FluxNamespace, e.git.url, fluxRepoPath)
+	return decodeObjects([]byte(y))
+}
+
+func (e *Env) policyFiles(docs map[string][]byte) map[string][]byte {
+	files := map[string][]byte{}
+	var res []string
+	for _, f := range strings.Fields(quickstartPolicyYAML) {
+		files[fluxRepoPath+"/"+f] = docs[f]
+		res = append(res, "- "+f)
+	}
+	files[fluxRepoPath+"/kustomization.yaml"] = []byte("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n" + strings.Join(res, "\n") + "\n")
+	return files
+}
+
+// waitKustomization waits for the Kustomization to be Ready at the repository's head.
+func (e *Env) waitKustomization(ctx context.Context, timeout time.Duration) (string, error) {
+	head, err := exec.Command("git", "-C", e.git.work, "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "", err
+	}
+	sha := strings.TrimSpace(string(head))
+	var rev string
+	err = poll(ctx, timeout, func() error {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("kustomize.toolkit.fluxcd.io/v1")
+		u.SetKind("Kustomization")
+		if err := e.Client.Get(ctx, client.ObjectKey{Namespace: FluxNamespace, Name: fluxRepoName}, u); err != nil {
+			return err
+		}
+		rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAppliedRevision")
+		s, r, m := conditionOf(u, "Ready")
+		if s != "True" || !strings.HasSuffix(rev, sha) {
+			return fmt.Errorf("Kustomization Ready=%q %s: %s (applied %q, head %s)", s, r, m, rev, sha)
+		}
+		return nil
+	})
+	return rev, err
+}
+
+// requestReconcile asks source-controller to fetch now, as `flux reconcile source git` does.
+func (e *Env) requestReconcile(ctx context.Context) error {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("source.toolkit.fluxcd.io/v1")
+	u.SetKind("GitRepository")
+	u.SetNamespace(FluxNamespace)
+	u.SetName(fluxRepoName)
+	patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"reconcile.fluxcd.io/requestedAt":%q}}}`, time.Now().Format(time.RFC3339Nano)))
+	return e.Client.Patch(ctx, u, client.RawPatch("application/merge-patch+json", patch))
+}
+
+// FluxPolicy commits the quickstart policy to the local Git repository,
+// applies the GitRepository and Kustomization, and waits for the
+// Kustomization and the policies to be Ready.
+func (e *Env) FluxPolicy(ctx context.Context, sum *Summary) error {
+	return e.rep.run("commit the quickstart policy to Git; Flux syncs it; policies Ready", func() (string, error) {
+		docs, err := e.policyDocs()
+		if err != nil {
+			return "", err
+		}
+		start := time.Now()
+		if err := e.git.commit("quickstart policy", e.policyFiles(docs)); err != nil {
+			return "", err
+		}
+		objs, err := e.fluxObjects()
+		if err != nil {
+			return "", err
+		}
+		for _, o := range objs {
+			if err := e.apply(ctx, o); err != nil {
+				return "", err
+			}
+		}
+		rev, err := e.waitKustomization(ctx, 3*time.Minute)
+		if err != nil {
+			return "", err
+		}
+		s, err := e.waitPolicyReady(ctx, 2*time.Minute)
+		sum.PolicyReady = time.Since(start)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("Kustomization %s/%s Ready at %s\n%s (%.1fs after the commit)", FluxNamespace, fluxRepoName, rev, s, sum.PolicyReady.Seconds()), nil
+	})
+}
+
+// FluxEdit commits a policy change (the pool's reserve 1Gi → 2Gi) and shows
+// it reconciled through Flux down to the Store's allocatable capacity, then
+// commits an invalid policy and shows it Stalled while the volume stays.
+func (e *Env) FluxEdit(ctx context.Context, sum *Summary) error {
+	docs, err := e.policyDocs()
+	if err != nil {
+		return err
+	}
+	if err := e.rep.run("commit: grow the pool's reserve to 2Gi → Flux → Plinth → Store allocatable", func() (string, error) {
+		docs["pool.yaml"] = []byte(strings.Replace(string(docs["pool.yaml"]), "reserve: 1Gi", "reserve: 2Gi", 1))
+		start := time.Now()
+		if err := e.git.commit("dev pool: reserve 2Gi", e.policyFiles(docs)); err != nil {
+			return "", err
+		}
+		if err := e.requestReconcile(ctx); err != nil {
+			return "", err
+		}
+		rev, err := e.waitKustomization(ctx, 2*time.Minute)
+		if err != nil {
+			return "", err
+		}
+		s, err := e.waitPolicyReady(ctx, time.Minute)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("applied %s; %s; %.1fs after the commit", rev, s, time.Since(start).Seconds()), nil
+	}); err != nil {
+		return err
+	}
+	return e.rep.run("commit an invalid policy → Stalled with the CUE message; the volume untouched", func() (string, error) {
+		bad := map[string][]byte{}
+		for k, v := range e.policyFiles(docs) {
+			bad[k] = v
+		}
+		// A reference to a pool that does not exist: only Plinth's vet (not the CRD schema) rejects it.
+		bad[fluxRepoPath+"/placement.yaml"] = []byte(strings.Replace(string(docs["placement.yaml"]), "poolRef: {name: dev}", "poolRef: {name: no-such-pool}", 1))
+		if err := e.git.commit("dev placement: an invalid pool reference", bad); err != nil {
+			return "", err
+		}
+		if err := e.requestReconcile(ctx); err != nil {
+			return "", err
+		}
+		var msg string
+		err := poll(ctx, 2*time.Minute, func() error {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(policyKinds[2])
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartPlacement}, u); err != nil {
+				return err
+			}
+			s, r, m := conditionOf(u, "Stalled")
+			if s != "True" {
+				return fmt.Errorf("Placement Stalled=%q", s)
+			}
+			msg = r + ": " + m
+			return nil
+		})
+		if err != nil {
+			return "", err
+		}
+		if _, err := os.Stat(sum.VolumeFile); err != nil {
+			return "", fmt.Errorf("volume file after the invalid commit: %w", err)
+		}
+		// Put the valid policy back so the rest of the run is clean.
+		if err := e.git.commit("dev placement: revert the invalid reference", e.policyFiles(docs)); err != nil {
+			return "", err
+		}
+		if err := e.requestReconcile(ctx); err != nil {
+			return "", err
+		}
+		if _, err := e.waitPolicyReady(ctx, 2*time.Minute); err != nil {
+			return "", fmt.Errorf("after the revert: %w", err)
+		}
+		return fmt.Sprintf("Placement %s Stalled=True (%s)\nvolume %s still on disk; reverted in Git, Ready again", QuickstartPool, msg, sum.VolumeFile), nil
+	})
+}
