@@ -4,7 +4,9 @@
 # Targets (default: all): kubernetes (kube-apiserver, kube-controller-manager,
 # kubectl, etcd and plinth-scheduler in ONE `go build` from the scheduler/
 # module, so they share compilation), csi-provisioner, csi-attacher,
-# csi-resizer, csi-sanity (one module each under test/tools/<peer>/), cue.
+# csi-resizer, csi-sanity, flux-source-controller, flux-kustomize-controller
+# (one module each under test/tools/<peer>/), flux-crds (their CRDs from the
+# module cache into bin/crds/flux/), cue.
 # Versions come from test/tools/versions.env only.
 #
 # Idempotent: each binary has a stamp in bin/.stamps/<name> (version, Go
@@ -140,6 +142,24 @@ build_cue() {
 	SUMMARY+=("$(printf '%-24s %-10s built in %ds (bin/tools/cue-%s)' cue "$CUE_VERSION" "$((SECONDS - start))" "$CUE_VERSION")")
 }
 
+# flux_crds: the GitRepository and Kustomization CRDs of the pinned Flux
+# controllers, copied from their module zips in the Go module cache into
+# bin/crds/flux/ (stamped like the binaries).
+flux_crds() {
+	local out=$BIN/crds/flux k="flux-crds $FLUX_SOURCE_CONTROLLER_VERSION $FLUX_KUSTOMIZE_CONTROLLER_VERSION"
+	if [[ -f $STAMPS/flux-crds && "$(<"$STAMPS/flux-crds")" == "$k" && -d $out ]]; then
+		return 0
+	fi
+	local sc kc
+	sc=$(cd "$HERE/flux-source-controller" && go mod download -json "github.com/fluxcd/source-controller@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	kc=$(cd "$HERE/flux-kustomize-controller" && go mod download -json "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	mkdir -p "$out"
+	cp "$sc/config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml" "$kc/config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml" "$out/"
+	chmod 644 "$out"/*.yaml
+	printf '%s\n' "$k" >"$STAMPS/flux-crds"
+	SUMMARY+=("$(printf '%-24s %-10s copied from the module cache' flux-crds "$FLUX_SOURCE_CONTROLLER_VERSION/$FLUX_KUSTOMIZE_CONTROLLER_VERSION")")
+}
+
 make_assets() {
 	mkdir -p "$BIN/assets"
 	local n
@@ -151,11 +171,12 @@ make_assets() {
 
 TOTAL=$SECONDS
 targets=("$@")
-((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer cue)
+((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer cue flux-source-controller flux-kustomize-controller flux-crds)
 for t in "${targets[@]}"; do
 	case $t in
 	kubernetes) build_kubernetes ;;
 	cue) build_cue ;;
+	flux-crds) flux_crds ;;
 	*) build_peer "$t" ;;
 	esac
 done

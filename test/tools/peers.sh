@@ -6,6 +6,8 @@ PEERS=(
 	"csi-attacher github.com/kubernetes-csi/external-attacher/v4 CSI_ATTACHER_VERSION github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher"
 	"csi-resizer github.com/kubernetes-csi/external-resizer/v2 CSI_RESIZER_VERSION github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer"
 	"csi-sanity github.com/kubernetes-csi/csi-test/v5 CSI_SANITY_VERSION github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity"
+	"flux-source-controller github.com/fluxcd/source-controller FLUX_SOURCE_CONTROLLER_VERSION github.com/fluxcd/source-controller"
+	"flux-kustomize-controller github.com/fluxcd/kustomize-controller FLUX_KUSTOMIZE_CONTROLLER_VERSION github.com/fluxcd/kustomize-controller"
 )
 
 # peer_fields NAME: sets PEER_MOD, PEER_VAR, PEER_PKG, PEER_VER for NAME.
