@@ -20,8 +20,8 @@ import (
 
 // Flux peers (test/tools/flux-*; versions in test/tools/versions.env).
 const (
-	BinSourceController    = "source-controller"
-	BinKustomizeController = "kustomize-controller"
+	BinSourceController    = "flux-source-controller"
+	BinKustomizeController = "flux-kustomize-controller"
 	FluxNamespace          = "flux-system"
 	fluxRepoName           = "plinth-policy"
 	fluxRepoPath           = "clusters/dev"
@@ -107,45 +107,27 @@ func (g *gitRepo) commit(msg string, files map[string][]byte) error {
 	return git(g.work, "push", "-q", g.url, "main")
 }
 
-// fluxCRDs lists the CRD files of the pinned Flux controllers in the Go module cache.
-func fluxCRDs(root string) ([]string, error) {
-	vers, err := readVersions(filepath.Join(root, "test", "tools", "versions.env"))
-	if err != nil {
-		return nil, err
-	}
-	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
-	if err != nil {
-		return nil, fmt.Errorf("go env GOMODCACHE: %w", err)
-	}
-	cache := strings.TrimSpace(string(out))
-	sc := filepath.Join(cache, "github.com", "fluxcd", "source-controller@"+vers["FLUX_SOURCE_CONTROLLER_VERSION"], "config", "crd", "bases", "source.toolkit.fluxcd.io_gitrepositories.yaml")
-	kc := filepath.Join(cache, "github.com", "fluxcd", "kustomize-controller@"+vers["FLUX_KUSTOMIZE_CONTROLLER_VERSION"], "config", "crd", "bases", "kustomize.toolkit.fluxcd.io_kustomizations.yaml")
-	for _, f := range []string{sc, kc} {
-		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("Flux CRD %s: %w (run `make testbin`)", f, err)
+// fluxCRDs lists the CRD files of the pinned Flux controllers that `make
+// testbin` copied from the Go module cache into <bin>/crds/flux.
+func (e *Env) fluxCRDs() ([]string, error) {
+	bin := e.Opts.BinDir
+	if bin == "" {
+		var err error
+		if bin, err = controlplane.TestBinDir(); err != nil {
+			return nil, err
 		}
 	}
-	return []string{sc, kc}, nil
-}
-
-func readVersions(path string) (map[string]string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
+	files, err := filepath.Glob(filepath.Join(bin, "crds", "flux", "*.yaml"))
+	if err != nil || len(files) < 2 {
+		return nil, fmt.Errorf("Flux CRDs: want 2 files under %s/crds/flux, found %d (run `make testbin`)", bin, len(files))
 	}
-	m := map[string]string{}
-	for _, l := range strings.Split(string(data), "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && !strings.HasPrefix(k, "#") {
-			m[k] = v
-		}
-	}
-	return m, nil
+	return files, nil
 }
 
 // startFlux installs Flux's GitRepository and Kustomization CRDs, serves the
 // policy repository and starts source-controller and kustomize-controller.
 func (e *Env) startFlux(ctx context.Context) (string, error) {
-	crds, err := fluxCRDs(e.Root)
+	crds, err := e.fluxCRDs()
 	if err != nil {
 		return "", err
 	}
@@ -187,30 +169,33 @@ func (e *Env) startFlux(ctx context.Context) (string, error) {
 	return fmt.Sprintf("git repository %s\nsource-controller pid %d, kustomize-controller pid %d", e.git.url, sc.PID(), kc.PID()), nil
 }
 
-// fluxObjects are the GitRepository and Kustomization a production user
-// applies (kustomize/flux), pointed at the local repository.
+// fluxObjects are the GitRepository and Kustomization of the policy
+// repository that a production user applies (kustomize/flux/policies.yaml,
+// health checks included), pointed at the local repository with short
+// intervals and without the dependency on Plinth's own Kustomization (the
+// dev environment runs Plinth as processes).
 func (e *Env) fluxObjects() ([]*unstructured.Unstructured, error) {
-	y := fmt.Sprintf(`apiVersion: source.toolkit.fluxcd.io/v1
-kind: GitRepository
-metadata: {name: %[1]s, namespace: %[2]s}
-spec:
-  interval: 2s
-  url: %[3]s
-  ref: {branch: main}
----
-apiVersion: kustomize.toolkit.fluxcd.io/v1
-kind: Kustomization
-metadata: {name: %[1]s, namespace: %[2]s}
-spec:
-  interval: 1m
-  retryInterval: 2s
-  path: ./%[4]s
-  prune: true
-  wait: true
-  timeout: 2m
-  sourceRef: {kind: GitRepository, name: %[1]s}
-`, fluxRepoName, FluxNamespace, e.git.url, fluxRepoPath)
-	return decodeObjects([]byte(y))
+	objs, err := readObjects(filepath.Join(e.Root, "kustomize", "flux", "policies.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		o.SetName(fluxRepoName)
+		o.SetNamespace(FluxNamespace)
+		switch o.GetKind() {
+		case "GitRepository":
+			_ = unstructured.SetNestedField(o.Object, e.git.url, "spec", "url")
+			_ = unstructured.SetNestedField(o.Object, "2s", "spec", "interval")
+		case "Kustomization":
+			unstructured.RemoveNestedField(o.Object, "spec", "dependsOn")
+			_ = unstructured.SetNestedField(o.Object, fluxRepoName, "spec", "sourceRef", "name")
+			_ = unstructured.SetNestedField(o.Object, "./"+fluxRepoPath, "spec", "path")
+			_ = unstructured.SetNestedField(o.Object, "2s", "spec", "retryInterval")
+			_ = unstructured.SetNestedField(o.Object, "1m", "spec", "interval")
+			_ = unstructured.SetNestedField(o.Object, "2m", "spec", "timeout")
+		}
+	}
+	return objs, nil
 }
 
 func (e *Env) policyFiles(docs map[string][]byte) map[string][]byte {
