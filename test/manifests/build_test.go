@@ -1,0 +1,344 @@
+package manifests
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	kustomizeRoot = "../../kustomize"
+	crdBases      = "../../schema/crd/bases"
+	namespace     = "plinth-system"
+)
+
+var (
+	buildsOnce sync.Once
+	builds     map[string][]*unstructured.Unstructured
+	buildsErr  error
+)
+
+// allBuilds builds every kustomization under kustomize/ once per test binary.
+func allBuilds(t *testing.T) map[string][]*unstructured.Unstructured {
+	t.Helper()
+	buildsOnce.Do(func() {
+		dirs, err := Kustomizations(kustomizeRoot)
+		if err != nil {
+			buildsErr = err
+			return
+		}
+		builds = map[string][]*unstructured.Unstructured{}
+		for _, d := range dirs {
+			objs, err := Build(filepath.Join(kustomizeRoot, d))
+			if err != nil {
+				buildsErr = err
+				return
+			}
+			builds[d] = objs
+		}
+	})
+	if buildsErr != nil {
+		t.Fatal(buildsErr)
+	}
+	return builds
+}
+
+func TestEveryKustomizationBuilds(t *testing.T) {
+	b := allBuilds(t)
+	want := []string{"agent", "argocd", "controller", "crd", "csi", "default", "flux", "monitoring",
+		"overlays/with-monitoring", "rbac", "scheduler"}
+	var got []string
+	for d, objs := range b {
+		got = append(got, d)
+		if len(objs) == 0 {
+			t.Errorf("kustomize/%s builds no objects", d)
+		}
+		seen := map[string]bool{}
+		for _, o := range objs {
+			if seen[ID(o)] {
+				t.Errorf("kustomize/%s: %s twice", d, ID(o))
+			}
+			seen[ID(o)] = true
+		}
+	}
+	sort.Strings(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("kustomizations = %v, want %v", got, want)
+	}
+}
+
+// The CRD base references the generated YAML: it builds exactly schema/crd/bases, and no CRD
+// is copied under kustomize/.
+func TestCRDBaseIsTheGeneratedYAML(t *testing.T) {
+	b := allBuilds(t)
+	files, err := filepath.Glob(filepath.Join(crdBases, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no generated CRDs in %s: %v", crdBases, err)
+	}
+	var want []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd struct{ Metadata struct{ Name string } }
+		if err := yaml.Unmarshal(data, &crd); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, crd.Metadata.Name)
+	}
+	var got []string
+	for _, o := range b["crd"] {
+		if o.GetKind() != "CustomResourceDefinition" {
+			t.Errorf("kustomize/crd builds %s", ID(o))
+		}
+		got = append(got, o.GetName())
+	}
+	sort.Strings(want)
+	sort.Strings(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("kustomize/crd builds %v, schema/crd/bases holds %v", got, want)
+	}
+	err = filepath.WalkDir(kustomizeRoot, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(data), "kind: CustomResourceDefinition") {
+			t.Errorf("%s holds a CRD: reference ../../schema/crd instead of copying", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Images are named once: the bases name images by a bare name, and the images component maps
+// each to a full reference; every container of every build ends up with one of those.
+func TestImagesNamedOnce(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(kustomizeRoot, "components/images/kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var comp struct {
+		Images []struct{ Name, NewName, NewTag string }
+	}
+	if err := yaml.Unmarshal(data, &comp); err != nil {
+		t.Fatal(err)
+	}
+	refs := map[string]bool{}
+	for _, im := range comp.Images {
+		if im.NewName == "" || im.NewTag == "" {
+			t.Errorf("image %q: newName and newTag are both required", im.Name)
+		}
+		refs[im.NewName+":"+im.NewTag] = true
+	}
+	used := map[string]bool{}
+	for d, objs := range allBuilds(t) {
+		for _, o := range objs {
+			for _, c := range containers(o) {
+				img, _ := c["image"].(string)
+				if !refs[img] {
+					t.Errorf("kustomize/%s %s container %v: image %q is not one of the images component", d, ID(o), c["name"], img)
+				}
+				used[img] = true
+			}
+		}
+	}
+	for r := range refs {
+		if !used[r] {
+			t.Errorf("images component names %s, which no manifest uses", r)
+		}
+	}
+}
+
+// containers returns the containers and init containers of a workload's pod template.
+func containers(o *unstructured.Unstructured) []map[string]any {
+	var out []map[string]any
+	for _, f := range []string{"containers", "initContainers"} {
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", f)
+		for _, c := range cs {
+			if m, ok := c.(map[string]any); ok {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// default/ composes the bases (plus the namespace); with-monitoring adds monitoring/.
+func TestDefaultComposesTheBases(t *testing.T) {
+	b := allBuilds(t)
+	ids := func(dirs ...string) []string {
+		var out []string
+		for _, d := range dirs {
+			for _, o := range b[d] {
+				out = append(out, ID(o))
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	def := ids("default")
+	want := append(ids("crd", "rbac", "controller", "agent", "csi", "scheduler"), "Namespace//"+namespace)
+	sort.Strings(want)
+	if !slices.Equal(def, want) {
+		t.Errorf("default builds\n%v\nwant the bases\n%v", def, want)
+	}
+	wm := ids("overlays/with-monitoring")
+	want = append(slices.Clone(def), ids("monitoring")...)
+	sort.Strings(want)
+	if !slices.Equal(wm, want) {
+		t.Errorf("with-monitoring builds\n%v\nwant default + monitoring\n%v", wm, want)
+	}
+	for _, o := range b["default"] {
+		if ns := o.GetNamespace(); ns != "" && ns != namespace && !(ns == "kube-system" && o.GetKind() == "RoleBinding") {
+			t.Errorf("%s: namespace %q, want %s", ID(o), ns, namespace)
+		}
+	}
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s", kind, name)
+	return nil
+}
+
+// What the issue asks of the workloads, checked on the built objects.
+func TestWorkloadShapes(t *testing.T) {
+	b := allBuilds(t)
+	objs := b["default"]
+	t.Run("agent", func(t *testing.T) {
+		ds := find(t, objs, "DaemonSet", "plinth-agent")
+		if v, _, _ := unstructured.NestedBool(ds.Object, "spec", "template", "spec", "hostNetwork"); !v {
+			t.Error("agent: hostNetwork is off (the NVMe-oF port binds on the node's address)")
+		}
+		paths := hostPaths(ds)
+		for _, p := range []string{"/dev", "/sys/kernel/config", "/run/udev", "/etc/nvme", "/var/lib/plinth", "/lib/modules"} {
+			if !paths[p] {
+				t.Errorf("agent: no hostPath volume %s", p)
+			}
+		}
+		var initCmd []string
+		for _, c := range containers(ds) {
+			if c["name"] == "modules" {
+				for _, a := range c["command"].([]any) {
+					initCmd = append(initCmd, a.(string))
+				}
+			}
+			if c["name"] == "agent" {
+				if p, _, _ := unstructured.NestedBool(c, "securityContext", "privileged"); !p {
+					t.Error("agent container is not privileged")
+				}
+				if !slices.Contains(stringsOf(c["args"]), "agent") {
+					t.Errorf("agent container args %v: no agent subcommand", c["args"])
+				}
+			}
+		}
+		for _, m := range []string{"nvmet", "nvmet_tcp", "dm_thin_pool"} {
+			if !slices.Contains(initCmd, m) {
+				t.Errorf("agent init step %v does not load %s", initCmd, m)
+			}
+		}
+	})
+	t.Run("csi", func(t *testing.T) {
+		drv := find(t, objs, "CSIDriver", "csi.plinth.dev")
+		if v, _, _ := unstructured.NestedBool(drv.Object, "spec", "attachRequired"); !v {
+			t.Error("CSIDriver: attachRequired is false (DESIGN: ControllerPublish)")
+		}
+		dep := find(t, objs, "Deployment", "plinth-csi-controller")
+		var names []string
+		for _, c := range containers(dep) {
+			names = append(names, c["image"].(string))
+		}
+		for _, s := range []string{"csi-provisioner", "csi-attacher", "csi-resizer"} {
+			if !slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, "/"+s+":") }) {
+				t.Errorf("CSI controller: no %s sidecar in %v", s, names)
+			}
+		}
+		node := find(t, objs, "DaemonSet", "plinth-csi-node")
+		bidi := false
+		for _, c := range containers(node) {
+			mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+			for _, m := range mounts {
+				mm := m.(map[string]any)
+				if mm["mountPath"] == "/var/lib/kubelet" && mm["mountPropagation"] == "Bidirectional" {
+					bidi = true
+				}
+			}
+		}
+		if !bidi {
+			t.Error("CSI node: /var/lib/kubelet is not mounted with Bidirectional propagation")
+		}
+	})
+	t.Run("controller", func(t *testing.T) {
+		dep := find(t, objs, "Deployment", "plinth-controller")
+		c := containers(dep)[0]
+		if !slices.Contains(stringsOf(c["args"]), "--leader-elect") {
+			t.Errorf("controller args %v: no --leader-elect", c["args"])
+		}
+		for _, p := range []string{"livenessProbe", "readinessProbe"} {
+			if _, ok := c[p]; !ok {
+				t.Errorf("controller: no %s", p)
+			}
+		}
+	})
+	t.Run("one ServiceAccount per component", func(t *testing.T) {
+		sas := map[string]string{}
+		for _, o := range objs {
+			if len(containers(o)) == 0 {
+				continue
+			}
+			sa, _, _ := unstructured.NestedString(o.Object, "spec", "template", "spec", "serviceAccountName")
+			if sa == "" {
+				t.Errorf("%s runs as the default ServiceAccount", ID(o))
+			}
+			if prev, ok := sas[sa]; ok {
+				t.Errorf("%s and %s share ServiceAccount %s", prev, ID(o), sa)
+			}
+			sas[sa] = ID(o)
+			find(t, objs, "ServiceAccount", sa)
+		}
+		if len(sas) != 5 {
+			t.Errorf("ServiceAccounts of workloads: %v, want 5 (controller, agent, csi controller, csi node, scheduler)", sas)
+		}
+	})
+}
+
+func hostPaths(o *unstructured.Unstructured) map[string]bool {
+	out := map[string]bool{}
+	vols, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "volumes")
+	for _, v := range vols {
+		if p, ok, _ := unstructured.NestedString(v.(map[string]any), "hostPath", "path"); ok {
+			out[p] = true
+		}
+	}
+	return out
+}
+
+func stringsOf(v any) []string {
+	var out []string
+	l, _ := v.([]any)
+	for _, s := range l {
+		if str, ok := s.(string); ok {
+			out = append(out, str)
+		}
+	}
+	return out
+}
