@@ -347,14 +347,19 @@ func (z *ZFS) List(ctx context.Context) ([]backend.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
+	return z.listed(st.children), nil
+}
+
+// listed: Plinth's zvols among ds, ordered by id.
+func (z *ZFS) listed(ds []Dataset) []backend.Volume {
 	var out []backend.Volume
-	for _, d := range st.children {
+	for _, d := range ds {
 		if z.managed(d) {
 			out = append(out, z.volume(d))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
+	return out
 }
 
 // find refreshes and looks the zvol up; backend.ErrNotFound when absent or
