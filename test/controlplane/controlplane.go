@@ -50,11 +50,17 @@ type Options struct {
 }
 
 // DefaultControllers are the kube-controller-manager controllers Plinth's
-// tests need: PV binding and expansion, garbage collection, namespace
-// deletion, and the default ServiceAccounts with their tokens.
+// tests need: PV binding and expansion, PV/PVC protection (the
+// StorageObjectInUseProtection admission plugin adds finalizers that only
+// these remove), garbage collection, namespace deletion, default
+// ServiceAccounts. Not included: persistentvolume-attach-detach-controller
+// (it needs the annotation kubelet puts on Nodes; a test that stands in for
+// kubelet adds it and this controller through Options.Controllers).
 var DefaultControllers = []string{
 	"persistentvolume-binder-controller",
 	"persistentvolume-expander-controller",
+	"persistentvolume-protection-controller",
+	"persistentvolumeclaim-protection-controller",
 	"garbage-collector-controller",
 	"namespace-controller",
 	"serviceaccount-controller",

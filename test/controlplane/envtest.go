@@ -2,7 +2,9 @@ package controlplane
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
@@ -17,8 +19,18 @@ func EnvtestAssets() (string, error) {
 	}
 	dir := filepath.Join(bin, "assets")
 	for _, n := range []string{BinEtcd, BinKubeAPIServer, BinKubectl} {
-		if _, err := BinaryPath(dir, n); err != nil {
+		if _, err := BinaryPath(bin, n); err != nil {
 			return "", err
+		}
+		// build.sh makes these links at its end; make them when a build
+		// was interrupted after the binaries were in place.
+		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return "", err
+			}
+			if err := os.Symlink(filepath.Join("..", n), filepath.Join(dir, n)); err != nil && !os.IsExist(err) {
+				return "", err
+			}
 		}
 	}
 	return dir, nil
@@ -39,6 +51,9 @@ func NewEnvtest(crdDirs ...string) (*envtest.Environment, error) {
 		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: len(crdDirs) > 0,
 		DownloadBinaryAssets:  false,
+		// envtest's 20 s default is too short on a loaded 2-core CI machine.
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
 	}
 	env.ControlPlane.GetAPIServer().Configure().
 		Set("disable-admission-plugins", "ServiceAccount,TaintNodesByCondition")

@@ -5,7 +5,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/plinth-storage/plinth/test/controlplane"
 )
@@ -14,6 +16,7 @@ import (
 // bin/assets and installs Plinth's CRDs.
 func TestEnvtestUsesTestBinaries(t *testing.T) {
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubectl)
+	logf.SetLogger(logr.Discard())
 	env, err := controlplane.NewEnvtest(crdDir(t))
 	if err != nil {
 		t.Fatal(err)

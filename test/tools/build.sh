@@ -52,6 +52,16 @@ build_kubernetes() {
 	modhash=$(hash_files "$mod/go.mod" "$mod/go.sum")
 	# plinth-scheduler compiles Plinth code: the scheduler module and schema/.
 	srchash=$(find "$mod" "$ROOT/schema" -name '*.go' -not -path '*/testdata/*' 2>/dev/null | LC_ALL=C sort | xargs -r cat | sha256sum | cut -c1-16)
+	# Version stamping as upstream's hack/lib/version.sh does, so --version and
+	# /version report the pinned release instead of v0.0.0-master.
+	local kv=$KUBERNETES_VERSION maj min ldflags="-s -w" p
+	maj=${kv#v}; maj=${maj%%.*}; min=${kv#v*.}; min=${min%%.*}
+	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X $p.gitVersion=$kv -X $p.gitMajor=$maj -X $p.gitMinor=$min -X $p.gitTreeState=clean -X $p.buildDate=2026-01-01T00:00:00Z"
+	done
+
+	local ld
+	ld=$(sha256sum <<<"$ldflags" | cut -c1-8)
 	local -A pkg=(
 		[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
 		[kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
@@ -60,11 +70,11 @@ build_kubernetes() {
 		[plinth-scheduler]=./cmd/plinth-scheduler
 	)
 	local -A key=(
-		[kube-apiserver]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash"
-		[kube-controller-manager]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash"
-		[kubectl]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash"
-		[etcd]="etcd $ETCD_VERSION $GOVER mod=$modhash"
-		[plinth-scheduler]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash src=$srchash"
+		[kube-apiserver]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
+		[kube-controller-manager]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
+		[kubectl]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
+		[etcd]="etcd $ETCD_VERSION $GOVER mod=$modhash ld=$ld"
+		[plinth-scheduler]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld src=$srchash"
 	)
 	local names=() pkgs=() n
 	for n in kube-apiserver kube-controller-manager kubectl etcd plinth-scheduler; do
@@ -75,14 +85,6 @@ build_kubernetes() {
 		fi
 	done
 	((${#names[@]})) || return 0
-
-	# Version stamping as upstream's hack/lib/version.sh does, so --version and
-	# /version report the pinned release instead of v0.0.0-master.
-	local kv=$KUBERNETES_VERSION maj min ldflags="-s -w" p
-	maj=${kv#v}; maj=${maj%%.*}; min=${kv#v*.}; min=${min%%.*}
-	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ldflags+=" -X $p.gitVersion=$kv -X $p.gitMajor=$maj -X $p.gitMinor=$min -X $p.gitTreeState=clean -X $p.buildDate=2026-01-01T00:00:00Z"
-	done
 
 	log "building ${names[*]} (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION) in one go build from scheduler/ ..."
 	local tmp start secs
@@ -107,15 +109,17 @@ build_peer() { # NAME
 	peer_fields
 	local dir=$HERE/$PEER_NAME
 	check_pin "$dir" "$PEER_MOD" "$PEER_VER"
-	local k="$PEER_NAME $PEER_VER $GOVER mod=$(hash_files "$dir/go.mod" "$dir/go.sum")"
+	# Upstream's Makefiles stamp the version the same way (sidecars: main.version,
+	# csi-sanity: main.VERSION); -X of a variable a binary lacks is ignored.
+	local ldflags="-s -w -X main.version=$PEER_VER -X main.VERSION=$PEER_VER"
+	local k="$PEER_NAME $PEER_VER $GOVER mod=$(hash_files "$dir/go.mod" "$dir/go.sum") ld=$(sha256sum <<<"$ldflags" | cut -c1-8)"
 	if stamp_ok "$PEER_NAME" "$k"; then
 		SUMMARY+=("$(printf '%-24s %-10s up to date' "$PEER_NAME" "$PEER_VER")")
 		return 0
 	fi
 	log "building $PEER_NAME $PEER_VER from test/tools/$PEER_NAME ..."
 	local start=$SECONDS
-	# Upstream's Makefile stamps main.version the same way (csi-sanity ignores it).
-	if ! (cd "$dir" && go build -ldflags "-s -w -X main.version=$PEER_VER" -o "$BIN/.$PEER_NAME.tmp" "$PEER_PKG"); then
+	if ! (cd "$dir" && go build -ldflags "$ldflags" -o "$BIN/.$PEER_NAME.tmp" "$PEER_PKG"); then
 		rm -f "$BIN/.$PEER_NAME.tmp"; echo "[testbin] go build of $PEER_NAME failed" >&2; exit 1
 	fi
 	mv -f "$BIN/.$PEER_NAME.tmp" "$BIN/$PEER_NAME"
