@@ -365,7 +365,7 @@ func TestFluxRevision(t *testing.T) {
 	startController(t)
 	waitReady(t, c, pl)
 	if pl.Status.LastAppliedRevision != "main@sha1:0123456789abcdef0123456789abcdef01234567" {
-		t.Errorf("lastAppliedRevision = %q", pl.Status.LastAppliedRevision)
+		t.Errorf("lastAppliedRevision = %q (Ready: %s)", pl.Status.LastAppliedRevision, conditions.GetMessage(pl, meta.ReadyCondition))
 	}
 	if p.Status.LastAppliedRevision != "" {
 		t.Errorf("pool without sync labels has revision %q", p.Status.LastAppliedRevision)

@@ -13,14 +13,15 @@ import (
 
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
-	"github.com/fluxcd/pkg/runtime/patch"
 	"github.com/fluxcd/pkg/ssa"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -94,13 +95,14 @@ func New(c client.Client, apiReader client.Reader, recorder events.EventRecorder
 	}, nil
 }
 
-// policyObject is a policy object with its status and the patch helper taken before any change.
+// policyObject is a policy object with its status and a copy taken before any change.
 type policyObject struct {
-	obj    client.Object
-	kind   string
-	status *policyv1.PolicyStatus
-	setter conditions.Setter
-	helper *patch.Helper
+	obj          client.Object
+	kind         string
+	status       *policyv1.PolicyStatus
+	setter       conditions.Setter
+	before       client.Object
+	beforeStatus *policyv1.PolicyStatus
 	// oldReady is the Ready condition before this reconcile (for events on transitions).
 	oldReady *condSnapshot
 }
@@ -161,14 +163,10 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 		}
 	}
 
-	// Policy objects with their patch helpers, taken before any change.
+	// Policy objects with copies taken before any change.
 	var objs []*policyObject
 	track := func(obj client.Object, kind string, st *policyv1.PolicyStatus, setter conditions.Setter) error {
-		h, err := patch.NewHelper(obj, r.Client)
-		if err != nil {
-			return err
-		}
-		p := &policyObject{obj: obj, kind: kind, status: st, setter: setter, helper: h}
+		p := &policyObject{obj: obj, kind: kind, status: st, setter: setter, before: obj.DeepCopyObject().(client.Object), beforeStatus: st.DeepCopy()}
 		if c := conditions.Get(setter, meta.ReadyCondition); c != nil {
 			p.oldReady = &condSnapshot{string(c.Status), c.Reason, c.Message}
 		}
@@ -568,7 +566,12 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 	// 8. Revisions, Store capacity, finalizers, status.
 	rr := &revisionReader{reader: r.APIReader, cache: map[syncSource]string{}}
 	for _, p := range objs {
-		out.revision[p.key()] = rr.revision(ctx, p.obj.GetLabels(), p.obj.GetAnnotations(), r.ArgoNamespace)
+		rev, ok, err := rr.revision(ctx, p.obj.GetLabels(), p.obj.GetAnnotations(), r.ArgoNamespace)
+		if !ok {
+			log.Info("cannot read the sync revision; keeping the last one", "object", p.key(), "error", err.Error())
+			rev = p.status.LastAppliedRevision
+		}
+		out.revision[p.key()] = rev
 	}
 	if err := r.finishDeletedPlacements(ctx, deletingPlaces, out, objs); err != nil {
 		return ctrl.Result{}, err
@@ -721,11 +724,7 @@ func (r *Reconciler) finishDeletedPlacements(ctx context.Context, deleting []*po
 		class := pl.Spec.StorageClass.Name
 		if n := out.inUse[class]; n > 0 {
 			// Still in use: the class was kept; say so on the Placement.
-			h, err := patch.NewHelper(pl, r.Client)
-			if err != nil {
-				return err
-			}
-			p := &policyObject{obj: pl, kind: "Placement", status: &pl.Status, setter: pl, helper: h}
+			p := &policyObject{obj: pl, kind: "Placement", status: &pl.Status, setter: pl, before: pl.DeepCopy(), beforeStatus: pl.Status.DeepCopy()}
 			if c := conditions.Get(pl, meta.ReadyCondition); c != nil {
 				p.oldReady = &condSnapshot{string(c.Status), c.Reason, c.Message}
 			}
@@ -738,8 +737,8 @@ func (r *Reconciler) finishDeletedPlacements(ctx context.Context, deleting []*po
 			n32 := int32(n)
 			pl.Status.InUseBy = &n32
 			r.emitTransition(p)
-			if err := h.Patch(ctx, pl, patch.WithFieldOwner(r.FieldManager)); err != nil {
-				return fmt.Errorf("patch Placement %s: %w", pl.Name, client.IgnoreNotFound(err))
+			if err := kerrors.FilterOut(r.patch(ctx, p), apierrors.IsNotFound); err != nil {
+				return fmt.Errorf("patch Placement %s: %w", pl.Name, err)
 			}
 			continue
 		}
@@ -752,8 +751,26 @@ func (r *Reconciler) finishDeletedPlacements(ctx context.Context, deleting []*po
 	return nil
 }
 
-// writeStatus sets every policy object's status from out and patches it; the patch helper
-// sends nothing when nothing changed.
+// patch writes what changed on p since it was read: finalizers first (a merge patch with an
+// optimistic lock), then the whole status in one merge patch of the status subresource, so a
+// reader never sees new conditions with an old observedGeneration. Nothing changed, nothing sent.
+func (r *Reconciler) patch(ctx context.Context, p *policyObject) error {
+	if !equality.Semantic.DeepEqual(p.before.GetFinalizers(), p.obj.GetFinalizers()) {
+		m := p.before.DeepCopyObject().(client.Object)
+		m.SetFinalizers(p.obj.GetFinalizers())
+		if err := r.Client.Patch(ctx, m, client.MergeFromWithOptions(p.before, client.MergeFromWithOptimisticLock{}), client.FieldOwner(r.FieldManager)); err != nil {
+			return err
+		}
+	}
+	if equality.Semantic.DeepEqual(p.beforeStatus, p.status) {
+		return nil
+	}
+	s := p.obj.DeepCopyObject().(client.Object)
+	return r.Client.Status().Patch(ctx, s, client.MergeFrom(p.before), client.FieldOwner(r.FieldManager))
+}
+
+// writeStatus sets every policy object's status from out and patches it; nothing is sent
+// for an object whose status did not change.
 func (r *Reconciler) writeStatus(ctx context.Context, objs []*policyObject, out *outcome, rendered *render.Output, stores []storev1.Store) error {
 	var errs []error
 	PolicyCondition.Reset()
@@ -836,12 +853,13 @@ func (r *Reconciler) writeStatus(ctx context.Context, objs []*policyObject, out 
 		for _, c := range st.Conditions {
 			PolicyCondition.WithLabelValues(p.kind, obj.GetName(), c.Type, string(c.Status)).Set(1)
 		}
-		if err := p.helper.Patch(ctx, obj, patch.WithFieldOwner(r.FieldManager),
-			patch.WithOwnedConditions{Conditions: []string{meta.ReadyCondition, meta.ReconcilingCondition, meta.StalledCondition, DriftedCondition, StoresReadyCondition}}); err != nil {
-			if !apierrors.IsNotFound(err) {
+		if err := r.patch(ctx, p); err != nil {
+			// An object deleted meanwhile needs no status.
+			if err := kerrors.FilterOut(err, apierrors.IsNotFound); err != nil {
 				errs = append(errs, fmt.Errorf("patch %s: %w", key, err))
 			}
 		}
+
 	}
 	return errors.Join(errs...)
 }

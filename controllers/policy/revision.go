@@ -2,8 +2,11 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -71,29 +74,34 @@ type revisionReader struct {
 
 // revision returns the revision the sync tool is applying or applied: a Kustomization's
 // status.lastAttemptedRevision (else lastAppliedRevision), an Application's
-// status.sync.revision. Missing kinds or objects give "".
-func (r *revisionReader) revision(ctx context.Context, labels, annotations map[string]string, argoNamespace string) string {
+// status.sync.revision. ok is false when the sync tool object could not be read for another
+// reason than its absence (the caller keeps the revision it had).
+func (r *revisionReader) revision(ctx context.Context, labels, annotations map[string]string, argoNamespace string) (rev string, ok bool, err error) {
 	direct, src := sourceOf(labels, annotations, argoNamespace)
 	if src == nil {
-		return direct
+		return direct, true, nil
 	}
-	if v, ok := r.cache[*src]; ok {
-		return v
+	if v, hit := r.cache[*src]; hit {
+		return v, true, nil
 	}
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(src.gvk)
-	rev := ""
-	if err := r.reader.Get(ctx, types.NamespacedName{Namespace: src.namespace, Name: src.name}, u); err == nil {
-		switch src.gvk {
-		case fluxKustomization:
-			rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAttemptedRevision")
-			if rev == "" {
-				rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAppliedRevision")
-			}
-		case argoApplication:
-			rev, _, _ = unstructured.NestedString(u.Object, "status", "sync", "revision")
+	if err := r.reader.Get(ctx, types.NamespacedName{Namespace: src.namespace, Name: src.name}, u); err != nil {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			r.cache[*src] = ""
+			return "", true, nil
 		}
+		return "", false, fmt.Errorf("read %s %s/%s: %w", src.gvk.Kind, src.namespace, src.name, err)
+	}
+	switch src.gvk {
+	case fluxKustomization:
+		rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAttemptedRevision")
+		if rev == "" {
+			rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAppliedRevision")
+		}
+	case argoApplication:
+		rev, _, _ = unstructured.NestedString(u.Object, "status", "sync", "revision")
 	}
 	r.cache[*src] = rev
-	return rev
+	return rev, true, nil
 }

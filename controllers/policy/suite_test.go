@@ -244,12 +244,30 @@ func eventually(t *testing.T, timeout time.Duration, what string, f func() error
 // and returns the writes it made.
 func reconcileNow(t *testing.T, c *controller) (int64, []string) {
 	t.Helper()
+	settle(t)
 	before, _ := c.writes.writes()
 	if _, err := c.r.Reconcile(context.Background(), ctrl.Request{}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
 	after, log := c.writes.writes()
 	return after - before, log[before:]
+}
+
+// settle waits until the running controller has had no reconcile for a second, so its own
+// last writes have reached its informer cache (a reconcile that starts from a cache that has
+// not seen the previous status patch sends that patch again: a write the server discards, but
+// a write).
+func settle(t *testing.T) {
+	t.Helper()
+	last := reconciles(t)
+	for quiet := 0; quiet < 10; {
+		time.Sleep(100 * time.Millisecond)
+		if n := reconciles(t); n != last {
+			last, quiet = n, 0
+			continue
+		}
+		quiet++
+	}
 }
 
 // reconciles is how many reconciles of the policy set have finished in this process.
