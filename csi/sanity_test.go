@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,21 +21,41 @@ import (
 	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
-// buildPlinth builds cmd/plinth into dir once per test binary.
-func buildPlinth(t testing.TB, dir string) string {
+var built struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// buildPlinth builds cmd/plinth once per test binary (into a folder TestMain removes), or
+// returns $PLINTH_BINARY when set.
+func buildPlinth(t testing.TB, _ string) string {
 	t.Helper()
-	root, err := controlplane.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
+	if p := os.Getenv("PLINTH_BINARY"); p != "" {
+		return p
 	}
-	out := filepath.Join(dir, "plinth")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/plinth")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/plinth: %v\n%s", err, b)
+	built.once.Do(func() {
+		root, err := controlplane.ModuleRoot()
+		if err != nil {
+			built.err = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "plinth-bin-")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.path = filepath.Join(dir, "plinth")
+		cmd := exec.Command("go", "build", "-o", built.path, "./cmd/plinth")
+		cmd.Dir = root // same environment as the test: the build cache serves it
+		if b, err := cmd.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build ./cmd/plinth: %v\n%s", err, b)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return out
+	return built.path
 }
 
 // fileBackendNode sets up, on the shared control plane, one node with a file-backend pool as

@@ -34,6 +34,9 @@ var shared struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if built.path != "" {
+		os.RemoveAll(filepath.Dir(built.path))
+	}
 	if shared.cp != nil {
 		if err := shared.cp.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "stop shared control plane: %v\n", err)
