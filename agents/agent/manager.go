@@ -72,6 +72,14 @@ func CacheOptions(nodeName string) cache.Options {
 	}}
 }
 
+// RBAC of the agent (kustomize/rbac): its cache, status patches and the
+// VolumeState finalizer.
+//
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents;stores,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates,verbs=get;list;watch;update
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status;volumestates/status,verbs=get;patch;update
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers,verbs=update
+
 // NewManager builds the agent's manager for cfg: cache scoped to the node,
 // /metrics on Options.MetricsAddr, /healthz and /readyz (caches synced) on
 // Options.ProbeAddr, and the Agent, Store and VolumeState reconcilers.
