@@ -38,6 +38,7 @@ var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version:
 // cluster is a started control plane with Plinth's CRDs, the third-party CRDs and the
 // namespaces the manifests use.
 type cluster struct {
+	cp       *controlplane.ControlPlane
 	cfg      *rest.Config
 	dyn      dynamic.Interface
 	kube     kubernetes.Interface
@@ -48,7 +49,7 @@ type cluster struct {
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	cp := controlplane.ForTest(t, controlplane.Options{})
-	c := &cluster{cfg: cp.Admin.Config, warnings: &warnings{}}
+	c := &cluster{cp: cp, cfg: cp.Admin.Config, warnings: &warnings{}}
 	cfg := rest.CopyConfig(cp.Admin.Config)
 	cfg.WarningHandler = c.warnings
 	var err error
@@ -191,11 +192,18 @@ func (w *warnings) take() []string {
 	return l
 }
 
-// Every object of every kustomization is accepted by the real API server (server-side apply,
-// dry run): schemas of built-in kinds and CRDs (Plinth's, the Prometheus Operator's, Flux's,
-// Argo CD's), admission, validation.
-func TestServerSideDryRun(t *testing.T) {
+// TestAPIServer runs the checks that need the real API server on one control plane.
+func TestAPIServer(t *testing.T) {
 	c := startCluster(t)
+	t.Run("server-side dry-run", func(t *testing.T) { testServerSideDryRun(t, c) })
+	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
+	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
+}
+
+// Every object of every kustomization is accepted by the real API server (server-side apply,
+// dry run, strict field validation, no warnings): schemas of built-in kinds and CRDs (Plinth's,
+// the Prometheus Operator's, Flux's, Argo CD's), admission, validation.
+func testServerSideDryRun(t *testing.T, c *cluster) {
 	ctx := t.Context()
 	b := allBuilds(t)
 	dirs := make([]string, 0, len(b))
@@ -255,8 +263,7 @@ const (
 // each component's ServiceAccount what its code does and refuses what it does not: the same
 // questions `kubectl auth can-i --as system:serviceaccount:plinth-system:<sa>` asks
 // (SelfSubjectAccessReview under impersonation).
-func TestRBAC(t *testing.T) {
-	c := startCluster(t)
+func testRBAC(t *testing.T, c *cluster) {
 	ctx := t.Context()
 	b := allBuilds(t)
 	objs := append([]*unstructured.Unstructured{}, b["rbac"]...)
@@ -312,12 +319,14 @@ func TestRBAC(t *testing.T) {
 			deny("get", "", "secrets", "", namespace), deny("patch", "", "pods", "", namespace),
 		},
 		"plinth-scheduler": {
-			allow("list", sto, "stores", "", ""), allow("watch", sto, "agents", "", ""), allow("create", "", "pods", "binding", "default"),
+			allow("list", sto, "stores", "", ""), allow("watch", pol, "placements", "", ""), allow("list", pol, "protocols", "", ""),
+			allow("create", "", "pods", "binding", "default"),
 			allow("create", "coordination.k8s.io", "leases", "", namespace), allow("update", "coordination.k8s.io", "leases", "", namespace),
 			allow("list", k8s, "csistoragecapacities", "", ""),
 			{verb: "get", resource: "configmaps", ns: "kube-system", name: "extension-apiserver-authentication", allowed: true},
 			deny("update", sto, "stores", "", ""), deny("create", sto, "volumestates", "", ""), deny("get", "", "secrets", "", namespace),
-			deny("patch", sto, "stores", "status", ""),
+			deny("patch", sto, "stores", "status", ""), deny("list", sto, "agents", "", ""), deny("list", sto, "volumestates", "", ""),
+			deny("update", pol, "placements", "", ""),
 		},
 	}
 	sas := make([]string, 0, len(cases))
