@@ -193,7 +193,8 @@ func classify(stderr string) error {
 		return backend.ErrAlreadyExists
 	case strings.Contains(s, "dataset does not exist"), strings.Contains(s, "no such pool"), strings.Contains(s, "does not exist"):
 		return backend.ErrNotFound
-	case strings.Contains(s, "invalid"), strings.Contains(s, "bad property"), strings.Contains(s, "must be a multiple"):
+	case strings.Contains(s, "invalid"), strings.Contains(s, "bad property"), strings.Contains(s, "must be a multiple"),
+		strings.Contains(s, "must be one of"):
 		return backend.ErrInvalidArgument
 	}
 	return nil
