@@ -3,8 +3,12 @@
 # Kernel suite: qemu (software emulation), busybox, kmod, LVM, thin tools, nvme-cli, mkfs.
 # Host suite: e2fsprogs/xfsprogs/util-linux for the file backend on loop devices.
 # test/kernel/setup.sh: xz-utils (vmlinux extraction), binutils (strip modules), cpio.
+# test/kernel/zfs.sh (zfs/spl modules for the guest kernel from Debian contrib's zfs-dkms):
+# gcc-12 (Debian's kernel headers set CC=gcc-12), make, libc6-dev, libelf1 + libssl3
+# (linux-kbuild tools); the ZFS userland copied into the guest needs libtirpc3, libudev1.
 set -euo pipefail
-pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux xz-utils binutils coreutils git make)
+pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux xz-utils binutils coreutils git make
+	gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

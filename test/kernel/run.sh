@@ -12,16 +12,17 @@
 #     The binary runs as root with -test.v and TMPDIR=/tmp (tmpfs, size=8g, backed
 #     by 1 GiB RAM: sparse files only); its cwd is a
 #     copy of the package's testdata/ parent when the package has one, else /tmp.
-#   - Disks: /dev/vda 2 GiB (spare, unassigned), /dev/vdb 4 GiB (agents/lvm),
+#   - Disks: /dev/vda 2 GiB (agents/zfs), /dev/vdb 4 GiB (agents/lvm),
 #     /dev/vdc 4 GiB (agents/nvmet): all empty, raw, sparse. Binaries run
 #     sequentially in the same guest: leave your disk as you found it is not
 #     required, but use only your own disk.
 #   - configfs mounted at /sys/kernel/config; modules loaded: dm_mod dm_thin_pool
 #     dm_snapshot configfs nvmet nvmet_tcp nvme_fabrics nvme_tcp nvme loop ext4 xfs
-#     virtio_* 9p. /etc/nvme/hostnqn and /etc/nvme/hostid exist.
+#     virtio_* 9p, zfs (zfs_arc_max=128 MiB). /etc/nvme/hostnqn and /etc/nvme/hostid exist.
+#     /dev/zvol/<pool>/<zvol> links appear as udev would make them (zvol_id on uevents).
 #   - Tools in PATH: busybox, lvm2 (all lv*/vg*/pv* names, lvm.conf without udev),
 #     thin_check & co, dmsetup, nvme, mkfs.ext4, mkfs.xfs, e2fsck, resize2fs,
-#     xfs_growfs, blkid, wipefs, losetup, modprobe.
+#     xfs_growfs, blkid, wipefs, losetup, modprobe, zpool, zfs, /lib/udev/zvol_id.
 #   - Network: lo up (127.0.0.1 for nvme-tcp); eth0 10.0.2.15 (qemu user net,
 #     restricted: no outbound traffic; host services forwarded at 10.0.2.100).
 # Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G),

@@ -4,10 +4,13 @@
 #      (never a pinned ABI), `apt-get download` + `dpkg -x` into .work/kernel/root
 #      (never into /boot), depmod, and extracts the uncompressed ELF vmlinux
 #      (PVH boot, no in-guest decompression under TCG);
-#   2. builds the uncompressed initramfs .work/initramfs.cpio: busybox, kmod, lvm2 + thin
-#      tools, nvme-cli, mkfs.ext4/xfs, blkid, wipefs, losetup, the needed modules,
-#      lvm.conf without udev, /etc/nvme/hostnqn, and guest-init.sh as /init.
-# A stamp (.work/stamp = kernel version + sha256 of the inputs) skips the work when
+#   2. has zfs.sh build (or reuse from its cache) the zfs/spl modules for that kernel
+#      from Debian contrib's zfs-dkms and unpack the ZFS userland;
+#   3. builds the uncompressed initramfs .work/initramfs.cpio: busybox, kmod, lvm2 + thin
+#      tools, nvme-cli, mkfs.ext4/xfs, blkid, wipefs, losetup, zpool/zfs/zvol_id, the
+#      needed modules (+ zfs), lvm.conf without udev, /etc/nvme/hostnqn, and
+#      guest-init.sh as /init.
+# A stamp (.work/stamp = kernel version + sha256 of the inputs, zfs version included) skips the work when
 # nothing changed. Output: .work/vmlinux, .work/initramfs.cpio, .work/kernel.version.
 # Host packages: hack/install-deps.sh.
 set -euo pipefail
@@ -28,10 +31,12 @@ fi
 kver=${pkg#linux-image-}
 
 TOOLPKGS=(busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs util-linux)
+# OpenZFS for the guest: zfs-dkms from Debian contrib, built by zfs.sh for this kernel
+zver=$("$D/zfs.sh" version)
 inputs_hash() {
 	{
-		echo "$pkg"
-		cat "$D/setup.sh" "$D/guest-init.sh"
+		echo "$pkg zfs $zver"
+		cat "$D/setup.sh" "$D/guest-init.sh" "$D/zfs.sh"
 		dpkg-query -W "${TOOLPKGS[@]}" 2>&1
 	} | sha256sum | cut -c1-16
 }
@@ -76,6 +81,9 @@ if [ "$(cat "$K/version" 2>/dev/null)" != "$kver" ] || [ ! -f "$W/vmlinux" ]; th
 	echo "kernel-assets: kernel $kver fetched in $(elapsed "$start")s"
 fi
 
+# --- zfs/spl modules and userland (cached under .work/zfs/<kver>_<zfs version>)
+ZDIR=$("$D/zfs.sh" build "$kver" "$K/root")
+
 # --- initramfs
 t0=$EPOCHREALTIME
 KDIR=$K/root
@@ -114,6 +122,22 @@ for t in pvcreate pvremove pvs pvscan pvresize pvdisplay vgcreate vgremove vgs v
 	rm -f "$ST/bin/$t"
 	ln -sf lvm "$ST/sbin/$t"
 done
+# ZFS userland from the zfsutils-linux/libzfs4linux packages (dpkg -x'ed by zfs.sh):
+# zpool, zfs and udev's zvol_id; their libraries map from ZDIR/root to /
+copy_zbin() { # copy_zbin <path below ZDIR/root> <dest-dir>
+	local src=$ZDIR/root/$1 dst=$2
+	mkdir -p "$ST/$dst"
+	rm -f "$ST/bin/$(basename "$src")"
+	cp -L "$src" "$ST/$dst/"
+	LD_LIBRARY_PATH=$ZDIR/root/lib/x86_64-linux-gnu ldd "$src" 2>/dev/null | grep -oE '/[^ ]+\.so[^ ]*' | while read -r lib; do
+		rel=${lib#"$ZDIR/root"}
+		[ -e "$ST$rel" ] || { mkdir -p "$ST$(dirname "$rel")"; cp -L "$lib" "$ST$rel"; }
+	done
+}
+copy_zbin sbin/zpool sbin
+copy_zbin sbin/zfs sbin
+copy_zbin lib/udev/zvol_id lib/udev
+mkdir -p "$ST/etc/zfs"
 # lvm without udev, systemd, lvmetad, lvmpolld, devices file
 cat > "$ST/etc/lvm/lvm.conf" <<'CONF'
 config { checks = 1 }
@@ -151,6 +175,9 @@ done | sort -u | while read -r ko; do
 	cp "$ko" "$ST$rel"
 	strip --strip-debug "$ST$rel"
 done
+# zfs, spl and their siblings (no in-tree dependencies); already stripped by zfs.sh
+mkdir -p "$ST/lib/modules/$kver/extra"
+cp "$ZDIR"/extra/*.ko "$ST/lib/modules/$kver/extra/"
 M=$KDIR/lib/modules/$kver
 cp "$M/modules.order" "$M/modules.builtin" "$M/modules.builtin.modinfo" "$ST/lib/modules/$kver/"
 depmod -b "$ST" "$kver"
