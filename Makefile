@@ -58,6 +58,9 @@ lint: vet ## Static checks: gofmt cleanliness and go vet.
 testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, csi-sanity, cue) into bin/.
 	test/tools/build.sh
 
+testbin-flux: testbin ## Also build Flux source-controller and kustomize-controller (for plinth dev --flux).
+	test/tools/build.sh flux-source-controller flux-kustomize-controller flux-crds
+
 kernel-assets: ## Fetch the Debian kernel and build the guest initramfs (and zfs modules) for kernel tests.
 	test/kernel/setup.sh
 
@@ -90,10 +93,13 @@ vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth
 	$(CUE) vet -c -d '#Placement' schema/cue/policy.cue examples/quickstart/placement.yaml
 
 ##@ Run
-dev: build ## The whole GitOps storage loop on this machine (plinth dev up).
+dev: build testbin ## The whole storage loop on this machine: control plane, controller, agent, CSI, scheduler, a PVC (plinth dev up).
 	$(BIN)/plinth dev up
+
+dev-flux: build testbin-flux ## The same loop with the policy synced from a local Git repository by real Flux (plinth dev up --flux).
+	$(BIN)/plinth dev up --flux
 
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: help build tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: testbin-flux dev-flux help build tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build.sh [TARGET...] — builds the pinned test peers into bin/ (or $PLINTH_TESTBIN).
 #
-# Targets (default: all): kubernetes (kube-apiserver, kube-controller-manager,
+# Targets (default: all but the Flux ones): kubernetes (kube-apiserver, kube-controller-manager,
 # kubectl, etcd and plinth-scheduler in ONE `go build` from the scheduler/
 # module, so they share compilation), csi-provisioner, csi-attacher,
 # csi-resizer, csi-sanity, flux-source-controller, flux-kustomize-controller
@@ -175,7 +175,9 @@ make_assets() {
 
 TOTAL=$SECONDS
 targets=("$@")
-((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer cue flux-source-controller flux-kustomize-controller flux-crds)
+# Flux is built only on request (make testbin-flux): the Flux path of plinth dev has not yet
+# run end to end, and its two controllers add 10-15 min to a cold CI build.
+((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer cue)
 for t in "${targets[@]}"; do
 	case $t in
 	kubernetes) build_kubernetes ;;
