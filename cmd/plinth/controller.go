@@ -25,6 +25,8 @@ func newControllerCommand() *cobra.Command {
 		leaderElectionNamespace, fieldManager, argoNamespace          string
 		logFormat, logLevel                                           string
 		resync                                                        time.Duration
+		qps                                                           float32
+		burst                                                         int
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -77,7 +79,7 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 				Config: cfg, MetricsAddr: metricsAddr, HealthAddr: healthAddr,
 				LeaderElection: leaderElection, LeaderElectionNamespace: leaderElectionNamespace,
 				Namespace: namespace, InventoryName: inventoryName, FieldManager: fieldManager,
-				ArgoNamespace: argoNamespace, Resync: resync, Logger: logger,
+				ArgoNamespace: argoNamespace, Resync: resync, Logger: logger, QPS: qps, Burst: burst,
 			})
 			if err != nil {
 				return err
@@ -97,6 +99,8 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 	f.StringVar(&fieldManager, "field-manager", policy.DefaultFieldManager, "server-side apply field manager of every write")
 	f.StringVar(&argoNamespace, "argocd-namespace", "argocd", "namespace of Argo CD's Applications, to read the synced revision")
 	f.DurationVar(&resync, "resync-interval", 10*time.Minute, "reconcile this often without events (revision refresh, missed drift); 0 disables")
+	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit)")
+	f.IntVar(&burst, "kube-api-burst", 300, "burst of requests to the API server above --kube-api-qps")
 	f.StringVar(&logFormat, "log-format", "json", "log format: json (structured, one object per line) or console")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

@@ -140,3 +140,66 @@ func unionAny(a, b map[string]any) map[string]struct{} {
 	}
 	return u
 }
+
+// Subset reports whether every field of desired is present in live with an equal value
+// (maps recursively, lists element by element with equal length, numbers by value). Fields
+// only live has — server defaults, other writers' fields, status — are ignored, so a live
+// object that Subset accepts needs no apply; one it rejects goes to the server-side dry-run,
+// which decides whether it drifted. Of metadata only name, labels and annotations count.
+func Subset(desired, live map[string]any) bool {
+	for k, dv := range desired {
+		if k == "status" {
+			continue
+		}
+		lv, ok := live[k]
+		if k == "metadata" {
+			dm, _ := dv.(map[string]any)
+			lm, _ := lv.(map[string]any)
+			if !ok || lm == nil {
+				return false
+			}
+			for _, mk := range []string{"name", "labels", "annotations"} {
+				if v, has := dm[mk]; has && !subsetValue(v, lm[mk]) {
+					return false
+				}
+			}
+			continue
+		}
+		if !ok || !subsetValue(dv, lv) {
+			return false
+		}
+	}
+	return true
+}
+
+func subsetValue(d, l any) bool {
+	switch dv := d.(type) {
+	case map[string]any:
+		lv, ok := l.(map[string]any)
+		if !ok {
+			return len(dv) == 0 && l == nil
+		}
+		for k, v := range dv {
+			lx, has := lv[k]
+			if !has || !subsetValue(v, lx) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		lv, ok := l.([]any)
+		if !ok {
+			return len(dv) == 0 && l == nil
+		}
+		if len(dv) != len(lv) {
+			return false
+		}
+		for i := range dv {
+			if !subsetValue(dv[i], lv[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return equal(d, l)
+}

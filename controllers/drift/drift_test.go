@@ -58,3 +58,38 @@ func TestSummary(t *testing.T) {
 		t.Fatalf("summary = %q", s)
 	}
 }
+
+func TestSubset(t *testing.T) {
+	desired := map[string]any{
+		"apiVersion": "storage.plinth.dev/v1alpha1", "kind": "Store",
+		"metadata": map[string]any{"name": "p.n", "labels": map[string]any{"plinth.dev/pool": "p"}},
+		"spec":     map[string]any{"pool": "p", "overcommitPercent": int64(100), "backend": map[string]any{"lvm": map[string]any{"devices": []any{"/dev/a"}}}},
+	}
+	live := map[string]any{
+		"apiVersion": "storage.plinth.dev/v1alpha1", "kind": "Store",
+		"metadata": map[string]any{"name": "p.n", "uid": "u", "resourceVersion": "9",
+			"labels":      map[string]any{"plinth.dev/pool": "p", "other": "x"},
+			"annotations": map[string]any{"someone": "else"}},
+		"spec":   map[string]any{"pool": "p", "overcommitPercent": float64(100), "backend": map[string]any{"lvm": map[string]any{"devices": []any{"/dev/a"}, "thinPool": nil}}, "defaulted": "x"},
+		"status": map[string]any{"capacity": map[string]any{}},
+	}
+	if !Subset(desired, live) {
+		t.Fatal("live with defaults, other writers' fields and status must contain desired")
+	}
+	cases := map[string]func(m map[string]any){
+		"label changed":  func(m map[string]any) { m["metadata"].(map[string]any)["labels"].(map[string]any)["plinth.dev/pool"] = "q" },
+		"value changed":  func(m map[string]any) { m["spec"].(map[string]any)["pool"] = "q" },
+		"list grew":      func(m map[string]any) { m["spec"].(map[string]any)["backend"].(map[string]any)["lvm"].(map[string]any)["devices"] = []any{"/dev/a", "/dev/b"} },
+		"field removed":  func(m map[string]any) { delete(m["spec"].(map[string]any), "overcommitPercent") },
+		"labels removed": func(m map[string]any) { delete(m["metadata"].(map[string]any), "labels") },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			l := u(live).DeepCopy().Object
+			mutate(l)
+			if Subset(desired, l) {
+				t.Fatal("difference not seen")
+			}
+		})
+	}
+}

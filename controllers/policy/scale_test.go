@@ -36,6 +36,7 @@ func TestScaleThousandObjects(t *testing.T) {
 	waitReadyLong(t, c, p, 5*time.Minute)
 	t.Logf("SCALE: applied %d new objects in %s", 2*nodes+1, time.Since(start).Round(time.Millisecond))
 
+	settle(t)
 	start = time.Now()
 	n, log := reconcileNow(t, ctl)
 	t.Logf("SCALE: no-op reconcile of %d objects: %s, %d writes", 2*nodes+1, time.Since(start).Round(time.Millisecond), n)
