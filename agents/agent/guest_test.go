@@ -280,7 +280,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	busy := &storev1.Store{}
 	busy.Name = storev1.StoreName("busy", guestNode)
 	busy.Labels = nodeLabels(guestNode, "busy")
-	busy.Spec = storev1.StoreSpec{Pool: "busy", NodeName: guestNode, Backend: policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "plinth-busy", Devices: []string{"/dev/vdb"}}}}
+	busy.Spec = storev1.StoreSpec{Pool: "busy", NodeName: guestNode, Backend: policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "plinth-data", Devices: []string{"/dev/vdb"}}}}
 	for _, o := range []client.Object{a, s, busy} {
 		if err := e.c.Create(ctx, o); err != nil {
 			t.Fatal(err)
