@@ -77,9 +77,13 @@ func TestSubset(t *testing.T) {
 		t.Fatal("live with defaults, other writers' fields and status must contain desired")
 	}
 	cases := map[string]func(m map[string]any){
-		"label changed":  func(m map[string]any) { m["metadata"].(map[string]any)["labels"].(map[string]any)["plinth.dev/pool"] = "q" },
-		"value changed":  func(m map[string]any) { m["spec"].(map[string]any)["pool"] = "q" },
-		"list grew":      func(m map[string]any) { m["spec"].(map[string]any)["backend"].(map[string]any)["lvm"].(map[string]any)["devices"] = []any{"/dev/a", "/dev/b"} },
+		"label changed": func(m map[string]any) {
+			m["metadata"].(map[string]any)["labels"].(map[string]any)["plinth.dev/pool"] = "q"
+		},
+		"value changed": func(m map[string]any) { m["spec"].(map[string]any)["pool"] = "q" },
+		"list grew": func(m map[string]any) {
+			m["spec"].(map[string]any)["backend"].(map[string]any)["lvm"].(map[string]any)["devices"] = []any{"/dev/a", "/dev/b"}
+		},
 		"field removed":  func(m map[string]any) { delete(m["spec"].(map[string]any), "overcommitPercent") },
 		"labels removed": func(m map[string]any) { delete(m["metadata"].(map[string]any), "labels") },
 	}
