@@ -373,3 +373,48 @@ func TestFluxRevision(t *testing.T) {
 	deleteAll(t, c, pl, p, proto, ks)
 	gone(t, c, &policyv1.Placement{}, "ffast")
 }
+
+// TestStoreWithVolumesDrains: a node losing its pool label does not delete a Store that still
+// holds volumes: the Store and its Agent are kept and the Store is marked draining; once the
+// last VolumeState is gone, both are pruned.
+func TestStoreWithVolumesDrains(t *testing.T) {
+	c := env(t)
+	node(t, c, "g1", map[string]string{"plinth.dev/storage": "g"})
+	p, proto, pl := pool("gpool", "g", ""), localProtocol("glocal"), placement("gfast", "gpool", "glocal", "g-fast")
+	create(t, c, p, proto, pl)
+	startController(t)
+	waitReady(t, c, p)
+	var st storev1.Store
+	exists(t, c, &st, "gpool.g1")
+	vol := &storev1.VolumeState{
+		ObjectMeta: metav1.ObjectMeta{Name: storev1.VolumeID("pvc-g"), Labels: map[string]string{policyv1.LabelPool: "gpool", policyv1.LabelNode: "g1"}},
+		Spec: storev1.VolumeStateSpec{CSIName: "pvc-g", StoreName: "gpool.g1", CapacityBytes: 1 << 30, VolumeMode: "Filesystem",
+			Policy: storev1.FrozenPolicy{Placement: "gfast", Pool: "gpool", Protocol: "glocal", Backend: p.Spec.Backend, ProtocolSpec: proto.Spec}},
+	}
+	create(t, c, vol)
+
+	update(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "g1"}}, func(n *corev1.Node) { n.Labels["plinth.dev/storage"] = "none" })
+	eventually(t, 30*time.Second, "Store marked draining", func() error {
+		if err := c.Get(ctx, types.NamespacedName{Name: "gpool.g1"}, &st); err != nil {
+			return err
+		}
+		if st.Annotations[policy.AnnotationDraining] != "true" {
+			return fmt.Errorf("annotations %v", st.Annotations)
+		}
+		return nil
+	})
+	waitReady(t, c, p)
+	if *p.Status.MatchedNodes != 0 {
+		t.Errorf("matchedNodes %d", *p.Status.MatchedNodes)
+	}
+	storageClass(t, c, "g-fast")
+	if err := c.Get(ctx, types.NamespacedName{Name: "g1"}, &storev1.Agent{}); err != nil {
+		t.Errorf("Agent of a draining Store pruned: %v", err)
+	}
+
+	deleteAll(t, c, vol)
+	gone(t, c, &storev1.Store{}, "gpool.g1")
+	gone(t, c, &storev1.Agent{}, "g1")
+	deleteAll(t, c, pl, p, proto)
+	gone(t, c, &policyv1.Placement{}, "gfast")
+}
