@@ -6,14 +6,22 @@
 # test/kernel/zfs.sh (zfs/spl modules for the guest kernel from Debian contrib's zfs-dkms):
 # gcc-12 (Debian's kernel headers set CC=gcc-12), make, libc6-dev, libelf1 + libssl3
 # (linux-kbuild tools); the ZFS userland copied into the guest needs libtirpc3, libudev1.
+# test/manifests: prometheus (for promtool check rules; its service is not started).
 set -euo pipefail
 pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux xz-utils binutils coreutils git make
-	gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1)
+	gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
+	# Packages with services (prometheus) must not start them here: policy-rc.d says no.
+	policy=/usr/sbin/policy-rc.d
+	restore=
+	if [[ ! -e $policy ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && restore=1
+	fi
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	[[ -z $restore ]] || rm -f "$policy"
 fi
 echo "packages ready: ${pkgs[*]}"
