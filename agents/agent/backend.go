@@ -12,6 +12,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/file"
 	"github.com/plinth-storage/plinth/agents/lvm"
+	"github.com/plinth-storage/plinth/agents/zfs"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -35,7 +36,16 @@ func newBackend(s *storev1.Store, reserveBytes int64, onCommand func(string, []s
 	case b.File != nil:
 		return file.New(file.Config{Directory: b.File.Directory, ReserveBytes: reserveBytes, OvercommitPercent: int64(s.Spec.OvercommitPercent)})
 	case b.ZFS != nil:
-		return nil, fmt.Errorf("zfs backend: not supported by this agent yet")
+		bs, err := zfs.ParseVolBlockSize(b.ZFS.VolBlockSize)
+		if err != nil {
+			return nil, err
+		}
+		// Plinth creates zvols sparse (DESIGN.md: ZFS is a thin backend)
+		return zfs.New(zfs.Config{
+			Pool: b.ZFS.Pool, ParentDataset: b.ZFS.ParentDataset, VolBlockSize: bs, Sparse: true,
+			Properties: b.ZFS.Properties, ReserveBytes: reserveBytes, OvercommitPercent: int64(s.Spec.OvercommitPercent),
+			OnCommand: onCommand,
+		})
 	}
 	return nil, fmt.Errorf("store %s declares no backend", s.Name)
 }

@@ -1,6 +1,6 @@
 // Package agent is the node agent (`plinth agent --node NAME`): a
 // controller-runtime manager scoped to one node that converges the kernel
-// (LVM or file volumes, the nvmet NVMe-oF target) toward the node's Agent,
+// (LVM, ZFS or file volumes, the nvmet NVMe-oF target) toward the node's Agent,
 // Stores and VolumeStates, and reports what it sees back as status and
 // Prometheus metrics (DESIGN.md, flow 2 "Objects → kernel").
 //

@@ -53,8 +53,8 @@ type Options struct {
 	Addrs AddrLister
 	// LookPath finds tools (default exec.LookPath).
 	LookPath func(string) (string, error)
-	// NewBackend builds the backend of a Store (default: lvm or file from
-	// spec.backend; zfs is not supported yet). reserveBytes is the Store's
+	// NewBackend builds the backend of a Store (default: lvm, zfs (sparse
+	// zvols) or file from spec.backend). reserveBytes is the Store's
 	// reserve resolved against its physical size; onCommand counts commands.
 	NewBackend func(s *storev1.Store, reserveBytes int64, onCommand func(name string, args []string, d time.Duration, err error)) (backend.Backend, error)
 

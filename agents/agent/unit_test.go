@@ -197,3 +197,28 @@ func TestVolumeDrift(t *testing.T) {
 		t.Errorf("grown by an expansion: %+v", d)
 	}
 }
+
+func TestNewBackendKinds(t *testing.T) {
+	store := func(b policyv1.Backend) *storev1.Store {
+		s := &storev1.Store{}
+		s.Name = "p.n"
+		s.Spec.Backend = b
+		return s
+	}
+	for _, tc := range []struct {
+		b    policyv1.Backend
+		want string
+	}{
+		{policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "vg0", ThinPool: &policyv1.ThinPool{Name: "tp"}}}, "*lvm.LVM"},
+		{policyv1.Backend{File: &policyv1.FileBackend{Directory: t.TempDir()}}, "*file.File"},
+		{policyv1.Backend{ZFS: &policyv1.ZFSBackend{Pool: "tank", ParentDataset: "k8s/volumes", VolBlockSize: "16K"}}, "*zfs.ZFS"},
+	} {
+		be, err := newBackend(store(tc.b), 0, nil)
+		if err != nil || reflect.TypeOf(be).String() != tc.want {
+			t.Errorf("newBackend(%s) = %T, %v; want %s", tc.b.Kind(), be, err, tc.want)
+		}
+	}
+	if _, err := newBackend(store(policyv1.Backend{}), 0, nil); err == nil {
+		t.Error("a Store without backend built a backend")
+	}
+}
