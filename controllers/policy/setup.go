@@ -48,6 +48,21 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 	})
 }
 
+// The permissions the policy controller needs (RBAC markers, read by the manifests' checks).
+//
+// +kubebuilder:rbac:groups=policy.plinth.dev,resources=storagepools;protocols;placements,verbs=get;list;watch;patch;update
+// +kubebuilder:rbac:groups=policy.plinth.dev,resources=storagepools/status;protocols/status;placements/status,verbs=get;patch;update
+// +kubebuilder:rbac:groups=policy.plinth.dev,resources=placements/finalizers,verbs=update
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents;stores,verbs=get;list;watch;create;patch;update;delete
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch;create;patch;update;delete
+// +kubebuilder:rbac:groups="",resources=nodes;persistentvolumeclaims;persistentvolumes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=plinth-system,resources=configmaps,verbs=get;create;patch;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=plinth-system,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=kustomize.toolkit.fluxcd.io,resources=kustomizations,verbs=get
+// +kubebuilder:rbac:groups=argoproj.io,resources=applications,verbs=get
+
 // SetupWithManager registers the indexes and the controller: every watched event enqueues
 // the one policy-set request, so bursts collapse into one reconcile.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
