@@ -73,8 +73,9 @@ test-integration: testbin $(CUE) ## Every test of the main module, integration t
 test-scheduler: testbin ## The scheduler module's unit and integration tests (real scheduler, real API server).
 	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 -timeout 20m ./...
 
-test-kernel: kernel-assets ## Kernel suites in one qemu guest (LVM, ZFS, nvmet, nvme-tcp, the agent).
+test-kernel: kernel-assets testbin ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent in the guest against the host's API server.
 	test/kernel/run.sh
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_AGENT=1 go test -count=1 -timeout 30m -run TestGuest ./agents/agent/
 
 test-e2e: testbin ## End-to-end suites.
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...

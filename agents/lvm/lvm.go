@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -128,9 +129,13 @@ func (l *LVM) run(ctx context.Context, name string, args ...string) ([]byte, err
 	return stdout, nil
 }
 
+// quoted matches the names lvm2 quotes in its messages (Volume group "vg-busy" not found), so
+// that words inside a VG or LV name never decide the error's kind.
+var quoted = regexp.MustCompile(`"[^"]*"`)
+
 // classify maps lvm2 messages (LC_ALL=C) to the typed errors.
 func classify(stderr string) error {
-	s := strings.ToLower(stderr)
+	s := strings.ToLower(quoted.ReplaceAllString(stderr, `""`))
 	switch {
 	case strings.Contains(s, "insufficient free space"), strings.Contains(s, "insufficient suitable"),
 		strings.Contains(s, "not enough free space"), strings.Contains(s, "has insufficient"):
