@@ -3,7 +3,7 @@ module github.com/plinth-storage/plinth/scheduler
 go 1.26.8
 
 // The scheduler plugin imports the API types of the main module (schema/);
-// add "require github.com/plinth-storage/plinth v0.0.0" with the plugin.
+// see the pins at the end of this file.
 replace github.com/plinth-storage/plinth => ../
 
 // k8s.io/kubernetes replaces its staging modules with local paths, which a
@@ -55,7 +55,12 @@ require (
 )
 
 require (
-	cel.dev/expr v0.25.1 // indirect
+	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
+	sigs.k8s.io/controller-runtime v0.25.2 // indirect
+)
+
+require (
+	cel.dev/expr v0.25.3 // indirect
 	cyphar.com/go-pathrs v0.2.5 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c // indirect
 	github.com/JeffAshton/win_pdh v0.0.0-20161109143554-76bb4ee9f0ab // indirect
@@ -68,7 +73,7 @@ require (
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/chai2010/gettext-go v1.0.2 // indirect
-	github.com/container-storage-interface/spec v1.12.1-0.20260720052920-cd9e7ad1ae09 // indirect
+	github.com/container-storage-interface/spec v1.13.0 // indirect
 	github.com/containerd/containerd/api v1.11.1 // indirect
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/containerd/ttrpc v1.2.9 // indirect
@@ -84,33 +89,33 @@ require (
 	github.com/exponent-io/jsonpath v0.0.0-20210407135951-1de76d718b3f // indirect
 	github.com/fatih/camelcase v1.0.0 // indirect
 	github.com/felixge/httpsnoop v1.0.4 // indirect
-	github.com/fsnotify/fsnotify v1.9.0 // indirect
-	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
-	github.com/go-errors/errors v1.4.2 // indirect
-	github.com/go-logr/logr v1.4.3 // indirect
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	github.com/fxamacker/cbor/v2 v2.9.3 // indirect
+	github.com/go-errors/errors v1.5.1 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-logr/zapr v1.3.0 // indirect
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect
-	github.com/go-openapi/jsonreference v1.0.0 // indirect
-	github.com/go-openapi/swag v0.27.1 // indirect
-	github.com/go-openapi/swag/cmdutils v0.27.1 // indirect
-	github.com/go-openapi/swag/conv v0.27.1 // indirect
-	github.com/go-openapi/swag/fileutils v0.27.1 // indirect
-	github.com/go-openapi/swag/jsonutils v0.27.1 // indirect
-	github.com/go-openapi/swag/loading v0.27.1 // indirect
-	github.com/go-openapi/swag/mangling v0.27.1 // indirect
-	github.com/go-openapi/swag/netutils v0.27.1 // indirect
-	github.com/go-openapi/swag/pools v0.27.1 // indirect
-	github.com/go-openapi/swag/stringutils v0.27.1 // indirect
-	github.com/go-openapi/swag/typeutils v0.27.1 // indirect
-	github.com/go-openapi/swag/yamlutils v0.27.1 // indirect
+	github.com/go-openapi/jsonreference v1.0.1 // indirect
+	github.com/go-openapi/swag v0.29.1 // indirect
+	github.com/go-openapi/swag/cmdutils v0.29.1 // indirect
+	github.com/go-openapi/swag/conv v0.29.1 // indirect
+	github.com/go-openapi/swag/fileutils v0.29.1 // indirect
+	github.com/go-openapi/swag/jsonutils v0.29.1 // indirect
+	github.com/go-openapi/swag/loading v0.29.1 // indirect
+	github.com/go-openapi/swag/mangling v0.29.1 // indirect
+	github.com/go-openapi/swag/netutils v0.29.1 // indirect
+	github.com/go-openapi/swag/pools v0.29.1 // indirect
+	github.com/go-openapi/swag/stringutils v0.29.1 // indirect
+	github.com/go-openapi/swag/typeutils v0.29.1 // indirect
+	github.com/go-openapi/swag/yamlutils v0.29.1 // indirect
 	github.com/godbus/dbus/v5 v5.2.2 // indirect
 	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/btree v1.1.3 // indirect
 	github.com/google/cadvisor/lib v0.60.5 // indirect
 	github.com/google/cel-go v0.29.2 // indirect
-	github.com/google/gnostic-models v0.7.0 // indirect
+	github.com/google/gnostic-models v0.7.1 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
@@ -139,12 +144,13 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/opencontainers/selinux v1.15.1 // indirect
 	github.com/peterbourgon/diskv v2.0.1+incompatible // indirect
+	github.com/plinth-storage/plinth v0.0.0
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/pquerna/cachecontrol v0.1.0 // indirect
-	github.com/prometheus/client_golang v1.24.0 // indirect
-	github.com/prometheus/client_model v0.6.2 // indirect
-	github.com/prometheus/common v0.70.0 // indirect
-	github.com/prometheus/procfs v0.21.1 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
@@ -175,31 +181,31 @@ require (
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.1 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
-	go.yaml.in/yaml/v3 v3.0.4 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.54.0 // indirect
-	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
-	golang.org/x/net v0.57.0 // indirect
-	golang.org/x/oauth2 v0.36.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.47.0 // indirect
-	golang.org/x/term v0.45.0 // indirect
-	golang.org/x/text v0.40.0 // indirect
+	golang.org/x/exp v0.0.0-20260824195058-e88cd73687aa // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/oauth2 v0.37.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/term v0.46.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	golang.org/x/tools v0.47.0 // indirect
-	google.golang.org/genproto/googleapis/api v0.0.0-20260526163538-3dc84a4a5aaa // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
-	google.golang.org/grpc v1.82.1 // indirect
-	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
+	golang.org/x/tools v0.49.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/go-jose/go-jose.v2 v2.6.3 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
-	k8s.io/api v0.37.2 // indirect
-	k8s.io/apiextensions-apiserver v0.0.0 // indirect
-	k8s.io/apimachinery v0.37.2 // indirect
+	k8s.io/api v0.37.2
+	k8s.io/apiextensions-apiserver v0.37.0 // indirect
+	k8s.io/apimachinery v0.37.2
 	k8s.io/apiserver v0.37.2 // indirect
 	k8s.io/cli-runtime v0.37.2 // indirect
-	k8s.io/client-go v0.37.2 // indirect
+	k8s.io/client-go v0.37.2
 	k8s.io/cloud-provider v0.37.2 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-helpers v0.37.2 // indirect
@@ -210,26 +216,98 @@ require (
 	k8s.io/dynamic-resource-allocation v0.37.2 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
 	k8s.io/externaljwt v0.0.0 // indirect
-	k8s.io/klog/v2 v2.140.0 // indirect
+	k8s.io/klog/v2 v2.140.0
 	k8s.io/kms v0.37.2 // indirect
 	k8s.io/kube-aggregator v0.0.0 // indirect
 	k8s.io/kube-controller-manager v0.0.0 // indirect
-	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
+	k8s.io/kube-openapi v0.0.0-20260821135717-be32def86098 // indirect
 	k8s.io/kube-proxy v0.0.0 // indirect
-	k8s.io/kube-scheduler v0.0.0 // indirect
-	k8s.io/kubectl v0.0.0 // indirect
+	k8s.io/kube-scheduler v0.0.0
+	k8s.io/kubectl v0.37.0 // indirect
 	k8s.io/kubelet v0.37.2 // indirect
 	k8s.io/metrics v0.37.2 // indirect
-	k8s.io/mount-utils v0.0.0 // indirect
+	k8s.io/mount-utils v0.37.2 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
 	k8s.io/streaming v0.37.2 // indirect
-	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect
+	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3 // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.36.0 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
-	sigs.k8s.io/kustomize/api v0.21.1 // indirect
+	sigs.k8s.io/kustomize/api v0.21.2 // indirect
 	sigs.k8s.io/kustomize/kustomize/v5 v5.8.1 // indirect
-	sigs.k8s.io/kustomize/kyaml v0.21.1 // indirect
+	sigs.k8s.io/kustomize/kyaml v0.21.2 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
+	sigs.k8s.io/yaml v1.6.0
+)
+
+// Importing the main module (for schema/) adds its requirements to the module
+// graph, which would raise grpc, x/net, otel, protobuf, ... above the versions
+// the Kubernetes v1.37.2 graph selects. These pins keep every module that both
+// graphs share at the version the Kubernetes graph alone selects, so the tool
+// binaries compile the same code as before (their build cache entries still
+// change once: with -trimpath, go labels a replaced module by its required
+// version). schema/ imports only apimachinery, api and fluxcd/pkg/apis/meta and
+// builds with these versions. Regenerate after a Kubernetes bump: compare
+// `go list -m all` with and without the plinth require line.
+replace (
+	cel.dev/expr => cel.dev/expr v0.25.1
+	github.com/GoogleCloudPlatform/opentelemetry-operations-go/detectors/gcp => github.com/GoogleCloudPlatform/opentelemetry-operations-go/detectors/gcp v1.32.0
+	github.com/container-storage-interface/spec => github.com/container-storage-interface/spec v1.12.1-0.20260720052920-cd9e7ad1ae09
+	github.com/envoyproxy/go-control-plane/envoy => github.com/envoyproxy/go-control-plane/envoy v1.37.0
+	github.com/fsnotify/fsnotify => github.com/fsnotify/fsnotify v1.9.0
+	github.com/fxamacker/cbor/v2 => github.com/fxamacker/cbor/v2 v2.9.1
+	github.com/go-errors/errors => github.com/go-errors/errors v1.4.2
+	github.com/go-logr/logr => github.com/go-logr/logr v1.4.3
+	github.com/go-openapi/jsonreference => github.com/go-openapi/jsonreference v1.0.0
+	github.com/go-openapi/swag => github.com/go-openapi/swag v0.27.1
+	github.com/go-openapi/swag/cmdutils => github.com/go-openapi/swag/cmdutils v0.27.1
+	github.com/go-openapi/swag/conv => github.com/go-openapi/swag/conv v0.27.1
+	github.com/go-openapi/swag/fileutils => github.com/go-openapi/swag/fileutils v0.27.1
+	github.com/go-openapi/swag/jsonutils => github.com/go-openapi/swag/jsonutils v0.27.1
+	github.com/go-openapi/swag/jsonutils/fixtures_test => github.com/go-openapi/swag/jsonutils/fixtures_test v0.27.1
+	github.com/go-openapi/swag/loading => github.com/go-openapi/swag/loading v0.27.1
+	github.com/go-openapi/swag/mangling => github.com/go-openapi/swag/mangling v0.27.1
+	github.com/go-openapi/swag/netutils => github.com/go-openapi/swag/netutils v0.27.1
+	github.com/go-openapi/swag/pools => github.com/go-openapi/swag/pools v0.27.1
+	github.com/go-openapi/swag/stringutils => github.com/go-openapi/swag/stringutils v0.27.1
+	github.com/go-openapi/swag/typeutils => github.com/go-openapi/swag/typeutils v0.27.1
+	github.com/go-openapi/swag/yamlutils => github.com/go-openapi/swag/yamlutils v0.27.1
+	github.com/go-openapi/testify/enable/yaml/v2 => github.com/go-openapi/testify/enable/yaml/v2 v2.6.0
+	github.com/go-openapi/testify/v2 => github.com/go-openapi/testify/v2 v2.6.0
+	github.com/google/gnostic-models => github.com/google/gnostic-models v0.7.0
+	github.com/google/gofuzz => github.com/google/gofuzz v1.0.0
+	github.com/klauspost/compress => github.com/klauspost/compress v1.19.0
+	github.com/onsi/gomega => github.com/onsi/gomega v1.40.0
+	github.com/prometheus/client_golang => github.com/prometheus/client_golang v1.24.0
+	github.com/prometheus/client_model => github.com/prometheus/client_model v0.6.2
+	github.com/prometheus/common => github.com/prometheus/common v0.70.0
+	github.com/prometheus/procfs => github.com/prometheus/procfs v0.21.1
+	github.com/spiffe/go-spiffe/v2 => github.com/spiffe/go-spiffe/v2 v2.6.0
+	github.com/stretchr/testify => github.com/stretchr/testify v1.11.1
+	go.opentelemetry.io/contrib/detectors/gcp => go.opentelemetry.io/contrib/detectors/gcp v1.43.0
+	go.opentelemetry.io/otel => go.opentelemetry.io/otel v1.44.0
+	go.opentelemetry.io/otel/metric => go.opentelemetry.io/otel/metric v1.44.0
+	go.opentelemetry.io/otel/sdk => go.opentelemetry.io/otel/sdk v1.44.0
+	go.opentelemetry.io/otel/sdk/metric => go.opentelemetry.io/otel/sdk/metric v1.44.0
+	go.opentelemetry.io/otel/trace => go.opentelemetry.io/otel/trace v1.44.0
+	go.yaml.in/yaml/v3 => go.yaml.in/yaml/v3 v3.0.4
+	golang.org/x/crypto => golang.org/x/crypto v0.54.0
+	golang.org/x/exp => golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f
+	golang.org/x/mod => golang.org/x/mod v0.37.0
+	golang.org/x/net => golang.org/x/net v0.57.0
+	golang.org/x/oauth2 => golang.org/x/oauth2 v0.36.0
+	golang.org/x/sync => golang.org/x/sync v0.22.0
+	golang.org/x/sys => golang.org/x/sys v0.47.0
+	golang.org/x/telemetry => golang.org/x/telemetry v0.0.0-20260625142307-59b4966ccb57
+	golang.org/x/term => golang.org/x/term v0.45.0
+	golang.org/x/text => golang.org/x/text v0.40.0
+	golang.org/x/tools => golang.org/x/tools v0.47.0
+	google.golang.org/genproto/googleapis/api => google.golang.org/genproto/googleapis/api v0.0.0-20260526163538-3dc84a4a5aaa
+	google.golang.org/genproto/googleapis/rpc => google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa
+	google.golang.org/grpc => google.golang.org/grpc v1.82.1
+	google.golang.org/protobuf => google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af
+	k8s.io/kube-openapi => k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad
+	k8s.io/utils => k8s.io/utils v0.0.0-20260626114624-be93311217bd
+	sigs.k8s.io/kustomize/api => sigs.k8s.io/kustomize/api v0.21.1
+	sigs.k8s.io/kustomize/kyaml => sigs.k8s.io/kustomize/kyaml v0.21.1
 )

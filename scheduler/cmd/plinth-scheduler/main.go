@@ -1,6 +1,6 @@
-// Command plinth-scheduler is kube-scheduler with Plinth's out-of-tree plugins
-// compiled in. Today it is the stock scheduler: the PlinthCapacity plugin is
-// registered here (app.WithPlugin) by the scheduler plugin issue.
+// Command plinth-scheduler is kube-scheduler with Plinth's PlinthCapacity plugin compiled
+// in (scheduler/plugin/capacity); enable it in a KubeSchedulerConfiguration profile as its
+// README shows.
 package main
 
 import (
@@ -11,8 +11,10 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+
+	"github.com/plinth-storage/plinth/scheduler/plugin/capacity"
 )
 
 func main() {
-	os.Exit(cli.Run(app.NewSchedulerCommand()))
+	os.Exit(cli.Run(app.NewSchedulerCommand(app.WithPlugin(capacity.Name, capacity.New))))
 }
