@@ -6,18 +6,22 @@ import (
 	"testing"
 
 	fwk "k8s.io/kube-scheduler/framework"
+
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
 const benchNodes = 5000
 
-func benchSetup(b *testing.B) (*fixture, []nodeInfo, result) {
+func benchSetup(b *testing.B) (*fixture, []fwk.NodeInfo, result) {
 	f := newFixture(b)
-	nodes := make([]nodeInfo, benchNodes)
+	nodes := make([]fwk.NodeInfo, benchNodes)
 	for i := range nodes {
 		name := fmt.Sprintf("worker-%04d.rack-%02d.example.com", i, i%40)
 		// Node i has i GiB free: every node fits a 1 GiB request except node 0.
-		f.store("pool-a", name, avail(int64(i)*GiB))
-		nodes[i] = mkNode(name, nil)
+		free := int64(i) * GiB
+		f.store("pool-a", name, &storev1.Capacity{Total: 8 * TiB, Allocatable: 8 * TiB, Provisioned: 8*TiB - free, Available: free})
+		n := mkNode(name, nil)
+		nodes[i] = &n // as the framework does: a pointer in the interface, no copy per call
 	}
 	pod := f.pod("p", "spread", GiB)
 	r := result{state: newCycleState()}
