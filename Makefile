@@ -48,8 +48,9 @@ verify-generate: generate ## Fail when generated files differ from the committed
 fmt: ## gofmt the tree.
 	gofmt -l -w $$(git ls-files '*.go')
 
-vet: ## go vet every package of the main module.
+vet: ## go vet every package of the main module and of the scheduler module.
 	go vet ./...
+	cd scheduler && go vet ./...
 
 lint: vet ## Static checks: gofmt cleanliness and go vet.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
@@ -84,6 +85,7 @@ test: lint verify-generate test-integration test-scheduler test-kernel vet-polic
 
 bench: ## Benchmarks (vet/render at fleet scale, parsers, CSI, scheduler scoring).
 	go test -run '^$$' -bench . -benchmem ./...
+	cd scheduler && go test -run '^$$' -bench . -benchmem ./plugin/capacity/
 
 vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth vet, and single documents with plain cue vet.
 	$(BIN)/plinth vet policies/clusters/staging
