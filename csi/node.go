@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -280,6 +281,15 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 	} else if mounted {
 		return &csipb.NodePublishVolumeResponse{}, nil
 	}
+	single := capability.GetAccessMode().GetMode() == csipb.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+	for _, other := range rec.Targets {
+		if other == target {
+			continue
+		}
+		if m, _ := s.d.mounter.IsMounted(other); m && (single || rec.SingleWriter) {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published single-writer at %s", id, other)
+		}
+	}
 	source := staging
 	if capability.GetBlock() != nil {
 		source = rec.Device
@@ -296,6 +306,13 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 	}
 	if err := s.d.mounter.BindMount(source, target, req.GetReadonly(), capability.GetMount().GetMountFlags()); err != nil {
 		return nil, status.Errorf(codes.Internal, "bind mount: %v", err)
+	}
+	if !slices.Contains(rec.Targets, target) {
+		rec.Targets = append(rec.Targets, target)
+	}
+	rec.SingleWriter = rec.SingleWriter || single
+	if err := s.d.stages.Save(rec); err != nil {
+		return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
 	}
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
@@ -316,6 +333,15 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 	// Unmount also a dead mount (B17) and remove the path we created (CSI spec NodeUnpublish).
 	if err := s.d.mounter.Unmount(target, true); err != nil {
 		return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+	}
+	if rec, err := s.d.stages.Load(id); err == nil && slices.Contains(rec.Targets, target) {
+		rec.Targets = slices.DeleteFunc(rec.Targets, func(p string) bool { return p == target })
+		if len(rec.Targets) == 0 {
+			rec.SingleWriter = false
+		}
+		if err := s.d.stages.Save(rec); err != nil {
+			return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
+		}
 	}
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }

@@ -38,6 +38,11 @@ type Record struct {
 	Block bool `json:"block,omitempty"`
 	// FSType is the filesystem mounted at StagingPath (ext4, xfs) for mount volumes.
 	FSType string `json:"fsType,omitempty"`
+	// Targets are the NodePublishVolume target paths the volume is published at, with
+	// SingleWriter set when one of them was published SINGLE_NODE_SINGLE_WRITER (RWOP: no
+	// second target on the node, CSI spec NodePublishVolume errors).
+	Targets      []string `json:"targets,omitempty"`
+	SingleWriter bool     `json:"singleWriter,omitempty"`
 }
 
 // Dir is a folder of records, one file <volume id>.json each.

@@ -21,7 +21,7 @@ func TestSaveLoadRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != r {
+	if got.VolumeID != r.VolumeID || got.Device != r.Device || got.NQN != r.NQN || got.Kind != r.Kind || got.FSType != r.FSType {
 		t.Errorf("Load = %+v, want %+v", got, r)
 	}
 	r.Device = "/dev/nvme2n1"
