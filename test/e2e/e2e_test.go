@@ -60,6 +60,11 @@ func run(t *testing.T, flux bool) {
 	bins := []string{controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager,
 		controlplane.BinPlinthScheduler, controlplane.BinCSIProvisioner, controlplane.BinCSIAttacher, controlplane.BinCSIResizer}
 	if flux {
+		// Flux is built only by make testbin-flux; its path has not yet run end to end, so it
+		// is opt-in rather than part of make test.
+		if os.Getenv("PLINTH_E2E_FLUX") != "1" {
+			t.Skip("SKIP: the Flux scenario runs with PLINTH_E2E_FLUX=1 after make testbin-flux")
+		}
 		bins = append(bins, devenv.BinSourceController, devenv.BinKustomizeController)
 	}
 	gate(t, bins...)
