@@ -74,6 +74,13 @@ func startSidecars(t testing.TB, name string) *sidecars {
 		Parameters: scParams, AllowVolumeExpansion: &expand, VolumeBindingMode: &bind, ReclaimPolicy: &reclaim}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	// csi-provisioner publishes CSIStorageCapacity only for WaitForFirstConsumer classes, so a
+	// second class of the same placement carries the capacity check.
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: s.class + "-wffc"}, Provisioner: policyv1.DriverName,
+		Parameters: scParams, AllowVolumeExpansion: &expand, VolumeBindingMode: &wffc, ReclaimPolicy: &reclaim}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
@@ -229,11 +236,11 @@ func TestSidecars(t *testing.T) {
 			return err
 		}
 		for _, c := range list.Items {
-			if c.StorageClassName == s.class && c.Capacity != nil && c.Capacity.Value() > 0 {
+			if c.StorageClassName == s.class+"-wffc" && c.Capacity != nil && c.Capacity.Value() > 0 {
 				return nil
 			}
 		}
-		return fmt.Errorf("%d objects, none with capacity for %s", len(list.Items), s.class)
+		return fmt.Errorf("%d objects, none with capacity for %s-wffc", len(list.Items), s.class)
 	})
 
 	// Detach, then delete: PV and volume go.

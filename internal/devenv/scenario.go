@@ -214,7 +214,9 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 			if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: QuickstartPod}, &pod); err != nil {
 				return err
 			}
-			if pvc.Status.Phase != corev1.ClaimBound {
+			// The PVC is Bound before the scheduler's VolumeBinding PreBind returns and binds
+			// the pod, so wait for both.
+			if pvc.Status.Phase != corev1.ClaimBound || pod.Spec.NodeName == "" {
 				return fmt.Errorf("PVC %s, pod on %q", pvc.Status.Phase, pod.Spec.NodeName)
 			}
 			return e.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv)
