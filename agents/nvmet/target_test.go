@@ -504,9 +504,13 @@ func TestConcurrentExports(t *testing.T) {
 	const n = 12
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*n)
+	// Register every device before any export runs: the fake's device map is not
+	// safe for a write while exports read it.
+	for i := range n {
+		k.devices[fmt.Sprintf("/dev/vg0/c%d", i)] = true
+	}
 	for i := range n {
 		dev := fmt.Sprintf("/dev/vg0/c%d", i)
-		k.devices[dev] = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
