@@ -1,20 +1,15 @@
 package lvm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/go-logr/logr"
 
 	"github.com/plinth-storage/plinth/agents/backend"
 )
@@ -53,27 +48,16 @@ type Config struct {
 	OnCommand func(name string, args []string, d time.Duration, err error)
 }
 
-// Runner runs name with args and returns stdout, stderr and the exit code;
-// err is non-nil only when the command could not run or did not exit.
-type Runner func(ctx context.Context, name string, args ...string) (stdout, stderr []byte, exitCode int, err error)
+// Runner runs an external command (backend.Runner).
+type Runner = backend.Runner
 
 // ExecRunner runs commands with os/exec, in the C locale so messages are
 // stable.
 func ExecRunner(ctx context.Context, name string, args ...string) ([]byte, []byte, int, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), "LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.Exited() {
-		return stdout.Bytes(), stderr.Bytes(), ee.ExitCode(), nil
-	}
-	if err != nil {
-		return stdout.Bytes(), stderr.Bytes(), -1, err
-	}
-	return stdout.Bytes(), stderr.Bytes(), 0, nil
+	return execRunner(ctx, name, args...)
 }
+
+var execRunner = backend.ExecRunner("LVM_SUPPRESS_FD_WARNINGS=1")
 
 // LVM is the backend of one VG (and optional thin pool). Safe for concurrent
 // use: mutations are serialised.
@@ -111,22 +95,7 @@ func New(cfg Config) (*LVM, error) {
 // classified by its stderr; stderr of a successful command (warnings such as
 // thin over-provisioning) is logged at V(1).
 func (l *LVM) run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	start := time.Now()
-	stdout, stderr, code, err := l.cfg.Run(ctx, name, args...)
-	se := strings.TrimSpace(string(stderr))
-	if err != nil || code != 0 {
-		err = &backend.CommandError{Args: append([]string{name}, args...), ExitCode: code, Stderr: se, Kind: classify(se), Err: err}
-	}
-	if l.cfg.OnCommand != nil {
-		l.cfg.OnCommand(name, args, time.Since(start), err)
-	}
-	if err != nil {
-		return stdout, err
-	}
-	if se != "" {
-		logr.FromContextOrDiscard(ctx).V(1).Info("lvm command warning", "command", name+" "+strings.Join(args, " "), "stderr", se)
-	}
-	return stdout, nil
+	return backend.Commands{Run: l.cfg.Run, Classify: classify, OnCommand: l.cfg.OnCommand, Label: "lvm"}.Exec(ctx, name, args...)
 }
 
 // quoted matches the names lvm2 quotes in its messages (Volume group "vg-busy" not found), so

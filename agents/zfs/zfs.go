@@ -1,20 +1,16 @@
 package zfs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/go-logr/logr"
 
 	"github.com/plinth-storage/plinth/agents/backend"
 )
@@ -67,27 +63,16 @@ type Config struct {
 	OnCommand func(name string, args []string, d time.Duration, err error)
 }
 
-// Runner runs name with args and returns stdout, stderr and the exit code;
-// err is non-nil only when the command could not run or did not exit.
-type Runner func(ctx context.Context, name string, args ...string) (stdout, stderr []byte, exitCode int, err error)
+// Runner runs an external command (backend.Runner).
+type Runner = backend.Runner
 
 // ExecRunner runs commands with os/exec in the C locale, so messages are
 // stable for classification.
 func ExecRunner(ctx context.Context, name string, args ...string) ([]byte, []byte, int, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.Exited() {
-		return stdout.Bytes(), stderr.Bytes(), ee.ExitCode(), nil
-	}
-	if err != nil {
-		return stdout.Bytes(), stderr.Bytes(), -1, err
-	}
-	return stdout.Bytes(), stderr.Bytes(), 0, nil
+	return execRunner(ctx, name, args...)
 }
+
+var execRunner = backend.ExecRunner()
 
 // ParseVolBlockSize reads a policy volBlockSize ("4K" … "128K", or a byte
 // count) into bytes; "" is DefaultVolBlockSize. ErrInvalidArgument unless it
@@ -161,22 +146,7 @@ func New(cfg Config) (*ZFS, error) {
 // run runs a zfs or zpool command; a non-zero exit becomes a
 // *backend.CommandError classified by its stderr.
 func (z *ZFS) run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	start := time.Now()
-	stdout, stderr, code, err := z.cfg.Run(ctx, name, args...)
-	se := strings.TrimSpace(string(stderr))
-	if err != nil || code != 0 {
-		err = &backend.CommandError{Args: append([]string{name}, args...), ExitCode: code, Stderr: se, Kind: classify(se), Err: err}
-	}
-	if z.cfg.OnCommand != nil {
-		z.cfg.OnCommand(name, args, time.Since(start), err)
-	}
-	if err != nil {
-		return stdout, err
-	}
-	if se != "" {
-		logr.FromContextOrDiscard(ctx).V(1).Info("zfs command warning", "command", name+" "+strings.Join(args, " "), "stderr", se)
-	}
-	return stdout, nil
+	return backend.Commands{Run: z.cfg.Run, Classify: classify, OnCommand: z.cfg.OnCommand, Label: "zfs"}.Exec(ctx, name, args...)
 }
 
 // classify maps zfs/zpool messages (LC_ALL=C; libzfs_error.c) to the typed
