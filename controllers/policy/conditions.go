@@ -1,5 +1,7 @@
 package policy
 
+import storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+
 // Condition types beyond kstatus's Ready, Reconciling and Stalled (fluxcd/pkg/apis/meta).
 const (
 	// DriftedCondition is True while a rendered API object differs from policy by a hand
@@ -46,9 +48,10 @@ const (
 )
 
 // AnnotationDraining marks a Store that left the rendered set while it still holds volumes
-// (VolumeStates name it): the agent keeps serving its volumes, creates no new ones, and Plinth
-// deletes the Store once the last volume is gone. Value "true".
-const AnnotationDraining = "plinth.dev/draining"
+// (VolumeStates name it): the agent keeps serving its volumes, no new ones are placed on it,
+// and Plinth deletes the Store once the last volume is gone. Value "true". Defined with the
+// Store type, which the CSI driver and the scheduler plugin read.
+const AnnotationDraining = storev1.AnnotationDraining
 
 // Prune opt-outs honoured on live objects: the object is dropped from the inventory, never
 // deleted (field case B39).

@@ -18,6 +18,7 @@ const (
 	capInvalid                     // a negative number, or allocatable > total
 	capNoRoom                      // allocatable is 0 bytes: nothing can ever be provisioned
 	capStoreAbsent                 // no Store of the pool on the node
+	capDraining                    // the Store left the policy and takes no new volumes
 )
 
 // Reasons the Filter reports, one per capState, so an operator can tell a node without an
@@ -30,12 +31,17 @@ const (
 	FilterReasonNoAllocatable = "Store has 0 allocatable bytes"
 	FilterReasonInsufficient  = "not enough free capacity in the pool"
 	FilterReasonNoInitiator   = "node is not an NVMe-oF initiator"
+	FilterReasonDraining      = "Store is draining (its node left the pool's policy)"
 )
 
-// classify checks a Store's status.capacity. Thin pools may report available above
-// allocatable (overcommit), so that is not an inconsistency.
-func classify(c *storev1.Capacity) capState {
+// classify checks a Store: draining (annotation plinth.dev/draining) first, then its
+// status.capacity. Thin pools may report available above allocatable (overcommit), so that is
+// not an inconsistency.
+func classify(st *storev1.Store) capState {
+	c := st.Status.Capacity
 	switch {
+	case st.IsDraining():
+		return capDraining
 	case c == nil:
 		return capMissing
 	case c.Total < 0 || c.Allocatable < 0 || c.Provisioned < 0 || c.Available < 0 || c.Allocatable > c.Total:
@@ -56,6 +62,8 @@ func (s capState) reason() string {
 		return FilterReasonNoAllocatable
 	case capStoreAbsent:
 		return FilterReasonNoStore
+	case capDraining:
+		return FilterReasonDraining
 	}
 	return ""
 }

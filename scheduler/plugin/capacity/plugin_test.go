@@ -143,6 +143,40 @@ func TestB29BadCapacityData(t *testing.T) {
 	}
 }
 
+// A Store marked plinth.dev/draining (its node left the pool's policy while it holds volumes)
+// takes no new volumes: its node is filtered out with its own reason however much room it
+// reports, and is schedulable again once the mark is cleared.
+func TestDrainingStoreTakesNoNewVolumes(t *testing.T) {
+	f := newFixture(t)
+	f.store("pool-a", "n1", avail(10*GiB))
+	f.store("pool-a", "n2", avail(100*GiB))
+	drain := func(mark bool) {
+		st := &storev1.Store{
+			ObjectMeta: metav1.ObjectMeta{Name: storev1.StoreName("pool-a", "n2"), Labels: map[string]string{
+				policyv1.LabelPool: storev1.NameLabelValue("pool-a"), policyv1.LabelNode: storev1.NameLabelValue("n2")}},
+			Spec:   storev1.StoreSpec{Pool: "pool-a", NodeName: "n2"},
+			Status: storev1.StoreStatus{Capacity: avail(100 * GiB)},
+		}
+		if mark {
+			st.Annotations = map[string]string{storev1.AnnotationDraining: "true"}
+		}
+		f.p.cache.upsertStore(st)
+	}
+	drain(true)
+	r := f.cycle(f.pod("p", "binpack", GiB), mkNode("n1", nil), mkNode("n2", nil))
+	if !r.filter["n1"].IsSuccess() {
+		t.Fatalf("n1: %v", r.filter["n1"])
+	}
+	if s := r.filter["n2"]; s.Code() != fwk.UnschedulableAndUnresolvable || !strings.HasPrefix(s.Message(), FilterReasonDraining) {
+		t.Errorf("draining n2: got %v %q, want UnschedulableAndUnresolvable %q", s.Code(), s.Message(), FilterReasonDraining)
+	}
+	drain(false)
+	r = f.cycle(f.pod("q", "binpack", GiB), mkNode("n1", nil), mkNode("n2", nil))
+	if !r.filter["n2"].IsSuccess() {
+		t.Errorf("n2 after the mark is cleared: %v, want success", r.filter["n2"])
+	}
+}
+
 // B30: the first pod's Reserve books the space; the second sees none on that node; Unreserve
 // gives it back; a claim bound and then counted by the agent releases the booking.
 func TestB30RaceForSameSpace(t *testing.T) {

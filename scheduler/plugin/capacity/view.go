@@ -93,7 +93,7 @@ func (c *view) upsertStore(st *storev1.Store) {
 		c.slots[k] = s
 	}
 	s.hasStore = true
-	s.state = classify(st.Status.Capacity)
+	s.state = classify(st)
 	if s.state == capOK {
 		s.available = st.Status.Capacity.Available
 		s.provisioned = st.Status.Capacity.Provisioned

@@ -54,3 +54,13 @@ func NameLabelValue(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "h-" + hex.EncodeToString(sum[:])[:40]
 }
+
+// AnnotationDraining marks a Store that left the rendered policy set while VolumeStates still
+// name it (value "true"; set and cleared by the policy controller). Its agent keeps serving the
+// volumes it holds; the CSI controller places no new volume on it and the scheduler plugin
+// filters out its node for new claims of its pool; the controller deletes the Store once its
+// last volume is gone.
+const AnnotationDraining = "plinth.dev/draining"
+
+// IsDraining reports whether the Store carries the AnnotationDraining mark.
+func (s *Store) IsDraining() bool { return s.Annotations[AnnotationDraining] == "true" }
