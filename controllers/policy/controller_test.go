@@ -418,3 +418,50 @@ func TestStoreWithVolumesDrains(t *testing.T) {
 	deleteAll(t, c, pl, p, proto)
 	gone(t, c, &policyv1.Placement{}, "gfast")
 }
+
+// TestReplacementWaitsForOldObject (B36): the old StorageClass is still present after its
+// delete (a finalizer holds it terminating — the real API server's way of "the first Get after
+// Delete still returns the object"). The replacement is then a retryable wait reported as
+// ReplacementInProgress, not an error and not a second object; once the old class goes, the
+// new one is created with the new parameters.
+func TestReplacementWaitsForOldObject(t *testing.T) {
+	c := env(t)
+	const hold = "test.plinth.dev/hold"
+	node(t, c, "h1", map[string]string{"plinth.dev/storage": "h"})
+	p, proto, pl := pool("hpool", "h", ""), localProtocol("hlocal"), placement("hfast", "hpool", "hlocal", "h-fast")
+	pl.Spec.Filesystem.FSType = "xfs"
+	pl.Spec.StorageClass.Replacement = policyv1.ReplacementAlways
+	create(t, c, p, proto, pl)
+	startController(t)
+	waitReady(t, c, pl)
+	old := storageClass(t, c, "h-fast")
+	old.Finalizers = append(old.Finalizers, hold)
+	if err := c.Update(ctx, old, client.FieldOwner("test")); err != nil {
+		t.Fatal(err)
+	}
+
+	update(t, c, pl, func(pl *policyv1.Placement) { pl.Spec.Filesystem.FSType = "ext4" })
+	waitCondition(t, c, pl, meta.ReadyCondition, "False", policy.ReasonReplacementInProgress)
+	if err := contains(conditions.GetMessage(pl, meta.ReadyCondition), "waiting for the old object to go"); err != nil {
+		t.Error(err)
+	}
+	if conditions.IsTrue(pl, meta.StalledCondition) {
+		t.Errorf("Stalled while waiting for the old class: %s", conditions.GetMessage(pl, meta.StalledCondition))
+	}
+	sc := storageClass(t, c, "h-fast")
+	if sc.UID != old.UID || sc.DeletionTimestamp == nil || sc.Parameters[policyv1.ParamFSType] != "xfs" {
+		t.Fatalf("while held: uid %s (old %s) deleting %v fsType %s", sc.UID, old.UID, sc.DeletionTimestamp, sc.Parameters[policyv1.ParamFSType])
+	}
+
+	sc.Finalizers = nil
+	if err := c.Update(ctx, sc, client.FieldOwner("test")); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, c, pl)
+	sc = storageClass(t, c, "h-fast")
+	if sc.UID == old.UID || sc.Parameters[policyv1.ParamFSType] != "ext4" {
+		t.Errorf("after the old class went: uid %s (old %s) fsType %s", sc.UID, old.UID, sc.Parameters[policyv1.ParamFSType])
+	}
+	deleteAll(t, c, pl, p, proto)
+	gone(t, c, &policyv1.Placement{}, "hfast")
+}
