@@ -84,3 +84,12 @@ func where(d *Document) string {
 	}
 	return fmt.Sprintf("%s:%d", d.File, d.Line)
 }
+
+// Position returns where the field at path (dotted segments such as "spec", "reserve") of d
+// is written: the file and the 1-based line and column, in the source file for documents
+// built by kustomize. When the field is absent it is the nearest enclosing field that is
+// written, or the document's start.
+func (d *Document) Position(path ...string) (file string, line, column int) {
+	p := at(d, path, "")
+	return p.File, p.Line, p.Column
+}
