@@ -30,6 +30,11 @@ type node struct {
 	d *Driver
 }
 
+// The node service's API access (kustomize/rbac/csi_node.yaml): the merge patch of its own
+// Node in initNode.
+//
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=patch
+
 // initNode reads the host NQN and, with an API config, labels the Node
 // plinth.dev/nvme-initiator=true when nvme-tcp is usable and annotates it with
 // plinth.dev/host-nqn (DESIGN.md "Contracts": ControllerPublish reads the host NQN there).
