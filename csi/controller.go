@@ -396,7 +396,8 @@ func topologyNodes(ts []*csipb.Topology) []string {
 // a node the requirements allow: when a preferred topology is given its first node is the node
 // (the scheduler's selected node with WaitForFirstConsumer; the scheduler plugin already applied
 // the strategy and capacity), otherwise the requisite nodes (or all stores) ordered by strategy.
-// NVMe-oF volumes may live on any store (the requirements name consumer nodes). No store with
+// NVMe-oF volumes may live on any store (the requirements name consumer nodes). A Store marked
+// draining (plinth.dev/draining: it left the policy) is never chosen. No store with
 // room is RESOURCE_EXHAUSTED (field case B08), a size range that fits no store's unit is
 // OUT_OF_RANGE.
 func chooseStore(stores []storev1.Store, nvme bool, strategy policyv1.Strategy, req *csipb.TopologyRequirement, required, limit int64) (*storev1.Store, int64, error) {
@@ -429,8 +430,8 @@ func chooseStore(stores []storev1.Store, nvme bool, strategy policyv1.Strategy, 
 	var rangeErr error
 	for i := range candidates {
 		st := &candidates[i]
-		if st.Status.Capacity == nil {
-			continue // agent has not reported yet
+		if st.Status.Capacity == nil || st.IsDraining() {
+			continue // agent has not reported yet, or the Store left the policy (plinth.dev/draining)
 		}
 		size, err := RoundSize(required, limit, st.Status.ExtentBytes)
 		if err != nil {
@@ -750,8 +751,8 @@ func (s *controller) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequ
 	node, byNode := req.GetAccessibleTopology().GetSegments()[policyv1.TopologyKeyNode]
 	var sum, largest int64
 	for _, st := range stores.Items {
-		if st.Status.Capacity == nil || (byNode && !nvme && st.Spec.NodeName != node) {
-			continue
+		if st.Status.Capacity == nil || st.IsDraining() || (byNode && !nvme && st.Spec.NodeName != node) {
+			continue // a draining Store takes no new volumes: it offers no capacity
 		}
 		sum += st.Status.Capacity.Available
 		largest = max(largest, st.Status.Capacity.Available)

@@ -392,6 +392,41 @@ func TestCapacityAndList(t *testing.T) {
 	wantCode(t, "bad token", err, codes.Aborted)
 }
 
+// A Store marked plinth.dev/draining (it left the policy while holding volumes) offers no
+// capacity and is never chosen for a new volume, even when it is the binpack choice; asked for
+// its node by preference, CreateVolume has no room there (RESOURCE_EXHAUSTED).
+func TestDrainingStoreGetsNoNewVolumes(t *testing.T) {
+	e := controllerEnv(t, "drn", map[string]int64{"drn-a": 10 * gib, "drn-b": 50 * gib})
+	ctx := t.Context()
+	var st storev1.Store
+	if err := e.c.Get(ctx, client.ObjectKey{Name: e.storeFor["drn-a"]}, &st); err != nil {
+		t.Fatal(err)
+	}
+	st.Annotations = map[string]string{storev1.AnnotationDraining: "true"}
+	if err := e.c.Update(ctx, &st); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := e.ctrl.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: e.local, AccessibleTopology: topology("drn-a")[0]})
+		if err == nil && c.GetAvailableCapacity() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("capacity of the draining Store's node: %v, %v; want 0", c, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "drn-1", CapacityRange: &csipb.CapacityRange{RequiredBytes: gib},
+		VolumeCapabilities: mountCap(rwo), Parameters: e.local})
+	if err != nil || resp.GetVolume().GetAccessibleTopology()[0].GetSegments()[policyv1.TopologyKeyNode] != "drn-b" {
+		t.Errorf("binpack with drn-a draining: %v, %v; want drn-b", resp, err)
+	}
+	_, err = e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "drn-2", CapacityRange: &csipb.CapacityRange{RequiredBytes: gib},
+		VolumeCapabilities: mountCap(rwo), Parameters: e.local, AccessibilityRequirements: &csipb.TopologyRequirement{Preferred: topology("drn-a")}})
+	wantCode(t, "preferred node's Store draining", err, codes.ResourceExhausted)
+}
+
 // BenchmarkCreateVolume measures CreateVolume against the real API server with the fake agent
 // answering at once, and reports the controller's overhead above the agent's own work (the
 // fake's first sight of the VolumeState → its Ready status written): p50 and p99 in ms.
