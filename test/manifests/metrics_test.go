@@ -357,3 +357,48 @@ func TestDashboards(t *testing.T) {
 		t.Errorf("dashboard %s is missing", f)
 	}
 }
+
+// metricRow is a row of docs/operations.md's "Metrics" table: | `name` | type | `l1`, `l2` | ...
+var metricRow = regexp.MustCompile("(?m)^\\| `(plinth_[a-z_]+)` \\| (counter|gauge|histogram) \\| ([^|]*) \\|")
+
+// TestOperationsDocListsEveryMetric holds docs/operations.md's metrics table equal to the code:
+// every registered metric has a row with its type and label names, and no row names a metric
+// the code does not register.
+func TestOperationsDocListsEveryMetric(t *testing.T) {
+	reg := registered(t)
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := metricRow.FindAllStringSubmatch(string(doc), -1)
+	if len(rows) == 0 {
+		t.Fatal("docs/operations.md has no metrics table rows")
+	}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		name, typ := r[1], r[2]
+		seen[name] = true
+		m, ok := reg[name]
+		if !ok {
+			t.Errorf("docs/operations.md lists %s, which the code does not register", name)
+			continue
+		}
+		if m.Histogram != (typ == "histogram") {
+			t.Errorf("docs/operations.md: %s is a %s; code (%s) histogram=%v", name, typ, m.Source, m.Histogram)
+		}
+		var labels []string
+		for _, l := range strings.Split(r[3], ",") {
+			if l = strings.Trim(strings.TrimSpace(l), "`"); l != "" {
+				labels = append(labels, l)
+			}
+		}
+		if got, want := slices.Sorted(slices.Values(labels)), slices.Sorted(slices.Values(m.Labels)); !slices.Equal(got, want) {
+			t.Errorf("docs/operations.md: %s labels %v; code (%s) has %v", name, got, m.Source, want)
+		}
+	}
+	for name, m := range reg {
+		if !seen[name] {
+			t.Errorf("%s (%s) is missing from docs/operations.md's metrics table", name, m.Source)
+		}
+	}
+}
