@@ -517,11 +517,11 @@ func (b *builder) capacity() {
 		return
 	}
 	type acc struct {
-		pc                     PoolCapacity
-		provAll                int64
-		leaving                bool
-		limBefore, limAfter    int64
-		storeViolations        int
+		pc                  PoolCapacity
+		provAll             int64
+		leaving             bool
+		limBefore, limAfter int64
+		storeViolations     int
 	}
 	pools := map[string]*acc{}
 	get := func(p string) *acc {
