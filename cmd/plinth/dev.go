@@ -16,16 +16,20 @@ func init() { subcommands = append(subcommands, newDevCommand) }
 func newDevCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev up|down",
-		Short: "Run the whole storage loop on this machine: control plane, Plinth, CSI sidecars, (Flux), the quickstart",
+		Short: "Run the whole GitOps storage loop on this machine: control plane, Flux, Plinth, CSI sidecars, the quickstart",
 		Long: `dev runs Plinth on this machine with no cluster and no Docker, on real parts: etcd,
 kube-apiserver, kube-controller-manager and plinth-scheduler from bin/ (make testbin), Plinth's
 controller, agent (file backend on loop devices under --dir) and CSI driver, and the real
-csi-provisioner, csi-attacher and csi-resizer. No kubelet runs: plinth dev registers the Nodes and
+csi-provisioner, csi-attacher and csi-resizer, and Flux's source-controller and kustomize-controller
+with a Git repository served on loopback. No kubelet runs: plinth dev registers the Nodes and
 CSINodes and calls NodeStage/NodePublish on the node plugin's socket as kubelet would.
 
-"dev up" walks the quickstart (examples/quickstart) step by step — with --flux, through a local Git
-repository synced by Flux's source-controller and kustomize-controller — then stops everything,
-or stays up with --keep until Ctrl-C or "plinth dev down". It needs root (loop devices, mounts).`,
+"dev up" walks the quickstart (examples/quickstart) step by step: the policy is committed to the
+local Git repository and synced by Flux through the GitRepository + Kustomization of
+kustomize/flux (--no-flux applies it directly instead); the rendered objects; a PVC and a pod
+bound to a real volume; a hand edit shown Drifted and corrected; a committed change reconciled;
+an invalid policy rejected. It prints a summary with timings, then stops everything, or stays up
+with --keep until Ctrl-C or "plinth dev down". It needs root (loop devices, mounts).`,
 	}
 	cmd.AddCommand(newDevUpCommand(), newDevDownCommand())
 	return cmd
@@ -33,8 +37,9 @@ or stays up with --keep until Ctrl-C or "plinth dev down". It needs root (loop d
 
 func newDevUpCommand() *cobra.Command {
 	var (
-		opts devenv.Options
-		keep bool
+		opts   devenv.Options
+		keep   bool
+		noFlux bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -42,6 +47,9 @@ func newDevUpCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Out = cmd.OutOrStdout()
+			if noFlux {
+				opts.Flux = false
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			env, err := devenv.Up(ctx, opts)
@@ -67,7 +75,8 @@ func newDevUpCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&opts.Dir, "dir", devenv.DefaultDir, "work directory (logs, kubeconfig, volumes); recreated")
 	f.StringVar(&opts.BinDir, "bin", "", "folder of the test peers (default $PLINTH_TESTBIN, then <checkout>/bin)")
-	f.BoolVar(&opts.Flux, "flux", false, "deliver the policy through a local Git repository synced by Flux (needs the Flux peers of make testbin)")
+	f.BoolVar(&opts.Flux, "flux", true, "deliver the policy through a local Git repository synced by Flux (the default; needs the Flux peers of make testbin)")
+	f.BoolVar(&noFlux, "no-flux", false, "apply the policy directly instead of through Git and Flux (no Flux binaries needed)")
 	f.BoolVar(&keep, "keep", false, "stay up after the scenario until Ctrl-C or plinth dev down")
 	return cmd
 }

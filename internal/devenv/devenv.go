@@ -102,6 +102,10 @@ type Env struct {
 	procs  map[string]*controlplane.Process
 	pidLog *os.File
 	git    *gitRepo
+	// delivered is the policy set last committed (or applied).
+	delivered policySet
+	// failed names the components of the step that failed (for the log tails).
+	failed []string
 }
 
 // Scheme knows the Kubernetes kinds and Plinth's.
@@ -381,27 +385,6 @@ func (e *Env) LogTails(n int) map[string]string {
 		return nil
 	}
 	return e.CP.LogTails(n)
-}
-
-// failureTails prints the tail of the log of every process that died, or of
-// all of them when none did.
-func (e *Env) failureTails() {
-	if e.CP == nil {
-		return
-	}
-	if err := e.CP.Dead(); err != nil {
-		e.rep.printf("\n%v\n", err)
-		return
-	}
-	tails := e.CP.LogTails(15)
-	names := make([]string, 0, len(tails))
-	for n := range tails {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		e.rep.printf("\n--- %s (last lines of %s):\n%s\n", n, filepath.Join(e.CP.Dir, "logs", n+".log"), tails[n])
-	}
 }
 
 // Down stops every process Up started (by PID, newest first), unmounts what

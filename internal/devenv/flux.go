@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/test/controlplane"
 )
@@ -89,6 +88,10 @@ func newGitRepo(dir string) (*gitRepo, error) {
 // commit writes files (path relative to the repository → content), commits
 // and pushes to the served bare repository.
 func (g *gitRepo) commit(msg string, files map[string][]byte) error {
+	// The policy folder is rewritten whole: a file left out of files leaves Git.
+	if err := os.RemoveAll(filepath.Join(g.work, fluxRepoPath)); err != nil {
+		return err
+	}
 	for p, data := range files {
 		full := filepath.Join(g.work, p)
 		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
@@ -196,162 +199,4 @@ func (e *Env) fluxObjects() ([]*unstructured.Unstructured, error) {
 		}
 	}
 	return objs, nil
-}
-
-func (e *Env) policyFiles(docs map[string][]byte) map[string][]byte {
-	files := map[string][]byte{}
-	var res []string
-	for _, f := range strings.Fields(quickstartPolicyYAML) {
-		files[fluxRepoPath+"/"+f] = docs[f]
-		res = append(res, "- "+f)
-	}
-	files[fluxRepoPath+"/kustomization.yaml"] = []byte("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n" + strings.Join(res, "\n") + "\n")
-	return files
-}
-
-// waitKustomization waits for the Kustomization to be Ready at the repository's head.
-func (e *Env) waitKustomization(ctx context.Context, timeout time.Duration) (string, error) {
-	head, err := exec.Command("git", "-C", e.git.work, "rev-parse", "HEAD").Output()
-	if err != nil {
-		return "", err
-	}
-	sha := strings.TrimSpace(string(head))
-	var rev string
-	err = poll(ctx, timeout, func() error {
-		u := &unstructured.Unstructured{}
-		u.SetAPIVersion("kustomize.toolkit.fluxcd.io/v1")
-		u.SetKind("Kustomization")
-		if err := e.Client.Get(ctx, client.ObjectKey{Namespace: FluxNamespace, Name: fluxRepoName}, u); err != nil {
-			return err
-		}
-		rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAppliedRevision")
-		s, r, m := conditionOf(u, "Ready")
-		if s != "True" || !strings.HasSuffix(rev, sha) {
-			return fmt.Errorf("Kustomization Ready=%q %s: %s (applied %q, head %s)", s, r, m, rev, sha)
-		}
-		return nil
-	})
-	return rev, err
-}
-
-// requestReconcile asks source-controller to fetch now, as `flux reconcile source git` does.
-func (e *Env) requestReconcile(ctx context.Context) error {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("source.toolkit.fluxcd.io/v1")
-	u.SetKind("GitRepository")
-	u.SetNamespace(FluxNamespace)
-	u.SetName(fluxRepoName)
-	patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"reconcile.fluxcd.io/requestedAt":%q}}}`, time.Now().Format(time.RFC3339Nano)))
-	return e.Client.Patch(ctx, u, client.RawPatch("application/merge-patch+json", patch))
-}
-
-// FluxPolicy commits the quickstart policy to the local Git repository,
-// applies the GitRepository and Kustomization, and waits for the
-// Kustomization and the policies to be Ready.
-func (e *Env) FluxPolicy(ctx context.Context, sum *Summary) error {
-	return e.rep.run("commit the quickstart policy to Git; Flux syncs it; policies Ready", func() (string, error) {
-		docs, err := e.policyDocs()
-		if err != nil {
-			return "", err
-		}
-		start := time.Now()
-		if err := e.git.commit("quickstart policy", e.policyFiles(docs)); err != nil {
-			return "", err
-		}
-		objs, err := e.fluxObjects()
-		if err != nil {
-			return "", err
-		}
-		for _, o := range objs {
-			if err := e.apply(ctx, o); err != nil {
-				return "", err
-			}
-		}
-		rev, err := e.waitKustomization(ctx, 3*time.Minute)
-		if err != nil {
-			return "", err
-		}
-		s, err := e.waitPolicyReady(ctx, 2*time.Minute)
-		sum.PolicyReady = time.Since(start)
-		if err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("Kustomization %s/%s Ready at %s\n%s (%.1fs after the commit)", FluxNamespace, fluxRepoName, rev, s, sum.PolicyReady.Seconds()), nil
-	})
-}
-
-// FluxEdit commits a policy change (the pool's reserve 1Gi → 2Gi) and shows
-// it reconciled through Flux down to the Store's allocatable capacity, then
-// commits an invalid policy and shows it Stalled while the volume stays.
-func (e *Env) FluxEdit(ctx context.Context, sum *Summary) error {
-	docs, err := e.policyDocs()
-	if err != nil {
-		return err
-	}
-	if err := e.rep.run("commit: grow the pool's reserve to 2Gi → Flux → Plinth → Store allocatable", func() (string, error) {
-		docs["pool.yaml"] = []byte(strings.Replace(string(docs["pool.yaml"]), "reserve: 1Gi", "reserve: 2Gi", 1))
-		start := time.Now()
-		if err := e.git.commit("dev pool: reserve 2Gi", e.policyFiles(docs)); err != nil {
-			return "", err
-		}
-		if err := e.requestReconcile(ctx); err != nil {
-			return "", err
-		}
-		rev, err := e.waitKustomization(ctx, 2*time.Minute)
-		if err != nil {
-			return "", err
-		}
-		s, err := e.waitPolicyReady(ctx, time.Minute)
-		if err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("applied %s; %s; %.1fs after the commit", rev, s, time.Since(start).Seconds()), nil
-	}); err != nil {
-		return err
-	}
-	return e.rep.run("commit an invalid policy → Stalled with the CUE message; the volume untouched", func() (string, error) {
-		bad := map[string][]byte{}
-		for k, v := range e.policyFiles(docs) {
-			bad[k] = v
-		}
-		// A reference to a pool that does not exist: only Plinth's vet (not the CRD schema) rejects it.
-		bad[fluxRepoPath+"/placement.yaml"] = []byte(strings.Replace(string(docs["placement.yaml"]), "poolRef: {name: dev}", "poolRef: {name: no-such-pool}", 1))
-		if err := e.git.commit("dev placement: an invalid pool reference", bad); err != nil {
-			return "", err
-		}
-		if err := e.requestReconcile(ctx); err != nil {
-			return "", err
-		}
-		var msg string
-		err := poll(ctx, 2*time.Minute, func() error {
-			u := &unstructured.Unstructured{}
-			u.SetGroupVersionKind(policyKinds[2])
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartPlacement}, u); err != nil {
-				return err
-			}
-			s, r, m := conditionOf(u, "Stalled")
-			if s != "True" {
-				return fmt.Errorf("Placement Stalled=%q", s)
-			}
-			msg = r + ": " + m
-			return nil
-		})
-		if err != nil {
-			return "", err
-		}
-		if _, err := os.Stat(sum.VolumeFile); err != nil {
-			return "", fmt.Errorf("volume file after the invalid commit: %w", err)
-		}
-		// Put the valid policy back so the rest of the run is clean.
-		if err := e.git.commit("dev placement: revert the invalid reference", e.policyFiles(docs)); err != nil {
-			return "", err
-		}
-		if err := e.requestReconcile(ctx); err != nil {
-			return "", err
-		}
-		if _, err := e.waitPolicyReady(ctx, 2*time.Minute); err != nil {
-			return "", fmt.Errorf("after the revert: %w", err)
-		}
-		return fmt.Sprintf("Placement %s Stalled=True (%s)\nvolume %s still on disk; reverted in Git, Ready again", QuickstartPool, msg, sum.VolumeFile), nil
-	})
 }

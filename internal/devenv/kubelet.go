@@ -30,7 +30,7 @@ func (e *Env) dialCSI() (*grpc.ClientConn, error) {
 // NodePublishVolume on the node plugin's socket, writes a file through the
 // mount and reads the volume's stats.
 func (e *Env) Kubelet(ctx context.Context, sum *Summary) error {
-	return e.rep.run("kubelet stand-in: VolumeAttachment attached, NodeStage + NodePublish on the node plugin's socket", func() (string, error) {
+	return e.step("kubelet stand-in: VolumeAttachment attached, NodeStage + NodePublish on the node plugin's socket", []string{"plinth-csi", "csi-attacher"}, func() (string, error) {
 		var pv corev1.PersistentVolume
 		var pvc corev1.PersistentVolumeClaim
 		if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: QuickstartPVC}, &pvc); err != nil {
@@ -122,7 +122,7 @@ func (e *Env) kubeletPaths(pvName, id string) kubeletVolume {
 // KubeletRelease unpublishes and unstages the quickstart volume as kubelet
 // would when the pod goes away.
 func (e *Env) KubeletRelease(ctx context.Context, sum *Summary) error {
-	return e.rep.run("kubelet stand-in: NodeUnpublish + NodeUnstage", func() (string, error) {
+	return e.step("kubelet stand-in: NodeUnpublish + NodeUnstage", []string{"plinth-csi"}, func() (string, error) {
 		var pvc corev1.PersistentVolumeClaim
 		if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: QuickstartPVC}, &pvc); err != nil {
 			return "", err

@@ -20,6 +20,7 @@ import (
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
 // The quickstart's names (examples/quickstart).
@@ -37,12 +38,21 @@ const (
 
 // Summary holds the measured figures of a scenario run.
 type Summary struct {
-	// PolicyReady is apply (or commit, with Flux) → all policy objects Ready.
+	// PolicyReady is the first commit (apply without Flux) → all policy objects Ready.
 	PolicyReady time.Duration
-	// PVCBound is PVC (and pod) created → PVC Bound.
+	// PVCBound is PVC (and pod) created → PVC Bound and the pod bound to its node.
 	PVCBound time.Duration
 	// DriftShown is the hand edit → Drifted=True on the Placement.
 	DriftShown time.Duration
+	// DriftCorrected is the commit of driftPolicy: Correct → the StorageClass restored.
+	DriftCorrected time.Duration
+	// ChangeReady is the commit growing the reserve and adding a placement → all Ready,
+	// the new StorageClass there and the Store's allocatable capacity reduced.
+	ChangeReady time.Duration
+	// Rejected is the commit of an invalid policy → Stalled=True with the schema's message.
+	Rejected time.Duration
+	// Total is the whole scenario (Up not included).
+	Total time.Duration
 	// VolumeID is the CSI volume id (VolumeState name) of the quickstart PVC.
 	VolumeID string
 	// VolumeFile is the volume's file on disk.
@@ -51,8 +61,8 @@ type Summary struct {
 
 // policyDocs returns the quickstart policy documents with the pool's file
 // directory moved under the work directory.
-func (e *Env) policyDocs() (map[string][]byte, error) {
-	out := map[string][]byte{}
+func (e *Env) policyDocs() (policySet, error) {
+	out := policySet{}
 	for _, f := range strings.Fields(quickstartPolicyYAML) {
 		data, err := os.ReadFile(filepath.Join(e.Root, "examples", "quickstart", f))
 		if err != nil {
@@ -90,68 +100,85 @@ func conditionOf(u *unstructured.Unstructured, typ string) (status, reason, mess
 	return "", "", ""
 }
 
-// waitPolicyReady waits until the quickstart's pool, protocol and placement are Ready=True.
-func (e *Env) waitPolicyReady(ctx context.Context, timeout time.Duration) (string, error) {
-	names := map[string]string{"StoragePool": QuickstartPool, "Protocol": QuickstartProtocol, "Placement": QuickstartPlacement}
+// waitPolicyReady waits until the quickstart's pool, protocol and placement
+// (and the extra placements named) are Ready=True for their generation.
+func (e *Env) waitPolicyReady(ctx context.Context, timeout time.Duration, extraPlacements ...string) (string, error) {
+	type ref struct {
+		gvk  schema.GroupVersionKind
+		name string
+	}
+	refs := []ref{{policyKinds[0], QuickstartPool}, {policyKinds[1], QuickstartProtocol}, {policyKinds[2], QuickstartPlacement}}
+	for _, n := range extraPlacements {
+		refs = append(refs, ref{policyKinds[2], n})
+	}
 	var lines []string
 	err := poll(ctx, timeout, func() error {
 		lines = lines[:0]
-		for _, gvk := range policyKinds {
+		for _, r := range refs {
 			u := &unstructured.Unstructured{}
-			u.SetGroupVersionKind(gvk)
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: names[gvk.Kind]}, u); err != nil {
+			u.SetGroupVersionKind(r.gvk)
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: r.name}, u); err != nil {
 				return err
 			}
-			s, r, m := conditionOf(u, "Ready")
+			s, rs, m := conditionOf(u, "Ready")
 			if s != "True" {
-				return fmt.Errorf("%s/%s Ready=%q %s: %s", gvk.Kind, u.GetName(), s, r, m)
+				return fmt.Errorf("%s/%s Ready=%q %s: %s", r.gvk.Kind, u.GetName(), s, rs, m)
 			}
-			lines = append(lines, fmt.Sprintf("%s/%s Ready", gvk.Kind, u.GetName()))
+			lines = append(lines, fmt.Sprintf("%s/%s Ready: %s", r.gvk.Kind, u.GetName(), m))
 		}
 		return nil
 	})
-	return strings.Join(lines, ", "), err
+	return strings.Join(lines, "\n"), err
 }
 
-// ApplyPolicy applies the quickstart policy directly (no Flux) and waits for it to be Ready.
-func (e *Env) ApplyPolicy(ctx context.Context, sum *Summary) error {
-	return e.rep.run("apply the quickstart policy (examples/quickstart) and wait for Ready", func() (string, error) {
-		docs, err := e.policyDocs()
+// Policy delivers the quickstart policy — with Flux: committed to the local
+// Git repository, synced by source-controller and kustomize-controller
+// through the GitRepository + Kustomization of kustomize/flux — and waits
+// for the Kustomization and every policy object to be Ready.
+func (e *Env) Policy(ctx context.Context, sum *Summary) error {
+	title := "apply the quickstart policy (examples/quickstart); policies Ready"
+	if e.Opts.Flux {
+		title = "commit the quickstart policy to Git; Flux syncs it; Kustomization and policies Ready"
+	}
+	return e.step(title, []string{BinSourceController, BinKustomizeController, "plinth-controller"}, func() (string, error) {
+		set, err := e.policyDocs()
 		if err != nil {
 			return "", err
 		}
 		start := time.Now()
-		for _, f := range strings.Fields(quickstartPolicyYAML) {
-			objs, err := decodeObjects(docs[f])
-			if err != nil {
-				return "", err
-			}
-			for _, o := range objs {
-				if err := e.apply(ctx, o); err != nil {
-					return "", fmt.Errorf("%s: %w", f, err)
-				}
-			}
+		shown, err := e.startDelivery(ctx, set)
+		if err != nil {
+			return "", err
 		}
 		s, err := e.waitPolicyReady(ctx, 2*time.Minute)
 		sum.PolicyReady = time.Since(start)
-		return s, err
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s\n%s\npolicy Ready %.1fs after the %s", shown, s, sum.PolicyReady.Seconds(), e.verb()), nil
 	})
 }
 
-// ShowRendered waits for and prints what the controller rendered and the agent reported.
+// verb names how policy reaches the cluster, for the step lines.
+func (e *Env) verb() string {
+	if e.Opts.Flux {
+		return "commit"
+	}
+	return "apply"
+}
+
+// ShowRendered waits for and prints what the controller rendered (every
+// StorageClass of Plinth's driver, Agents, Stores) and the capacity the agent
+// reported on the quickstart's Store.
 func (e *Env) ShowRendered(ctx context.Context, _ *Summary) error {
-	return e.rep.run("rendered StorageClass, Agent, Store; Store capacity from the agent", func() (string, error) {
+	return e.step("rendered StorageClasses, Agents, Stores; Store capacity from the agent", []string{"plinth-controller", "plinth-agent-" + StorageNode}, func() (string, error) {
 		store := storev1.StoreName(QuickstartPool, StorageNode)
-		var sc storagev1.StorageClass
-		var ag storev1.Agent
-		var st storev1.Store
 		err := poll(ctx, 2*time.Minute, func() error {
+			var sc storagev1.StorageClass
 			if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartClass}, &sc); err != nil {
 				return err
 			}
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: StorageNode}, &ag); err != nil {
-				return err
-			}
+			var st storev1.Store
 			if err := e.Client.Get(ctx, client.ObjectKey{Name: store}, &st); err != nil {
 				return err
 			}
@@ -163,11 +190,44 @@ func (e *Env) ShowRendered(ctx context.Context, _ *Summary) error {
 		if err != nil {
 			return "", err
 		}
-		c := st.Status.Capacity
-		return fmt.Sprintf("StorageClass %s: provisioner %s, parameters %v, binding %s\nAgent %s: stores %v\nStore %s: total %s, allocatable %s, provisioned %s, available %s",
-			sc.Name, sc.Provisioner, sc.Parameters, deref(sc.VolumeBindingMode), ag.Name, ag.Spec.Stores, st.Name,
-			bytesStr(c.Total), bytesStr(c.Allocatable), bytesStr(c.Provisioned), bytesStr(c.Available)), nil
+		return e.rendered(ctx)
 	})
+}
+
+// rendered lists Plinth's StorageClasses, the Agents and the Stores with their capacity.
+func (e *Env) rendered(ctx context.Context) (string, error) {
+	var lines []string
+	var classes storagev1.StorageClassList
+	if err := e.Client.List(ctx, &classes); err != nil {
+		return "", err
+	}
+	for _, sc := range classes.Items {
+		if sc.Provisioner != policyv1.DriverName {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("StorageClass %s: placement %s, fstype %s, binding %s, allowVolumeExpansion %v",
+			sc.Name, sc.Parameters[policyv1.ParamPlacement], sc.Parameters[policyv1.ParamFSType], deref(sc.VolumeBindingMode), deref(sc.AllowVolumeExpansion)))
+	}
+	var agents storev1.AgentList
+	if err := e.Client.List(ctx, &agents); err != nil {
+		return "", err
+	}
+	for _, ag := range agents.Items {
+		lines = append(lines, fmt.Sprintf("Agent %s: stores %v", ag.Name, ag.Spec.Stores))
+	}
+	var stores storev1.StoreList
+	if err := e.Client.List(ctx, &stores); err != nil {
+		return "", err
+	}
+	for _, st := range stores.Items {
+		if c := st.Status.Capacity; c != nil {
+			lines = append(lines, fmt.Sprintf("Store %s: total %s, allocatable %s, provisioned %s, available %s",
+				st.Name, bytesStr(c.Total), bytesStr(c.Allocatable), bytesStr(c.Provisioned), bytesStr(c.Available)))
+		} else {
+			lines = append(lines, fmt.Sprintf("Store %s: no capacity reported yet", st.Name))
+		}
+	}
+	return strings.Join(lines, "\n"), nil
 }
 
 func deref[T any](p *T) any {
@@ -191,7 +251,7 @@ func bytesStr(b int64) string {
 // be scheduled and the PVC Bound, and shows the VolumeState and the file on disk.
 func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 	var pv corev1.PersistentVolume
-	if err := e.rep.run("PVC "+QuickstartNamespace+"/"+QuickstartPVC+" + pod "+QuickstartPod+" → scheduled, PVC Bound", func() (string, error) {
+	if err := e.step("PVC "+QuickstartNamespace+"/"+QuickstartPVC+" + pod "+QuickstartPod+" → scheduled, PVC Bound", []string{controlplane.BinPlinthScheduler, "csi-provisioner", "plinth-csi", "plinth-agent-" + StorageNode}, func() (string, error) {
 		objs, err := readObjects(filepath.Join(e.Root, "examples", "quickstart", "pvc.yaml"))
 		if err != nil {
 			return "", err
@@ -233,7 +293,7 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 	}); err != nil {
 		return err
 	}
-	return e.rep.run("VolumeState Ready and the volume on disk", func() (string, error) {
+	return e.step("VolumeState Ready and the volume on disk", agentAndCSI, func() (string, error) {
 		id := pv.Spec.CSI.VolumeHandle
 		sum.VolumeID = id
 		var vs storev1.VolumeState
@@ -277,9 +337,9 @@ func quickstartPod() *corev1.Pod {
 // HandDrift edits the rendered StorageClass by hand (allowVolumeExpansion →
 // false, a field Plinth owns) and waits for the Placement's Drifted=True and
 // plinth_drift_objects on the controller's /metrics. Under the quickstart's
-// driftPolicy Report the edit stays; the step then restores it.
+// driftPolicy Report the edit stays (CorrectDrift then has Plinth revert it).
 func (e *Env) HandDrift(ctx context.Context, sum *Summary) error {
-	return e.rep.run("edit StorageClass "+QuickstartClass+" by hand → Placement Drifted", func() (string, error) {
+	return e.step("edit StorageClass "+QuickstartClass+" by hand → Placement Drifted", []string{"plinth-controller"}, func() (string, error) {
 		var sc storagev1.StorageClass
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartClass}, &sc); err != nil {
 			return "", err
@@ -344,7 +404,7 @@ func scrape(url, name string) (string, error) {
 // Release deletes the pod and the PVC (after the kubelet stand-in has
 // unpublished) and waits until the PV, the VolumeState and the file are gone.
 func (e *Env) Release(ctx context.Context, sum *Summary) error {
-	return e.rep.run("delete pod and PVC → PV, VolumeState and file gone", func() (string, error) {
+	return e.step("delete pod and PVC → PV, VolumeState and file gone", agentAndCSI, func() (string, error) {
 		zero := int64(0)
 		pod := quickstartPod()
 		if err := e.Client.Delete(ctx, pod, &client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
@@ -376,35 +436,4 @@ func (e *Env) Release(ctx context.Context, sum *Summary) error {
 		}
 		return fmt.Sprintf("PV, VolumeState %s and %s removed", sum.VolumeID, sum.VolumeFile), nil
 	})
-}
-
-// Scenario runs the quickstart end to end on a running Env and returns the
-// measured figures. Flux mode commits the policy to Git instead of applying it.
-func (e *Env) Scenario(ctx context.Context) (*Summary, error) {
-	sum := &Summary{}
-	if e.Opts.Flux {
-		if err := e.FluxPolicy(ctx, sum); err != nil {
-			return sum, e.fail(err)
-		}
-	} else if err := e.ApplyPolicy(ctx, sum); err != nil {
-		return sum, e.fail(err)
-	}
-	steps := []func(context.Context, *Summary) error{e.ShowRendered, e.Claim, e.Kubelet, e.HandDrift}
-	if e.Opts.Flux {
-		steps = append(steps, e.FluxEdit)
-	}
-	steps = append(steps, e.KubeletRelease, e.Release)
-	for _, s := range steps {
-		if err := s(ctx, sum); err != nil {
-			return sum, e.fail(err)
-		}
-	}
-	e.rep.printf("\nsummary: policy Ready %.1fs after %s, PVC Bound %.1fs after creation, drift shown %.1fs after the edit\n",
-		sum.PolicyReady.Seconds(), map[bool]string{true: "the commit", false: "apply"}[e.Opts.Flux], sum.PVCBound.Seconds(), sum.DriftShown.Seconds())
-	return sum, nil
-}
-
-func (e *Env) fail(err error) error {
-	e.failureTails()
-	return err
 }
