@@ -306,6 +306,8 @@ type builder struct {
 	// leaves the policy, by name.
 	removed map[string]*StoreRemoval
 	added   []StoreRef
+	// ongoingNodes are nodes whose Stores were draining before this change.
+	ongoingNodes map[string]bool
 }
 
 // replacement records a StorageClass whose immutable fields change and says whether the
@@ -397,6 +399,10 @@ func (b *builder) storeAdded(u *unstructured.Unstructured) {
 // with PVCs is kept, a Store that VolumeStates name is kept draining and so is the Agent of
 // its node; the rest is deleted. Stores come before Agents (inventory.Stale's order).
 func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bool) {
+	if b.ongoingNodes == nil {
+		b.ongoingNodes = map[string]bool{}
+	}
+	ongoingNodes := b.ongoingNodes
 	oc := ObjectChange{Kind: live.GetKind(), Name: live.GetName(), Action: ActionPrune}
 	defer func() { b.rep.Objects = append(b.rep.Objects, oc) }()
 	if pruneDisabled(live) {
@@ -415,6 +421,12 @@ func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bo
 			field, kind, name := "spec.storageClass.name", "Placement", placement
 			if b.after.places[placement] == nil {
 				field = ""
+			}
+			if bp := b.before.places[placement]; b.cl != nil && (bp == nil || bp.Spec.StorageClass.Name != live.GetName()) {
+				// The Placement left (or renamed its class) before this change: kept already.
+				oc.Ongoing, oc.Reason = true, oc.Reason+"; kept already"
+				b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+				return
 			}
 			msg := fmt.Sprintf("StorageClass %s leaves the policy while %d PVCs use it (%s): the controller keeps it and Placement %s stays not Ready; existing volumes keep working, new PVCs and expansion need the class",
 				live.GetName(), n, claimList(ci.Claims, 5), placement)
@@ -448,6 +460,10 @@ func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bo
 			r.Drains = true
 			keptNodes[node] = true
 			oc.Action, oc.Reason = ActionKeep, fmt.Sprintf("holds %d volumes: kept and marked draining until they are gone", len(r.Volumes))
+			if s := b.cl.stores[live.GetName()]; s != nil && s.IsDraining() {
+				ongoingNodes[node] = true
+				oc.Ongoing, oc.Reason = true, fmt.Sprintf("holds %d volumes: draining already", len(r.Volumes))
+			}
 		} else if b.cl == nil {
 			oc.Reason = "deleted, or kept draining if it holds volumes (not known offline)"
 		}
@@ -455,6 +471,7 @@ func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bo
 		node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
 		if keptNodes[node] {
 			oc.Action, oc.Reason = ActionKeep, "its node keeps a draining Store"
+			oc.Ongoing = ongoingNodes[node]
 		}
 	}
 }
@@ -567,6 +584,11 @@ func (b *builder) capacity() {
 	}
 	for pool, a := range pools {
 		p := b.after.pools[pool]
+		var changedFields []string
+		if bp := b.before.pools[pool]; bp != nil && p != nil {
+			changedFields = specPaths(&bp.Spec, &p.Spec)
+		}
+		roomChanged := changed(changedFields, "spec.reserve") || changed(changedFields, "spec.overcommitPercent")
 		sort.Strings(rendered[pool])
 		for _, n := range rendered[pool] {
 			a.pc.StoresAfter++
@@ -591,7 +613,7 @@ func (b *builder) capacity() {
 			a.pc.After.Provisioned += c.Provisioned
 			a.pc.After.Limit += lim
 			limBefore := limit(c.Allocatable, s.Spec.Backend.IsThin(), int64(s.Spec.OvercommitPercent))
-			if c.Provisioned > lim && lim < limBefore {
+			if roomChanged && c.Provisioned > lim && lim < limBefore {
 				a.storeViolations++
 				withOldOvercommit := limit(alloc, thin, int64(s.Spec.OvercommitPercent))
 				if withOldOvercommit < c.Provisioned || !thin {
@@ -605,7 +627,7 @@ func (b *builder) capacity() {
 				}
 			}
 		}
-		if a.leaving && a.storeViolations == 0 && a.pc.After.Limit < a.provAll && a.pc.After.Limit < a.pc.Before.Limit && p != nil {
+		if changed(changedFields, "spec.nodeSelector") && a.leaving && a.storeViolations == 0 && a.pc.After.Limit < a.provAll && a.pc.After.Limit < a.pc.Before.Limit && p != nil {
 			b.violation(RuleInsufficientRoom, "StoragePool", pool, "spec.nodeSelector", fmt.Sprintf(
 				"the pool keeps %d of %d Stores, which can hold %s; %s is provisioned in the pool (%s on Stores that drain)",
 				a.pc.StoresAfter, a.pc.StoresBefore, FormatBytes(a.pc.After.Limit), FormatBytes(a.provAll), FormatBytes(a.pc.DrainingBytes)))

@@ -118,6 +118,9 @@ type ObjectChange struct {
 	Fields []string `json:"fields,omitempty"`
 	// Reason says why a kept object is kept, or what a replace or prune implies.
 	Reason string `json:"reason,omitempty"`
+	// Ongoing is true for a kept object that was kept already before this change (a Store
+	// already draining, a class whose Placement already left): no change, not counted.
+	Ongoing bool `json:"ongoing,omitempty"`
 }
 
 // StorageImpact is what the change does to storage.
@@ -291,7 +294,9 @@ func (r *Report) count() {
 		case ActionPrune:
 			r.Counts.Prune++
 		case ActionKeep:
-			r.Counts.Keep++
+			if !o.Ongoing {
+				r.Counts.Keep++
+			}
 		case ActionDrift:
 			r.Counts.Drift++
 		}
