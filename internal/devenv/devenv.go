@@ -104,6 +104,8 @@ type Env struct {
 	git    *gitRepo
 	// delivered is the policy set last committed (or applied).
 	delivered policySet
+	// agentSpec starts the storage node's agent (again, after a kill).
+	agentSpec *controlplane.ProcessSpec
 	// failed names the components of the step that failed (for the log tails).
 	failed []string
 }
@@ -315,13 +317,14 @@ func (e *Env) startAgent(ctx context.Context) (string, error) {
 		return "", err
 	}
 	e.AgentMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
-	p, err := e.start(ctx, controlplane.ProcessSpec{
+	e.agentSpec = &controlplane.ProcessSpec{
 		Name: "plinth-agent-" + StorageNode, Binary: e.Opts.Plinth,
 		Args: []string{"agent", "--node", StorageNode, "--kubeconfig", e.Kubeconfig, "--state-dir", filepath.Join(e.Dir, "agent"),
 			"--refresh-interval", "2s", "--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport),
 			"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", hport), "--host-nqn-file", filepath.Join(e.Dir, "agent", "no-hostnqn")},
 		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/healthz", hport), nil),
-	})
+	}
+	p, err := e.start(ctx, *e.agentSpec)
 	if err != nil {
 		return "", err
 	}
