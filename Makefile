@@ -74,17 +74,19 @@ test-integration: testbin $(CUE) ## Every test of the main module, integration t
 test-scheduler: testbin ## The scheduler module's unit and integration tests (real scheduler, real API server).
 	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 -timeout 20m ./...
 
-test-kernel: kernel-assets testbin ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent in the guest against the host's API server.
+test-kernel: kernel-assets testbin ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server.
 	test/kernel/run.sh
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_AGENT=1 go test -count=1 -timeout 30m -run TestGuest ./agents/agent/
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -count=1 -timeout 45m -run TestGuestCSI ./csi/
 
 test-e2e: testbin ## End-to-end suites.
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
 test: lint verify-generate test-integration test-scheduler test-kernel vet-policies ## Everything CI runs.
 
-bench: ## Benchmarks (vet/render at fleet scale, parsers, CSI, scheduler scoring).
-	go test -run '^$$' -bench . -benchmem ./...
+bench: ## Benchmarks (vet/render at fleet scale, parsers, CSI CreateVolume overhead and PVC→Bound on the real control plane and sidecars, scheduler scoring).
+	go test -run '^$$' -bench . -benchmem $$(go list ./... | grep -v '/csi$$')
+	PLINTH_TESTBIN=$(BIN) go test -run '^$$' -bench 'CreateVolume|PVCBound' -benchtime 200x -benchmem -timeout 30m ./csi/
 	cd scheduler && go test -run '^$$' -bench . -benchmem ./plugin/capacity/
 
 vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth vet, and single documents with plain cue vet.
