@@ -3,11 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
-
-	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/file"
@@ -72,29 +68,4 @@ func observe(ctx context.Context, be backend.Backend) (backend.Capacity, []backe
 	}
 	vols, err := be.List(ctx)
 	return c, vols, err
-}
-
-// ReserveBytes resolves a pool's reserve ("10Gi", "5%", "" = 0) against the
-// physical size totalBytes. Percent reserves round down to a byte.
-func ReserveBytes(reserve string, totalBytes int64) (int64, error) {
-	reserve = strings.TrimSpace(reserve)
-	if reserve == "" {
-		return 0, nil
-	}
-	if p, ok := strings.CutSuffix(reserve, "%"); ok {
-		n, err := strconv.ParseInt(p, 10, 64)
-		if err != nil || n < 0 || n > 100 {
-			return 0, fmt.Errorf("reserve %q: want a percent from 0%% to 100%%", reserve)
-		}
-		return totalBytes/100*n + totalBytes%100*n/100, nil
-	}
-	q, err := resource.ParseQuantity(reserve)
-	if err != nil {
-		return 0, fmt.Errorf("reserve %q: %w", reserve, err)
-	}
-	v, ok := q.AsInt64()
-	if !ok || v < 0 {
-		return 0, fmt.Errorf("reserve %q: not a byte count", reserve)
-	}
-	return v, nil
 }

@@ -314,7 +314,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 			return nil
 		})
 		c := s.Status.Capacity
-		reserve, _ := agent.ReserveBytes("5%", c.Total)
+		reserve, _ := policyv1.ReserveBytes("5%", c.Total)
 		if c.Total <= 0 || c.Total >= 2<<30 || c.Allocatable != c.Total-reserve || c.Available != (c.Total-reserve)*2-c.Provisioned ||
 			s.Status.Thin == nil || s.Status.ExtentBytes != 4<<20 {
 			t.Errorf("capacity %+v thin %+v extent %d", c, s.Status.Thin, s.Status.ExtentBytes)

@@ -178,7 +178,7 @@ func (n *node) dropStore(name string) {
 func (n *node) backend(ctx context.Context, s *storev1.Store, rt *storeRuntime) (backend.Backend, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	reserve, err := ReserveBytes(s.Spec.Reserve, rt.total)
+	reserve, err := policyv1.ReserveBytes(s.Spec.Reserve, rt.total)
 	if err != nil {
 		return nil, err
 	}

@@ -180,7 +180,7 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 	rt.mu.Lock()
 	rt.total = c.TotalBytes
 	rt.mu.Unlock()
-	reserve, err := ReserveBytes(s.Spec.Reserve, c.TotalBytes)
+	reserve, err := policyv1.ReserveBytes(s.Spec.Reserve, c.TotalBytes)
 	if err != nil {
 		return drift, nil, err
 	}

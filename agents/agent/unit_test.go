@@ -47,31 +47,6 @@ func TestSelectAddress(t *testing.T) {
 	}
 }
 
-func TestReserveBytes(t *testing.T) {
-	for _, tc := range []struct {
-		in    string
-		total int64
-		want  int64
-		bad   bool
-	}{
-		{"", 1 << 30, 0, false},
-		{"0", 1 << 30, 0, false},
-		{"1Gi", 10 << 30, 1 << 30, false},
-		{"500M", 0, 500_000_000, false},
-		{"5%", 1000, 50, false},
-		{"100%", 4096, 4096, false},
-		{"7%", (1 << 62) + 99, (1<<62+99)/100*7 + (1<<62+99)%100*7/100, false},
-		{"101%", 100, 0, true},
-		{"x%", 100, 0, true},
-		{"lots", 100, 0, true},
-	} {
-		got, err := ReserveBytes(tc.in, tc.total)
-		if got != tc.want || (err != nil) != tc.bad {
-			t.Errorf("ReserveBytes(%q, %d) = %d, %v; want %d (error %v)", tc.in, tc.total, got, err, tc.want, tc.bad)
-		}
-	}
-}
-
 func TestProbe(t *testing.T) {
 	root := t.TempDir()
 	o := Options{NodeName: "n1", HostNQNFile: filepath.Join(root, "hostnqn"),

@@ -2,6 +2,8 @@ package backend
 
 import (
 	"context"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
 // Backend is the storage of one Store: it creates, resizes and deletes block
@@ -116,13 +118,8 @@ func (c Capacity) Available(reserveBytes int64, overcommitPercent int64) int64 {
 	if !c.Thin {
 		return clamp(c.FreeBytes - reserveBytes)
 	}
-	if overcommitPercent <= 0 {
-		overcommitPercent = 100
-	}
-	base := clamp(c.TotalBytes - reserveBytes)
-	// base × pct / 100 without overflow for realistic sizes (< 2^63 / 10^4).
-	scaled := base/100*overcommitPercent + base%100*overcommitPercent/100
-	return clamp(scaled - c.ProvisionedBytes)
+	limit := policyv1.ProvisionLimit(clamp(c.TotalBytes-reserveBytes), true, overcommitPercent)
+	return clamp(limit - c.ProvisionedBytes)
 }
 
 func clamp(v int64) int64 {

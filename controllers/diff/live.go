@@ -559,7 +559,7 @@ func (b *builder) capacity() {
 		if c := s.Status.Capacity; c != nil {
 			a.pc.Before.Allocatable += c.Allocatable
 			a.pc.Before.Provisioned += c.Provisioned
-			l := limit(c.Allocatable, s.Spec.Backend.IsThin(), int64(s.Spec.OvercommitPercent))
+			l := policyv1.ProvisionLimit(c.Allocatable, s.Spec.Backend.IsThin(), int64(s.Spec.OvercommitPercent))
 			a.pc.Before.Limit += l
 			a.provAll += c.Provisioned
 		}
@@ -598,7 +598,7 @@ func (b *builder) capacity() {
 				continue
 			}
 			c := s.Status.Capacity
-			res, err := reserveBytes(p.Spec.Reserve, c.Total)
+			res, err := policyv1.ReserveBytes(p.Spec.Reserve, c.Total)
 			if err != nil {
 				res = 0
 			}
@@ -608,14 +608,14 @@ func (b *builder) capacity() {
 				oc = int64(*p.Spec.OvercommitPercent)
 			}
 			thin := p.Spec.Backend.IsThin()
-			lim := limit(alloc, thin, oc)
+			lim := policyv1.ProvisionLimit(alloc, thin, oc)
 			a.pc.After.Allocatable += alloc
 			a.pc.After.Provisioned += c.Provisioned
 			a.pc.After.Limit += lim
-			limBefore := limit(c.Allocatable, s.Spec.Backend.IsThin(), int64(s.Spec.OvercommitPercent))
+			limBefore := policyv1.ProvisionLimit(c.Allocatable, s.Spec.Backend.IsThin(), int64(s.Spec.OvercommitPercent))
 			if roomChanged && c.Provisioned > lim && lim < limBefore {
 				a.storeViolations++
-				withOldOvercommit := limit(alloc, thin, int64(s.Spec.OvercommitPercent))
+				withOldOvercommit := policyv1.ProvisionLimit(alloc, thin, int64(s.Spec.OvercommitPercent))
 				if withOldOvercommit < c.Provisioned || !thin {
 					b.violation(RuleInsufficientRoom, "StoragePool", pool, "spec.reserve", fmt.Sprintf(
 						"Store %s: %s provisioned exceeds the %s allocatable after reserve %s (total %s; allocatable was %s)",
