@@ -311,14 +311,10 @@ type builder struct {
 }
 
 // replacement records a StorageClass whose immutable fields change and says whether the
-// controller replaces it now (policy.ReplacementAllowed semantics: Always, or IfUnused with
-// no PVC and no PV).
+// controller replaces it now (policy.ReplacementAllowed, the controller's own rule).
 func (b *builder) replacement(want *storagev1.StorageClass, changes, imm []storageclass.Change) bool {
 	placement := want.Labels[policyv1.LabelPlacement]
-	p := policyv1.ReplacementNever
-	if pl := b.after.places[placement]; pl != nil && pl.Spec.StorageClass.Replacement != "" {
-		p = pl.Spec.StorageClass.Replacement
-	}
+	p := policy.EffectiveReplacement(b.after.places[placement])
 	ci := ClassImpact{Name: want.Name, Placement: placement, Action: ActionReplace, Changes: imm, Replacement: string(p), AllowedKnown: true}
 	b.usage(&ci)
 	pvcs, pvs := len(ci.Claims), len(ci.Volumes)
@@ -326,7 +322,7 @@ func (b *builder) replacement(want *storagev1.StorageClass, changes, imm []stora
 	case b.cl == nil && p == policyv1.ReplacementIfUnused:
 		ci.AllowedKnown = false
 		ci.Outcome = "replacement IfUnused: replaced if no PVC or PV uses it (usage is not known offline); kept otherwise, Placement " + placement + " stalls with ReplacementRequired"
-	case p == policyv1.ReplacementAlways || p == policyv1.ReplacementIfUnused && pvcs == 0 && pvs == 0:
+	case policy.ReplacementAllowed(p, pvcs, pvs):
 		ci.Allowed = true
 		ci.Outcome = fmt.Sprintf("replacement %s: replaced (deleted, then created with the new fields)", p)
 		if pvcs+pvs > 0 {
@@ -405,44 +401,21 @@ func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bo
 	ongoingNodes := b.ongoingNodes
 	oc := ObjectChange{Kind: live.GetKind(), Name: live.GetName(), Action: ActionPrune}
 	defer func() { b.rep.Objects = append(b.rep.Objects, oc) }()
-	if pruneDisabled(live) {
-		oc.Action, oc.Reason = ActionKeep, "pruning disabled on the object: dropped from Plinth's inventory, never deleted"
-		return
-	}
+
+	// Usage as the controller counts it (live only; offline both are 0 and the outcome says
+	// what usage would change).
+	var ci ClassImpact
+	var r *StoreRemoval
+	pvcs, volumes := 0, 0
 	switch live.GetKind() {
 	case "StorageClass":
-		placement := live.GetLabels()[policyv1.LabelPlacement]
-		ci := ClassImpact{Name: live.GetName(), Placement: placement, Action: ActionPrune, AllowedKnown: true}
+		ci = ClassImpact{Name: live.GetName(), Placement: live.GetLabels()[policyv1.LabelPlacement], Action: ActionPrune, AllowedKnown: true}
 		b.usage(&ci)
-		if n := len(ci.Claims); n > 0 {
-			ci.Action = ActionKeep
-			ci.Outcome = fmt.Sprintf("kept: in use by %d PVCs; Placement %s keeps its finalizer and reports InUse until they are gone", n, placement)
-			oc.Action, oc.Reason = ActionKeep, fmt.Sprintf("in use by %d PVCs", n)
-			field, kind, name := "spec.storageClass.name", "Placement", placement
-			if b.after.places[placement] == nil {
-				field = ""
-			}
-			if bp := b.before.places[placement]; b.cl != nil && (bp == nil || bp.Spec.StorageClass.Name != live.GetName()) {
-				// The Placement left (or renamed its class) before this change: kept already.
-				oc.Ongoing, oc.Reason = true, oc.Reason+"; kept already"
-				b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
-				return
-			}
-			msg := fmt.Sprintf("StorageClass %s leaves the policy while %d PVCs use it (%s): the controller keeps it and Placement %s stays not Ready; existing volumes keep working, new PVCs and expansion need the class",
-				live.GetName(), n, claimList(ci.Claims, 5), placement)
-			b.violation(RulePrunedClassInUse, kind, name, field, msg)
-		} else {
-			ci.Outcome = "deleted (no PVC uses it)"
-			if b.cl == nil {
-				ci.AllowedKnown = false
-				ci.Outcome = "deleted unless PVCs use it (usage is not known offline): then kept, and its Placement stays not Ready"
-			}
-		}
-		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+		pvcs = len(ci.Claims)
 	case "Store":
 		pool, _, _ := unstructured.NestedString(live.Object, "spec", "pool")
 		node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
-		r := &StoreRemoval{StoreRef: StoreRef{Name: live.GetName(), Pool: pool, Node: node}}
+		r = &StoreRemoval{StoreRef: StoreRef{Name: live.GetName(), Pool: pool, Node: node}}
 		if b.cl != nil {
 			for _, v := range b.cl.volumes[live.GetName()] {
 				r.Volumes = append(r.Volumes, b.volume(&v))
@@ -456,34 +429,72 @@ func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bo
 			b.removed = map[string]*StoreRemoval{}
 		}
 		b.removed[r.Name] = r
-		if len(r.Volumes) > 0 {
-			r.Drains = true
-			keptNodes[node] = true
-			oc.Action, oc.Reason = ActionKeep, fmt.Sprintf("holds %d volumes: kept and marked draining until they are gone", len(r.Volumes))
-			if s := b.cl.stores[live.GetName()]; s != nil && s.IsDraining() {
-				ongoingNodes[node] = true
-				oc.Ongoing, oc.Reason = true, fmt.Sprintf("holds %d volumes: draining already", len(r.Volumes))
-			}
-		} else if b.cl == nil {
-			oc.Reason = "deleted, or kept draining if it holds volumes (not known offline)"
-		}
-	case "Agent":
-		node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
-		if keptNodes[node] {
-			oc.Action, oc.Reason = ActionKeep, "its node keeps a draining Store"
-			oc.Ongoing = ongoingNodes[node]
-		}
+		volumes = len(r.Volumes)
 	}
-}
 
-// pruneDisabled mirrors the controller's prune opt-outs (controllers/policy pruneDisabled).
-func pruneDisabled(u *unstructured.Unstructured) bool {
-	for k, v := range map[string]string{"plinth.dev/prune": "disabled", "kustomize.toolkit.fluxcd.io/prune": "disabled"} {
-		if u.GetAnnotations()[k] == v || u.GetLabels()[k] == v {
-			return true
+	switch policy.DecidePrune(live, pvcs, volumes, keptNodes) {
+	case policy.PruneKeepOptedOut:
+		oc.Action, oc.Reason = ActionKeep, "pruning disabled on the object: dropped from Plinth's inventory, never deleted"
+		return
+	case policy.PruneKeepInUse:
+		placement := ci.Placement
+		ci.Action = ActionKeep
+		ci.Outcome = fmt.Sprintf("kept: in use by %d PVCs; Placement %s keeps its finalizer and reports InUse until they are gone", pvcs, placement)
+		oc.Action, oc.Reason = ActionKeep, fmt.Sprintf("in use by %d PVCs", pvcs)
+		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+		if bp := b.before.places[placement]; b.cl != nil && (bp == nil || bp.Spec.StorageClass.Name != live.GetName()) {
+			// The Placement left (or renamed its class) before this change: kept already.
+			oc.Ongoing, oc.Reason = true, oc.Reason+"; kept already"
+			return
 		}
+		field := "spec.storageClass.name"
+		if b.after.places[placement] == nil {
+			field = ""
+		}
+		msg := fmt.Sprintf("StorageClass %s leaves the policy while %d PVCs use it (%s): the controller keeps it and Placement %s stays not Ready; existing volumes keep working, new PVCs and expansion need the class",
+			live.GetName(), pvcs, claimList(ci.Claims, 5), placement)
+		b.violation(RulePrunedClassInUse, "Placement", placement, field, msg)
+		return
+	case policy.PruneDeleteInUse:
+		pending := 0
+		for _, c := range ci.Claims {
+			if c.Phase == string(corev1.ClaimPending) {
+				pending++
+			}
+		}
+		ci.Outcome = fmt.Sprintf("deleted although %d PVCs use it (%s=%s on the live class): existing PVs keep working, expansion of its PVCs will fail and its %d Pending PVCs will not be provisioned",
+			pvcs, policy.AnnotationPrune, policy.PruneValueForce, pending)
+		oc.Reason = fmt.Sprintf("in use by %d PVCs; deleted by the %s=%s override", pvcs, policy.AnnotationPrune, policy.PruneValueForce)
+		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+		return
+	case policy.PruneKeepDraining:
+		oc.Action = ActionKeep
+		if r == nil { // the Agent of a node that keeps a draining Store
+			node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
+			oc.Reason, oc.Ongoing = "its node keeps a draining Store", ongoingNodes[node]
+			return
+		}
+		r.Drains = true
+		keptNodes[r.Node] = true
+		oc.Reason = fmt.Sprintf("holds %d volumes: kept and marked draining until they are gone", volumes)
+		if s := b.cl.stores[live.GetName()]; s != nil && s.IsDraining() {
+			ongoingNodes[r.Node] = true
+			oc.Ongoing, oc.Reason = true, fmt.Sprintf("holds %d volumes: draining already", volumes)
+		}
+		return
 	}
-	return false
+	// policy.PruneDelete.
+	switch {
+	case live.GetKind() == "StorageClass" && b.cl == nil:
+		ci.AllowedKnown = false
+		ci.Outcome = "deleted unless PVCs use it (usage is not known offline): then kept, and its Placement stays not Ready"
+		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+	case live.GetKind() == "StorageClass":
+		ci.Outcome = "deleted (no PVC uses it)"
+		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+	case live.GetKind() == "Store" && b.cl == nil:
+		oc.Reason = "deleted, or kept draining if it holds volumes (not known offline)"
+	}
 }
 
 func (b *builder) volume(v *storev1.VolumeState) Volume {

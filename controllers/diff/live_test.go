@@ -191,6 +191,41 @@ func TestLive(t *testing.T) {
 		})
 	}
 
+	// With the explicit override of B39 on the live class, the same removal deletes the class
+	// in use: a change (exit 1), no violation, and the report says what will fail.
+	t.Run("removed-forced", func(t *testing.T) {
+		force := func(on bool) {
+			update(t, c, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "plinth-scratch"}}, func(sc *storagev1.StorageClass) {
+				if on {
+					sc.Annotations = map[string]string{policy.AnnotationPrune: policy.PruneValueForce}
+				} else {
+					delete(sc.Annotations, policy.AnnotationPrune)
+				}
+			})
+		}
+		force(true)
+		defer force(false)
+		r, err := diff.Live(ctx, []string{"testdata/live/removed"}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.ExitCode(); got != diff.ExitChanges || len(r.Violations) != 0 {
+			t.Errorf("exit %d with violations %+v, want %d and none", got, r.Violations, diff.ExitChanges)
+		}
+		found := false
+		for _, ci := range r.Storage.Classes {
+			if ci.Name == "plinth-scratch" {
+				found = true
+				if ci.Action != diff.ActionPrune || !strings.Contains(ci.Outcome, "existing PVs keep working, expansion of its PVCs will fail") {
+					t.Errorf("class impact %+v", ci)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no impact reported for plinth-scratch: %+v", r.Storage.Classes)
+		}
+	})
+
 	// The controller does what the diff predicted: apply "narrow" and "removed" together
 	// (Flux would), then the Store holding volumes drains, its Agent stays, the StorageClass
 	// in use stays and the Placement reports InUse; diffing the applied tree again finds no

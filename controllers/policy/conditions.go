@@ -53,9 +53,25 @@ const (
 // Store type, which the CSI driver and the scheduler plugin read.
 const AnnotationDraining = storev1.AnnotationDraining
 
+// AnnotationPrune on a live object Plinth applied changes what happens when it leaves Git:
+// PruneValueDisabled keeps it (dropped from the inventory, never deleted), PruneValueForce on a
+// StorageClass deletes it even while PVCs use it (the explicit override of field case B39;
+// reported as a PrunedInUse warning saying what will fail).
+const AnnotationPrune = "plinth.dev/prune"
+
+// Values of AnnotationPrune.
+const (
+	PruneValueDisabled = "disabled"
+	PruneValueForce    = "force"
+)
+
+// ReasonPrunedInUse surfaces as a warning event when a StorageClass in use was deleted because
+// an operator set AnnotationPrune to PruneValueForce on it.
+const ReasonPrunedInUse = "PrunedInUse"
+
 // Prune opt-outs honoured on live objects: the object is dropped from the inventory, never
 // deleted (field case B39).
 var pruneDisabled = map[string]string{
-	"plinth.dev/prune":                  "disabled",
+	AnnotationPrune:                     PruneValueDisabled,
 	"kustomize.toolkit.fluxcd.io/prune": "disabled",
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -464,4 +465,47 @@ func TestReplacementWaitsForOldObject(t *testing.T) {
 	}
 	deleteAll(t, c, pl, p, proto)
 	gone(t, c, &policyv1.Placement{}, "hfast")
+}
+
+// TestPruneInUseForced (B39, the explicit override): an operator sets plinth.dev/prune: force
+// on a StorageClass PVCs use; when its Placement leaves Git the class is deleted anyway, the
+// Placement's finalizer is released, and a PrunedInUse warning says that existing PVs keep
+// working while expansion and the Pending PVCs will fail.
+func TestPruneInUseForced(t *testing.T) {
+	c := env(t)
+	node(t, c, "f1", map[string]string{"plinth.dev/storage": "f"})
+	p, proto, pl := pool("fpool", "f", ""), localProtocol("flocal"), placement("fforce", "fpool", "flocal", "f-force")
+	create(t, c, p, proto, pl)
+	startController(t)
+	waitReady(t, c, pl)
+	claims := []*corev1.PersistentVolumeClaim{pvc(t, c, "f-claim-1", "f-force"), pvc(t, c, "f-claim-2", "f-force")}
+	sc := storageClass(t, c, "f-force")
+	sc.Annotations = map[string]string{policy.AnnotationPrune: policy.PruneValueForce}
+	if err := c.Update(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+
+	deleteAll(t, c, pl)
+	gone(t, c, &storagev1.StorageClass{}, "f-force")
+	gone(t, c, &policyv1.Placement{}, "fforce")
+	eventually(t, 30*time.Second, "PrunedInUse event on the StorageClass", func() error {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace("default")); err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Kind == "StorageClass" && ev.Regarding.Name == "f-force" && ev.Reason == policy.ReasonPrunedInUse {
+				return contains(ev.Note, "in use by 2 PVCs", "existing PVs keep working", "expansion of its PVCs will fail", "2 Pending PVCs")
+			}
+		}
+		return fmt.Errorf("no %s event among %d", policy.ReasonPrunedInUse, len(evs.Items))
+	})
+	if inv := inventoryText(t, c); strings.Contains(inv, "f-force") {
+		t.Errorf("a force-pruned class stays in the inventory:\n%s", inv)
+	}
+	for _, cl := range claims {
+		deletePVC(t, c, cl)
+	}
+	deleteAll(t, c, p, proto)
+	gone(t, c, &storev1.Store{}, "fpool.f1")
 }

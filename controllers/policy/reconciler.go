@@ -123,7 +123,8 @@ type outcome struct {
 	corrected   map[string][]drift.Item
 	applied     map[string][]string // changed objects, for events
 	pruned      map[string][]string
-	inUse       map[string]int // StorageClass name → PVCs
+	inUse       map[string]int    // StorageClass name → PVCs
+	forced      map[string]string // StorageClass name → PrunedInUse message (deleted in use by override)
 	produced    map[string][]policyv1.ObjectReference
 	revision    map[string]string
 }
@@ -133,7 +134,7 @@ func newOutcome() *outcome {
 		invalid: map[string][]string{}, applyErr: map[string][]string{}, replacement: map[string]string{},
 		replacing: map[string]string{}, replaced: map[string]string{}, drifted: map[string][]drift.Item{},
 		corrected: map[string][]drift.Item{}, applied: map[string][]string{}, pruned: map[string][]string{},
-		inUse: map[string]int{}, produced: map[string][]policyv1.ObjectReference{}, revision: map[string]string{},
+		inUse: map[string]int{}, forced: map[string]string{}, produced: map[string][]policyv1.ObjectReference{}, revision: map[string]string{},
 	}
 }
 
@@ -297,18 +298,14 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 			toDiff = append(toDiff, u)
 			continue
 		}
-		pl := placeByName[placement]
-		policy := policyv1.ReplacementNever
-		if pl != nil && pl.Spec.StorageClass.Replacement != "" {
-			policy = pl.Spec.StorageClass.Replacement
-		}
+		policy := EffectiveReplacement(placeByName[placement])
 		pvcs, pvs, err := r.classUsage(ctx, want.Name)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		what := storageclass.Describe(imm)
 		switch {
-		case policy == policyv1.ReplacementAlways, policy == policyv1.ReplacementIfUnused && pvcs == 0 && pvs == 0:
+		case ReplacementAllowed(policy, pvcs, pvs):
 			replacements = append(replacements, replacement{desired: &want, live: &live, placement: placement})
 			continue
 		case policy == policyv1.ReplacementIfUnused:
@@ -496,49 +493,56 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 			}
 			return ctrl.Result{}, fmt.Errorf("get %s: %w", e, err)
 		}
-		if optedOut(live) {
-			log.Info("left Git with pruning disabled: dropped from the inventory, kept", "object", e.String())
-			continue
-		}
 		owners := ownersFromLabels(live)
+		var pvcs int
+		var vols storev1.VolumeStateList
 		switch e.Kind {
 		case "StorageClass":
-			pvcs, _, err := r.classUsage(ctx, e.Name)
-			if err != nil {
+			if pvcs, _, err = r.classUsage(ctx, e.Name); err != nil {
 				return ctrl.Result{}, err
 			}
-			if pvcs > 0 {
-				next.Put(e)
-				out.inUse[e.Name] = pvcs
-				continue
-			}
 		case "Store":
-			var vols storev1.VolumeStateList
 			if err := r.Client.List(ctx, &vols, client.MatchingFields{indexVolumeStor: e.Name}); err != nil {
 				return ctrl.Result{}, err
 			}
-			if len(vols.Items) > 0 {
-				next.Put(e)
-				node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
-				keptNodes[node] = true
-				if live.GetAnnotations()[AnnotationDraining] == "" {
-					p := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, AnnotationDraining))
-					if err := r.Client.Patch(ctx, live, client.RawPatch(types.MergePatchType, p), client.FieldOwner(r.FieldManager)); err != nil {
-						return ctrl.Result{}, fmt.Errorf("mark Store %s draining: %w", e.Name, err)
-					}
-					for _, o := range owners {
-						r.event(o, objs, corev1.EventTypeWarning, ReasonDraining,
-							fmt.Sprintf("Store %s left the policy but holds %d volumes: kept and marked draining", e.Name, len(vols.Items)))
-					}
-				}
+		}
+		switch DecidePrune(live, pvcs, len(vols.Items), keptNodes) {
+		case PruneKeepOptedOut:
+			log.Info("left Git with pruning disabled: dropped from the inventory, kept", "object", e.String())
+			continue
+		case PruneKeepInUse:
+			next.Put(e)
+			out.inUse[e.Name] = pvcs
+			continue
+		case PruneDeleteInUse:
+			pending, err := r.pendingClaims(ctx, e.Name)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			msg := forcedPruneMessage(e.Name, pvcs, pending)
+			out.forced[e.Name] = msg
+			log.Info("pruning a StorageClass in use: "+AnnotationPrune+"="+PruneValueForce, "object", e.String(), "pvcs", pvcs, "pending", pending)
+			if r.Recorder != nil {
+				r.Recorder.Eventf(live, nil, corev1.EventTypeWarning, ReasonPrunedInUse, "Prune", "%s", msg)
+			}
+		case PruneKeepDraining:
+			next.Put(e)
+			if e.Kind != "Store" {
 				continue
 			}
-		case "Agent":
 			node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
-			if keptNodes[node] {
-				next.Put(e)
-				continue
+			keptNodes[node] = true
+			if live.GetAnnotations()[AnnotationDraining] == "" {
+				p := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, AnnotationDraining))
+				if err := r.Client.Patch(ctx, live, client.RawPatch(types.MergePatchType, p), client.FieldOwner(r.FieldManager)); err != nil {
+					return ctrl.Result{}, fmt.Errorf("mark Store %s draining: %w", e.Name, err)
+				}
+				for _, o := range owners {
+					r.event(o, objs, corev1.EventTypeWarning, ReasonDraining,
+						fmt.Sprintf("Store %s left the policy but holds %d volumes: kept and marked draining", e.Name, len(vols.Items)))
+				}
 			}
+			continue
 		}
 		if _, err := r.manager.Delete(ctx, live, ssa.DeleteOptions{PropagationPolicy: "Background", Exclusions: pruneDisabled}); err != nil {
 			for _, o := range owners {
@@ -778,6 +782,9 @@ func (r *Reconciler) finishDeletedPlacements(ctx context.Context, deleting []*po
 				return fmt.Errorf("patch Placement %s: %w", pl.Name, err)
 			}
 			continue
+		}
+		if msg := out.forced[class]; msg != "" && r.Recorder != nil {
+			r.Recorder.Eventf(pl, nil, corev1.EventTypeWarning, ReasonPrunedInUse, "Prune", "%s", msg)
 		}
 		before := pl.DeepCopy()
 		controllerutil.RemoveFinalizer(pl, policyv1.FinalizerInUse)
@@ -1053,13 +1060,29 @@ func ownersFromLabels(u *unstructured.Unstructured) []string {
 	return out
 }
 
-func optedOut(u *unstructured.Unstructured) bool {
-	for k, v := range pruneDisabled {
-		if u.GetAnnotations()[k] == v || u.GetLabels()[k] == v {
-			return true
+// pendingClaims counts the PVCs of StorageClass name still in phase Pending (informer cache):
+// claims that can no longer be provisioned once the class is gone.
+func (r *Reconciler) pendingClaims(ctx context.Context, name string) (int, error) {
+	var claims corev1.PersistentVolumeClaimList
+	if err := r.Client.List(ctx, &claims, client.MatchingFields{indexPVCClass: name}); err != nil {
+		return 0, fmt.Errorf("list PVCs of StorageClass %s: %w", name, err)
+	}
+	n := 0
+	for i := range claims.Items {
+		if claims.Items[i].Status.Phase == corev1.ClaimPending {
+			n++
 		}
 	}
-	return false
+	return n, nil
+}
+
+// forcedPruneMessage says what deleting an in-use StorageClass leaves behind (field case B39):
+// bound volumes keep working; resizing their claims is refused by admission without the class;
+// Pending claims are never provisioned.
+func forcedPruneMessage(class string, pvcs, pending int) string {
+	return fmt.Sprintf("StorageClass %s deleted while in use by %d PVCs (%s=%s): existing PVs keep working, "+
+		"but expansion of its PVCs will fail and its %d Pending PVCs will not be provisioned until a class of that name exists again",
+		class, pvcs, AnnotationPrune, PruneValueForce, pending)
 }
 
 func usage(pvcs, pvs int) string {

@@ -1,0 +1,94 @@
+package policy
+
+import (
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+)
+
+// The reconciler's decisions about replacing and pruning, as pure functions: the reconciler
+// acts on them and `plinth diff` (controllers/diff) predicts with them, so the prediction and
+// the action cannot drift apart.
+
+// EffectiveReplacement is the Placement's spec.storageClass.replacement with its default
+// applied: "" (and a nil Placement) mean Never.
+func EffectiveReplacement(pl *policyv1.Placement) policyv1.Replacement {
+	if pl == nil || pl.Spec.StorageClass.Replacement == "" {
+		return policyv1.ReplacementNever
+	}
+	return pl.Spec.StorageClass.Replacement
+}
+
+// ReplacementAllowed says whether the controller replaces (deletes, then creates) a
+// StorageClass whose immutable fields changed, under replacement policy p and the class's
+// usage: pvcs and pvs count the PVCs and PVs whose storageClassName names it (field cases
+// B35, B36). Always replaces; IfUnused only an unused class; Never (and "") never.
+func ReplacementAllowed(p policyv1.Replacement, pvcs, pvs int) bool {
+	switch p {
+	case policyv1.ReplacementAlways:
+		return true
+	case policyv1.ReplacementIfUnused:
+		return pvcs == 0 && pvs == 0
+	}
+	return false
+}
+
+// PruneVerdict is what the controller does with an object that left the rendered set but is
+// still listed in the inventory (field cases B38, B39).
+type PruneVerdict string
+
+const (
+	// PruneDelete deletes the object.
+	PruneDelete PruneVerdict = "Delete"
+	// PruneDeleteInUse deletes a StorageClass that PVCs use, because the live class carries
+	// plinth.dev/prune: force (the explicit override of B39); reported as PrunedInUse.
+	PruneDeleteInUse PruneVerdict = "DeleteInUse"
+	// PruneKeepOptedOut drops the object from the inventory and never deletes it: it carries
+	// a prune opt-out (plinth.dev/prune or kustomize.toolkit.fluxcd.io/prune "disabled").
+	PruneKeepOptedOut PruneVerdict = "KeepOptedOut"
+	// PruneKeepInUse keeps a StorageClass that PVCs use, in the inventory (B39).
+	PruneKeepInUse PruneVerdict = "KeepInUse"
+	// PruneKeepDraining keeps a Store that VolumeStates still name (marked draining), and the
+	// Agent of a node that keeps such a Store.
+	PruneKeepDraining PruneVerdict = "KeepDraining"
+)
+
+// PruneOptedOut reports whether live carries a prune opt-out annotation or label.
+func PruneOptedOut(live *unstructured.Unstructured) bool {
+	for k, v := range pruneDisabled {
+		if live.GetAnnotations()[k] == v || live.GetLabels()[k] == v {
+			return true
+		}
+	}
+	return false
+}
+
+// DecidePrune decides for live, a stale inventory object as read from the API server. pvcs
+// is the number of PVCs of a StorageClass, volumes the number of VolumeStates on a Store
+// (both ignored for other kinds); keptNodes holds the nodes whose Stores were kept draining,
+// so Stores must be decided before Agents (inventory.Stale returns them in that order), and
+// the caller records a KeepDraining Store's node in keptNodes.
+func DecidePrune(live *unstructured.Unstructured, pvcs, volumes int, keptNodes map[string]bool) PruneVerdict {
+	if PruneOptedOut(live) {
+		return PruneKeepOptedOut
+	}
+	switch live.GetKind() {
+	case "StorageClass":
+		if pvcs > 0 {
+			if live.GetAnnotations()[AnnotationPrune] == PruneValueForce {
+				return PruneDeleteInUse
+			}
+			return PruneKeepInUse
+		}
+	case "Store":
+		if volumes > 0 {
+			return PruneKeepDraining
+		}
+	case "Agent":
+		node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
+		if keptNodes[node] {
+			return PruneKeepDraining
+		}
+	}
+	return PruneDelete
+}
