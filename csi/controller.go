@@ -269,6 +269,10 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 			},
 		},
 	}
+	// Subscribe before the create: the agent's answer cannot slip between the create and the
+	// wait, and the created object is the starting state (no read after the write).
+	ch, unsubscribe := s.d.hub.subscribe(id)
+	defer unsubscribe()
 	if err := s.d.kube.Create(ctx, vs); err != nil {
 		if apierrors.IsAlreadyExists(err) { // another controller replica won the race
 			if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing); err != nil {
@@ -278,7 +282,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		}
 		return nil, status.Errorf(codes.Internal, "create VolumeState %s: %v", id, err)
 	}
-	return s.waitCreated(ctx, id)
+	return s.answerCreated(ctx, id, func(done func(*storev1.VolumeState) (bool, error)) error {
+		return s.d.waitOn(ctx, ch, vs, done)
+	})
 }
 
 // existingVolume answers a CreateVolume whose name already has a VolumeState: compatible →
@@ -316,8 +322,15 @@ func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolume
 // waitCreated waits for the agent and answers CreateVolume. A volume the agent found no room
 // for is deleted (so a retry may choose another store) and reported RESOURCE_EXHAUSTED (B08).
 func (s *controller) waitCreated(ctx context.Context, id string) (*csipb.CreateVolumeResponse, error) {
+	return s.answerCreated(ctx, id, func(done func(*storev1.VolumeState) (bool, error)) error {
+		return s.d.waitVolume(ctx, id, done)
+	})
+}
+
+// answerCreated is waitCreated with the wait given (waitVolume, or waitOn a subscription).
+func (s *controller) answerCreated(ctx context.Context, id string, wait func(done func(*storev1.VolumeState) (bool, error)) error) (*csipb.CreateVolumeResponse, error) {
 	var ready *storev1.VolumeState
-	err := s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
+	err := wait(func(vs *storev1.VolumeState) (bool, error) {
 		ok, err := readyOrFailed(vs)
 		if ok {
 			ready = vs

@@ -3,10 +3,12 @@ package csi
 import (
 	"strings"
 	"testing"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/types"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -118,5 +120,45 @@ func TestCheckCapabilities(t *testing.T) {
 		if _, _, err := checkCapabilities(caps); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// waitOn, from the state CreateVolume created: a late event of a deleted earlier VolumeState of
+// the same name (another UID, Ready) must not end the wait; the created one's Ready does.
+func TestWaitOnIgnoresEarlierIncarnation(t *testing.T) {
+	d := &Driver{opts: Options{WaitTimeout: time.Minute}, hub: &hub{subs: map[string]map[chan *storev1.VolumeState]struct{}{}}}
+	ch, unsubscribe := d.hub.subscribe("vol-a")
+	defer unsubscribe()
+	state := func(uid string, ready bool) *storev1.VolumeState {
+		vs := &storev1.VolumeState{}
+		vs.Name, vs.UID, vs.Generation, vs.Spec.CapacityBytes = "vol-a", types.UID(uid), 1, 1<<20
+		if ready {
+			vs.Status = storev1.VolumeStateStatus{Phase: storev1.VolumeReady, ObservedGeneration: 1, ActualBytes: 1 << 20}
+		}
+		return vs
+	}
+	created := state("new", false)
+	var got []string
+	go func() {
+		d.hub.notify("vol-a", state("old", true)) // the earlier incarnation, late
+		for len(ch) > 0 {                         // taken by the waiter before the next event
+			time.Sleep(time.Millisecond)
+		}
+		d.hub.notify("vol-a", state("new", true))
+	}()
+	err := d.waitOn(t.Context(), ch, created, func(vs *storev1.VolumeState) (bool, error) {
+		got = append(got, string(vs.UID))
+		return readyOrFailed(vs)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range got {
+		if uid == "old" {
+			t.Errorf("the wait looked at the earlier incarnation: %v", got)
+		}
+	}
+	if got[len(got)-1] != "new" {
+		t.Errorf("finished on %v, want the created volume", got)
 	}
 }

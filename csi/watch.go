@@ -7,6 +7,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -161,15 +162,35 @@ func (d *Driver) waitVolume(ctx context.Context, name string, done func(vs *stor
 	} else if err != nil {
 		return err
 	}
+	return d.waitOn(ctx, ch, vs, done)
+}
+
+// waitOn calls done with vs (the state the caller knows, nil when absent), then with every
+// state the informer delivers on ch (a subscription taken before vs was read or written),
+// until done says finished or fails, or the wait is over (the caller's deadline or
+// WaitTimeout). When vs is known, states of another object of the same name (a deleted
+// earlier incarnation whose events arrive late) are ignored.
+func (d *Driver) waitOn(ctx context.Context, ch <-chan *storev1.VolumeState, vs *storev1.VolumeState, done func(vs *storev1.VolumeState) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.WaitTimeout)
+	defer cancel()
+	var uid types.UID
+	if vs != nil {
+		uid = vs.UID
+	}
 	for {
 		ok, err := done(vs)
 		if err != nil || ok {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case vs = <-ch:
+		for {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case vs = <-ch:
+			}
+			if vs == nil || uid == "" || vs.UID == uid {
+				break
+			}
 		}
 	}
 }
