@@ -473,39 +473,39 @@ func TestReplacementWaitsForOldObject(t *testing.T) {
 // working while expansion and the Pending PVCs will fail.
 func TestPruneInUseForced(t *testing.T) {
 	c := env(t)
-	node(t, c, "f1", map[string]string{"plinth.dev/storage": "f"})
-	p, proto, pl := pool("fpool", "f", ""), localProtocol("flocal"), placement("fforce", "fpool", "flocal", "f-force")
+	node(t, c, "k1", map[string]string{"plinth.dev/storage": "k"})
+	p, proto, pl := pool("kpool", "k", ""), localProtocol("klocal"), placement("kforce", "kpool", "klocal", "k-force")
 	create(t, c, p, proto, pl)
 	startController(t)
 	waitReady(t, c, pl)
-	claims := []*corev1.PersistentVolumeClaim{pvc(t, c, "f-claim-1", "f-force"), pvc(t, c, "f-claim-2", "f-force")}
-	sc := storageClass(t, c, "f-force")
+	claims := []*corev1.PersistentVolumeClaim{pvc(t, c, "k-claim-1", "k-force"), pvc(t, c, "k-claim-2", "k-force")}
+	sc := storageClass(t, c, "k-force")
 	sc.Annotations = map[string]string{policy.AnnotationPrune: policy.PruneValueForce}
 	if err := c.Update(ctx, sc); err != nil {
 		t.Fatal(err)
 	}
 
 	deleteAll(t, c, pl)
-	gone(t, c, &storagev1.StorageClass{}, "f-force")
-	gone(t, c, &policyv1.Placement{}, "fforce")
+	gone(t, c, &storagev1.StorageClass{}, "k-force")
+	gone(t, c, &policyv1.Placement{}, "kforce")
 	eventually(t, 30*time.Second, "PrunedInUse event on the StorageClass", func() error {
 		var evs eventsv1.EventList
 		if err := c.List(ctx, &evs, client.InNamespace("default")); err != nil {
 			return err
 		}
 		for _, ev := range evs.Items {
-			if ev.Regarding.Kind == "StorageClass" && ev.Regarding.Name == "f-force" && ev.Reason == policy.ReasonPrunedInUse {
+			if ev.Regarding.Kind == "StorageClass" && ev.Regarding.Name == "k-force" && ev.Reason == policy.ReasonPrunedInUse {
 				return contains(ev.Note, "in use by 2 PVCs", "existing PVs keep working", "expansion of its PVCs will fail", "2 Pending PVCs")
 			}
 		}
 		return fmt.Errorf("no %s event among %d", policy.ReasonPrunedInUse, len(evs.Items))
 	})
-	if inv := inventoryText(t, c); strings.Contains(inv, "f-force") {
+	if inv := inventoryText(t, c); strings.Contains(inv, "k-force") {
 		t.Errorf("a force-pruned class stays in the inventory:\n%s", inv)
 	}
 	for _, cl := range claims {
 		deletePVC(t, c, cl)
 	}
 	deleteAll(t, c, p, proto)
-	gone(t, c, &storev1.Store{}, "fpool.f1")
+	gone(t, c, &storev1.Store{}, "kpool.k1")
 }
