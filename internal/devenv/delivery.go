@@ -11,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
 // policySet is the policy repository's content: file name (pool.yaml, ...) → YAML.
@@ -56,14 +58,111 @@ func (p policySet) repoFiles() map[string][]byte {
 	return files
 }
 
+// objectKey names a policy object of a set.
+type objectKey struct{ kind, name string }
+
+// keys returns the policy objects of files (none when files is empty).
+func (p policySet) keys(files []string) ([]objectKey, error) {
+	var out []objectKey
+	for _, f := range files {
+		objs, err := decodeObjects(p[f])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		for _, o := range objs {
+			out = append(out, objectKey{o.GetKind(), o.GetName()})
+		}
+	}
+	return out, nil
+}
+
+// changedFiles lists the files of set that are new or differ from e.delivered.
+func (e *Env) changedFiles(set policySet) []string {
+	var out []string
+	for _, f := range set.names() {
+		if old, ok := e.delivered[f]; !ok || string(old) != string(set[f]) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// generations reads metadata.generation of keys (0 for an object that does not exist).
+func (e *Env) generations(ctx context.Context, keys []objectKey) (map[objectKey]int64, error) {
+	out := map[objectKey]int64{}
+	for _, k := range keys {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(policyv1.GroupVersion.WithKind(k.kind))
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: k.name}, u); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		out[k] = u.GetGeneration()
+	}
+	return out, nil
+}
+
+// waitSetReady waits until every policy object of set is Ready=True for its
+// generation and every object of a changed file has a generation above the
+// one in before (the change reached the API server and Plinth acted on it).
+func (e *Env) waitSetReady(ctx context.Context, set policySet, changed []string, before map[objectKey]int64, timeout time.Duration) error {
+	all, err := set.keys(set.names())
+	if err != nil {
+		return err
+	}
+	moved, err := set.keys(changed)
+	if err != nil {
+		return err
+	}
+	return poll(ctx, timeout, func() error {
+		for _, k := range all {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(policyv1.GroupVersion.WithKind(k.kind))
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: k.name}, u); err != nil {
+				return err
+			}
+			if s, r, m := conditionOf(u, "Ready"); s != "True" {
+				return fmt.Errorf("%s/%s Ready=%q %s: %s", k.kind, k.name, s, r, m)
+			}
+		}
+		for _, k := range moved {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(policyv1.GroupVersion.WithKind(k.kind))
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: k.name}, u); err != nil {
+				return err
+			}
+			if g := u.GetGeneration(); g <= before[k] {
+				return fmt.Errorf("%s/%s still at generation %d", k.kind, k.name, g)
+			}
+		}
+		return nil
+	})
+}
+
 // deliver makes set the desired policy: with Flux it commits set to the Git
 // repository, asks source-controller to fetch at once (as `flux reconcile
-// source git` does) and waits for the Kustomization to be applied at the new
-// head (wantReady: Ready=True; otherwise any verdict at the head). Without
-// Flux it server-side applies every object and deletes the objects of files
-// that left the set, as Flux's prune would. It returns what to show.
+// source git` does) and, when wantReady, waits until every policy object of
+// the set is Ready with the change applied (e.policyReady: commit → that),
+// then for the Kustomization to be Ready at the new head (without wantReady
+// the caller waits for what it expects, then for the Kustomization's verdict). Without Flux it server-side applies every object and
+// deletes the objects of files that left the set, as Flux's prune would.
+// It returns what to show.
 func (e *Env) deliver(ctx context.Context, msg string, set policySet, wantReady bool) (string, error) {
 	defer func() { e.delivered = set.clone() }()
+	changed := e.changedFiles(set)
+	moved, err := set.keys(changed)
+	if err != nil {
+		return "", err
+	}
+	before, err := e.generations(ctx, moved)
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	e.policyReady = 0
+	var lines []string
 	if !e.Opts.Flux {
 		for _, f := range set.names() {
 			objs, err := decodeObjects(set[f])
@@ -92,23 +191,35 @@ func (e *Env) deliver(ctx context.Context, msg string, set policySet, wantReady 
 				gone = append(gone, o.GetKind()+"/"+o.GetName())
 			}
 		}
-		out := "applied " + strings.Join(set.names(), ", ") + " (kubectl apply --server-side)"
+		l := "applied " + strings.Join(set.names(), ", ") + " (kubectl apply --server-side)"
 		if len(gone) > 0 {
-			out += "; deleted " + strings.Join(gone, ", ")
+			l += "; deleted " + strings.Join(gone, ", ")
 		}
-		return out, nil
+		lines = append(lines, l)
+	} else {
+		if err := e.git.commit(msg, set.repoFiles()); err != nil {
+			return "", err
+		}
+		if err := e.requestReconcile(ctx); err != nil && !apierrors.IsNotFound(err) {
+			return "", err
+		}
+		lines = append(lines, fmt.Sprintf("git commit %q pushed to %s", msg, e.git.url))
 	}
-	if err := e.git.commit(msg, set.repoFiles()); err != nil {
-		return "", err
+	if wantReady {
+		if err := e.waitSetReady(ctx, set, changed, before, 3*time.Minute); err != nil {
+			return "", err
+		}
+		e.policyReady = time.Since(start)
+		lines = append(lines, fmt.Sprintf("every policy object Ready %.1fs after the %s", e.policyReady.Seconds(), e.verb()))
 	}
-	if err := e.requestReconcile(ctx); err != nil && !apierrors.IsNotFound(err) {
-		return "", err
+	if e.Opts.Flux && wantReady {
+		rev, verdict, err := e.waitKustomization(ctx, 3*time.Minute, true)
+		if err != nil {
+			return "", err
+		}
+		lines = append(lines, fmt.Sprintf("Kustomization %s/%s at %s after %.1fs: %s", FluxNamespace, fluxRepoName, rev, time.Since(start).Seconds(), verdict))
 	}
-	rev, verdict, err := e.waitKustomization(ctx, 3*time.Minute, wantReady)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("git commit %q pushed to %s\nKustomization %s/%s at %s: %s", msg, e.git.url, FluxNamespace, fluxRepoName, rev, verdict), nil
+	return strings.Join(lines, "\n"), nil
 }
 
 // kustomization reads the policy repository's Kustomization.
@@ -167,12 +278,14 @@ func (e *Env) requestReconcile(ctx context.Context) error {
 
 // startDelivery makes the policy repository and points Flux at it: the
 // quickstart is committed first, then the GitRepository and Kustomization
-// of kustomize/flux/policies.yaml are applied (what a production user does).
+// of kustomize/flux/policies.yaml are applied (what a production user does);
+// e.policyReady is commit → every policy object Ready.
 func (e *Env) startDelivery(ctx context.Context, set policySet) (string, error) {
 	if !e.Opts.Flux {
 		return e.deliver(ctx, "", set, true)
 	}
 	defer func() { e.delivered = set.clone() }()
+	start := time.Now()
 	if err := e.git.commit("quickstart policy", set.repoFiles()); err != nil {
 		return "", err
 	}
@@ -187,10 +300,14 @@ func (e *Env) startDelivery(ctx context.Context, set policySet) (string, error) 
 		}
 		names = append(names, o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName())
 	}
+	if err := e.waitSetReady(ctx, set, nil, nil, 3*time.Minute); err != nil {
+		return "", err
+	}
+	e.policyReady = time.Since(start)
 	rev, verdict, err := e.waitKustomization(ctx, 3*time.Minute, true)
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("git repository %s seeded from examples/quickstart (%s)\n%s applied from kustomize/flux/policies.yaml\nKustomization at %s: %s",
-		e.git.url, strings.Join(set.names(), ", "), strings.Join(names, " + "), rev, verdict), nil
+	return fmt.Sprintf("git repository %s seeded from examples/quickstart (%s)\n%s applied from kustomize/flux/policies.yaml\nevery policy object Ready %.1fs after the commit\nKustomization at %s after %.1fs: %s",
+		e.git.url, strings.Join(set.names(), ", "), strings.Join(names, " + "), e.policyReady.Seconds(), rev, time.Since(start).Seconds(), verdict), nil
 }

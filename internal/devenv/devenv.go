@@ -104,6 +104,8 @@ type Env struct {
 	git    *gitRepo
 	// delivered is the policy set last committed (or applied).
 	delivered policySet
+	// policyReady is the last deliver's commit (apply) → every policy object Ready.
+	policyReady time.Duration
 	// agentSpec starts the storage node's agent (again, after a kill).
 	agentSpec *controlplane.ProcessSpec
 	// failed names the components of the step that failed (for the log tails).
@@ -203,7 +205,7 @@ func (e *Env) prepareDir() (string, error) {
 	if err := os.RemoveAll(e.Dir); err != nil {
 		return "", err
 	}
-	for _, d := range []string{"logs", "volumes", "agent", "csi", "kubelet"} {
+	for _, d := range []string{"logs", "volumes", "agent", "csi", "kubelet", "flux-storage"} {
 		if err := os.MkdirAll(filepath.Join(e.Dir, d), 0o755); err != nil {
 			return "", err
 		}

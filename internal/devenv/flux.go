@@ -111,7 +111,8 @@ func (g *gitRepo) commit(msg string, files map[string][]byte) error {
 }
 
 // fluxCRDs lists the CRD files of the pinned Flux controllers that `make
-// testbin` copied from the Go module cache into <bin>/crds/flux.
+// testbin` copied from the Go module cache into <bin>/crds/flux (every
+// source.toolkit.fluxcd.io kind, and Kustomization).
 func (e *Env) fluxCRDs() ([]string, error) {
 	bin := e.Opts.BinDir
 	if bin == "" {
@@ -121,13 +122,23 @@ func (e *Env) fluxCRDs() ([]string, error) {
 		}
 	}
 	files, err := filepath.Glob(filepath.Join(bin, "crds", "flux", "*.yaml"))
-	if err != nil || len(files) < 2 {
-		return nil, fmt.Errorf("Flux CRDs: want 2 files under %s/crds/flux, found %d (run `make testbin`)", bin, len(files))
+	if err != nil {
+		return nil, err
+	}
+	// source-controller does not start without every kind it watches.
+	for _, want := range []string{"gitrepositories", "helmrepositories", "helmcharts", "buckets", "ocirepositories", "kustomizations"} {
+		found := false
+		for _, f := range files {
+			found = found || strings.Contains(filepath.Base(f), "_"+want+".yaml")
+		}
+		if !found {
+			return nil, fmt.Errorf("Flux CRDs: no %s CRD under %s/crds/flux (run `make testbin`)", want, bin)
+		}
 	}
 	return files, nil
 }
 
-// startFlux installs Flux's GitRepository and Kustomization CRDs, serves the
+// startFlux installs the CRDs of Flux's two controllers, serves the
 // policy repository and starts source-controller and kustomize-controller.
 func (e *Env) startFlux(ctx context.Context) (string, error) {
 	crds, err := e.fluxCRDs()
@@ -152,9 +163,11 @@ func (e *Env) startFlux(ctx context.Context) (string, error) {
 	storage := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	sc, err := e.start(ctx, controlplane.ProcessSpec{
 		Name: BinSourceController, Binary: BinSourceController,
-		Args: []string{"--kubeconfig=" + e.Kubeconfig, fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
+		Args: []string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
 			"--storage-path=" + filepath.Join(e.Dir, "flux-storage"), "--storage-addr=" + storage, "--storage-adv-addr=" + storage,
 			"--enable-leader-election=false", "--log-level=info"},
+		// Flux's controllers take no --kubeconfig flag: controller-runtime reads KUBECONFIG.
+		Env:   []string{"KUBECONFIG=" + e.Kubeconfig},
 		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2]), nil),
 	})
 	if err != nil {
@@ -162,8 +175,9 @@ func (e *Env) startFlux(ctx context.Context) (string, error) {
 	}
 	kc, err := e.start(ctx, controlplane.ProcessSpec{
 		Name: BinKustomizeController, Binary: BinKustomizeController,
-		Args: []string{"--kubeconfig=" + e.Kubeconfig, fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[3]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[4]),
+		Args: []string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[3]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[4]),
 			"--enable-leader-election=false", "--log-level=info"},
+		Env:   []string{"KUBECONFIG=" + e.Kubeconfig},
 		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4]), nil),
 	})
 	if err != nil {

@@ -156,8 +156,8 @@ func (e *Env) ChangePolicy(ctx context.Context, sum *Summary) error {
 		if err != nil {
 			return "", err
 		}
+		sum.ChangeReady = e.policyReady
 		ready, err := e.waitPolicyReady(ctx, 2*time.Minute, ExtraPlacement)
-		sum.ChangeReady = time.Since(start)
 		if err != nil {
 			return "", err
 		}
@@ -178,8 +178,8 @@ func (e *Env) ChangePolicy(ctx context.Context, sum *Summary) error {
 			return "", err
 		}
 		capacityAfter := time.Since(start)
-		return fmt.Sprintf("%s\n%s\npolicy Ready %.1fs after the %s; StorageClass %s rendered; Store allocatable %s → %s (%.1fs after the %s)",
-			shown, ready, sum.ChangeReady.Seconds(), e.verb(), ExtraClass, bytesStr(before), bytesStr(after), capacityAfter.Seconds(), e.verb()), nil
+		return fmt.Sprintf("%s\n%s\nStorageClass %s rendered; Store allocatable %s → %s (%.1fs after the %s)",
+			shown, ready, ExtraClass, bytesStr(before), bytesStr(after), capacityAfter.Seconds(), e.verb()), nil
 	})
 }
 
@@ -221,6 +221,14 @@ func (e *Env) InvalidPolicy(ctx context.Context, sum *Summary) error {
 		sum.Rejected = time.Since(start)
 		if !strings.Contains(stalled, "DNS-1123") {
 			return "", fmt.Errorf("Placement %s Stalled without the schema's message: %s", InvalidPlacement, stalled)
+		}
+		if e.Opts.Flux {
+			// Flux's health checks see the Stalled placement and fail the Kustomization.
+			rev, verdict, err := e.waitKustomization(ctx, 3*time.Minute, false)
+			if err != nil {
+				return "", err
+			}
+			shown += fmt.Sprintf("\nKustomization %s/%s at %s after %.1fs: %s", FluxNamespace, fluxRepoName, rev, time.Since(start).Seconds(), verdict)
 		}
 		// The rest of the set is not applied while one document is invalid; what runs stays.
 		u, err := e.placement(ctx, QuickstartPlacement)
@@ -325,8 +333,7 @@ func (e *Env) fail(err error) error {
 }
 
 // failureTails prints the tail of the log of every process that died; when
-// none did, of the components the failed step names (all processes when it
-// names none).
+// none did, of the components the failed step names.
 func (e *Env) failureTails() {
 	if e.CP == nil {
 		return
@@ -346,11 +353,7 @@ func (e *Env) failureTails() {
 			}
 		}
 	}
-	if len(names) == 0 {
-		for n := range e.procs {
-			names = append(names, n)
-		}
-	}
+	// A process that failed to start is not in e.procs: its error carries its log's tail.
 	sort.Strings(names)
 	for _, n := range names {
 		p := e.procs[n]

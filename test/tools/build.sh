@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build.sh [TARGET...] — builds the pinned test peers into bin/ (or $PLINTH_TESTBIN).
 #
-# Targets (default: all but the Flux ones): kubernetes (kube-apiserver, kube-controller-manager,
+# Targets (default: all of them): kubernetes (kube-apiserver, kube-controller-manager,
 # kubectl, etcd and plinth-scheduler in ONE `go build` from the scheduler/
 # module, so they share compilation), csi-provisioner, csi-attacher,
 # csi-resizer, csi-sanity, flux-source-controller, flux-kustomize-controller
@@ -146,11 +146,12 @@ build_cue() {
 	SUMMARY+=("$(printf '%-24s %-10s built in %ds (bin/tools/cue-%s)' cue "$CUE_VERSION" "$((SECONDS - start))" "$CUE_VERSION")")
 }
 
-# flux_crds: the GitRepository and Kustomization CRDs of the pinned Flux
-# controllers, copied from their module zips in the Go module cache into
+# flux_crds: the CRDs of the pinned Flux controllers (every source.toolkit.fluxcd.io
+# kind, and Kustomization), copied from their module zips in the Go module cache into
 # bin/crds/flux/ (stamped like the binaries).
 flux_crds() {
-	local out=$BIN/crds/flux k="flux-crds $FLUX_SOURCE_CONTROLLER_VERSION $FLUX_KUSTOMIZE_CONTROLLER_VERSION"
+	# Every CRD of source-controller: it watches all its kinds and does not start without them.
+	local out=$BIN/crds/flux k="flux-crds $FLUX_SOURCE_CONTROLLER_VERSION $FLUX_KUSTOMIZE_CONTROLLER_VERSION all-source-kinds"
 	if [[ -f $STAMPS/flux-crds && "$(<"$STAMPS/flux-crds")" == "$k" && -d $out ]]; then
 		return 0
 	fi
@@ -158,7 +159,8 @@ flux_crds() {
 	sc=$(cd "$HERE/flux-source-controller" && go mod download -json "github.com/fluxcd/source-controller@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	kc=$(cd "$HERE/flux-kustomize-controller" && go mod download -json "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	mkdir -p "$out"
-	cp "$sc/config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml" "$kc/config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml" "$out/"
+	rm -f "$out"/*.yaml
+	cp "$sc"/config/crd/bases/source.toolkit.fluxcd.io_*.yaml "$kc/config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml" "$out/"
 	chmod 644 "$out"/*.yaml
 	printf '%s\n' "$k" >"$STAMPS/flux-crds"
 	SUMMARY+=("$(printf '%-24s %-10s copied from the module cache' flux-crds "$FLUX_SOURCE_CONTROLLER_VERSION/$FLUX_KUSTOMIZE_CONTROLLER_VERSION")")
@@ -175,9 +177,9 @@ make_assets() {
 
 TOTAL=$SECONDS
 targets=("$@")
-# Flux is built only on request (make testbin-flux): the Flux path of plinth dev has not yet
-# run end to end, and its two controllers add 10-15 min to a cold CI build.
-((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer cue)
+# Flux's two controllers are part of the default set: plinth dev and test/e2e deliver the policy
+# through them (they add 10-15 min to a cold build, about a minute warm).
+((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer cue flux-source-controller flux-kustomize-controller flux-crds)
 for t in "${targets[@]}"; do
 	case $t in
 	kubernetes) build_kubernetes ;;
