@@ -56,11 +56,10 @@ lint: vet ## Static checks: gofmt cleanliness and go vet.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 
 ##@ Test
-testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, csi-sanity, cue) into bin/.
+testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, csi-sanity, cue, Flux source- and kustomize-controller + CRDs) into bin/.
 	test/tools/build.sh
 
-testbin-flux: testbin ## Also build Flux source-controller and kustomize-controller (for plinth dev --flux).
-	test/tools/build.sh flux-source-controller flux-kustomize-controller flux-crds
+testbin-flux: testbin ## Alias of testbin (Flux is part of it).
 
 kernel-assets: ## Fetch the Debian kernel and build the guest initramfs (and zfs modules) for kernel tests.
 	test/kernel/setup.sh
@@ -79,7 +78,7 @@ test-kernel: kernel-assets testbin ## Kernel suites in the qemu guest (LVM, ZFS,
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_AGENT=1 go test -count=1 -timeout 30m -run TestGuest ./agents/agent/
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -count=1 -timeout 45m -run TestGuestCSI ./csi/
 
-test-e2e: testbin ## End-to-end suites.
+test-e2e: testbin ## End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
 test: lint verify-generate test-integration test-scheduler test-kernel vet-policies ## Everything CI runs.
@@ -98,11 +97,10 @@ vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth
 	$(CUE) vet -c -d '#Placement' schema/cue/policy.cue examples/quickstart/placement.yaml
 
 ##@ Run
-dev: build testbin ## The whole storage loop on this machine: control plane, controller, agent, CSI, scheduler, a PVC (plinth dev up).
+dev: build testbin ## The whole GitOps storage loop on this machine: Git + Flux, control plane, controller, agent, CSI, scheduler, a PVC (plinth dev up).
 	$(BIN)/plinth dev up
 
-dev-flux: build testbin-flux ## The same loop with the policy synced from a local Git repository by real Flux (plinth dev up --flux).
-	$(BIN)/plinth dev up --flux
+dev-flux: dev ## Alias of dev (Flux is the default).
 
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
