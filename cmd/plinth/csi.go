@@ -30,6 +30,8 @@ func newCSICommand() *cobra.Command {
 		kubeconfig  string
 		metricsAddr string
 		verbosity   int
+		qps         float32
+		burst       int
 	)
 	cmd := &cobra.Command{
 		Use:   "csi --mode controller|node|all --endpoint unix:///csi/csi.sock",
@@ -50,7 +52,7 @@ fsGroupPolicy: File.`,
 				opts.NodeName = os.Getenv("NODE_NAME")
 			}
 			if opts.Mode != csi.ModeNode || kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
-				cfg, err := csiRestConfig(kubeconfig)
+				cfg, err := csiRestConfig(kubeconfig, qps, burst)
 				if err != nil {
 					return &exitError{code: exitUsage, err: err}
 				}
@@ -86,14 +88,27 @@ fsGroupPolicy: File.`,
 	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 5*time.Minute, "bound of each wait for the agent when the caller sets no earlier deadline")
 	f.StringVar(&metricsAddr, "metrics-address", "", "serve Prometheus metrics on this address (e.g. :8080); empty disables")
 	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity: 2 logs each call, 5 each payload (secrets stripped)")
+	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit; client-go's own default of 5 queues CreateVolume's writes behind each other)")
+	f.IntVar(&burst, "kube-api-burst", 100, "burst of requests to the API server above --kube-api-qps")
 	return cmd
 }
 
-func csiRestConfig(kubeconfig string) (*rest.Config, error) {
+// csiRestConfig loads kubeconfig (in-cluster config when empty) with the client-side rate
+// limit qps (requests per second) and burst. Neither loader sets a limit, and client-go's
+// fallback of 5/s with a burst of 10 throttles a controller serving many volumes.
+func csiRestConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
 	if kubeconfig == "" {
-		return rest.InClusterConfig()
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = qps, burst
+	return cfg, nil
 }
 
 func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {
