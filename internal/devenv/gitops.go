@@ -91,7 +91,8 @@ func (e *Env) CorrectDrift(ctx context.Context, sum *Summary) error {
 			return "", err
 		}
 		start := time.Now()
-		shown, err := e.deliver(ctx, "dev pool: correct drift", set, true)
+		// Not waiting for Flux's verdict first: its health checks take ~5s, the correction less.
+		shown, err := e.deliver(ctx, "dev pool: correct drift", set, false)
 		if err != nil {
 			return "", err
 		}
@@ -118,6 +119,13 @@ func (e *Env) CorrectDrift(ctx context.Context, sum *Summary) error {
 		sum.DriftCorrected = time.Since(start)
 		if err != nil {
 			return "", err
+		}
+		if e.Opts.Flux {
+			rev, verdict, err := e.waitKustomization(ctx, 3*time.Minute, true)
+			if err != nil {
+				return "", err
+			}
+			shown += fmt.Sprintf("\nKustomization %s/%s at %s after %.1fs: %s", FluxNamespace, fluxRepoName, rev, time.Since(start).Seconds(), verdict)
 		}
 		return fmt.Sprintf("%s\nStorageClass %s allowVolumeExpansion true again; Placement %s Drifted=False (%s) %.1fs after the %s",
 			shown, QuickstartClass, QuickstartPlacement, msg, sum.DriftCorrected.Seconds(), e.verb()), nil

@@ -9,7 +9,9 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -75,15 +77,21 @@ func (e *Env) Kubelet(ctx context.Context, sum *Summary) error {
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		if _, err := node.NodeStageVolume(cctx, &csipb.NodeStageVolumeRequest{
-			VolumeId: kv.id, PublishContext: va.Status.AttachmentMetadata, StagingTargetPath: kv.staging,
-			VolumeCapability: capability, VolumeContext: pv.Spec.CSI.VolumeAttributes,
+		if err := retryAborted(cctx, func() error {
+			_, err := node.NodeStageVolume(cctx, &csipb.NodeStageVolumeRequest{
+				VolumeId: kv.id, PublishContext: va.Status.AttachmentMetadata, StagingTargetPath: kv.staging,
+				VolumeCapability: capability, VolumeContext: pv.Spec.CSI.VolumeAttributes,
+			})
+			return err
 		}); err != nil {
 			return "", fmt.Errorf("NodeStageVolume: %w", err)
 		}
-		if _, err := node.NodePublishVolume(cctx, &csipb.NodePublishVolumeRequest{
-			VolumeId: kv.id, PublishContext: va.Status.AttachmentMetadata, StagingTargetPath: kv.staging, TargetPath: kv.target,
-			VolumeCapability: capability, VolumeContext: pv.Spec.CSI.VolumeAttributes,
+		if err := retryAborted(cctx, func() error {
+			_, err := node.NodePublishVolume(cctx, &csipb.NodePublishVolumeRequest{
+				VolumeId: kv.id, PublishContext: va.Status.AttachmentMetadata, StagingTargetPath: kv.staging, TargetPath: kv.target,
+				VolumeCapability: capability, VolumeContext: pv.Spec.CSI.VolumeAttributes,
+			})
+			return err
 		}); err != nil {
 			return "", fmt.Errorf("NodePublishVolume: %w", err)
 		}
@@ -107,6 +115,23 @@ func (e *Env) Kubelet(ctx context.Context, sum *Summary) error {
 		return fmt.Sprintf("VolumeAttachment %s attached (devicePath %s)\nstaged at %s, published at %s (%s), wrote %s\nNodeGetVolumeStats: %s total, %s used",
 			va.Name, va.Status.AttachmentMetadata["devicePath"], kv.staging, kv.target, pv.Spec.CSI.FSType, probe, bytesStr(total), bytesStr(used)), nil
 	})
+}
+
+// retryAborted calls f until it returns anything but codes.Aborted (an
+// operation on the volume in progress, such as csi-attacher's repeated
+// ControllerPublish), as kubelet retries, or ctx ends.
+func retryAborted(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if status.Code(err) != codes.Aborted {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // kubeletPaths are the paths kubelet would use, under <Dir>/kubelet.
@@ -136,10 +161,16 @@ func (e *Env) KubeletRelease(ctx context.Context, sum *Summary) error {
 		node := csipb.NewNodeClient(conn)
 		cctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		if _, err := node.NodeUnpublishVolume(cctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: kv.id, TargetPath: kv.target}); err != nil {
+		if err := retryAborted(cctx, func() error {
+			_, err := node.NodeUnpublishVolume(cctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: kv.id, TargetPath: kv.target})
+			return err
+		}); err != nil {
 			return "", fmt.Errorf("NodeUnpublishVolume: %w", err)
 		}
-		if _, err := node.NodeUnstageVolume(cctx, &csipb.NodeUnstageVolumeRequest{VolumeId: kv.id, StagingTargetPath: kv.staging}); err != nil {
+		if err := retryAborted(cctx, func() error {
+			_, err := node.NodeUnstageVolume(cctx, &csipb.NodeUnstageVolumeRequest{VolumeId: kv.id, StagingTargetPath: kv.staging})
+			return err
+		}); err != nil {
 			return "", fmt.Errorf("NodeUnstageVolume: %w", err)
 		}
 		return fmt.Sprintf("%s unpublished and unstaged", kv.id), nil
