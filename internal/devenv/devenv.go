@@ -7,10 +7,14 @@
 // kubelet (DESIGN.md "Tests without a kubelet"), installs Plinth's CRDs and
 // the CSIDriver, and runs `plinth controller`, `plinth agent` with the file
 // backend on loop devices under the work directory, `plinth csi --mode all`
-// and the real csi-provisioner, csi-attacher and csi-resizer. Scenario then
-// walks the quickstart: policy → StorageClass/Agent/Store, PVC + pod →
-// volume → staged and published through the node plugin's socket as kubelet
-// would, drift shown, then deletion. Down stops every process by PID.
+// and the real csi-provisioner, csi-attacher and csi-resizer, and with
+// Options.Flux (the default of `plinth dev up`) Flux's source-controller and
+// kustomize-controller with a Git repository served on loopback. Scenario
+// then walks the quickstart: policy committed to Git and synced by Flux (or
+// applied) → StorageClass/Agent/Store, PVC + pod → volume → staged and
+// published through the node plugin's socket as kubelet would, a hand edit
+// Drifted then corrected, a change committed, an invalid policy Stalled,
+// then deletion. Down stops every process by PID.
 //
 // Every process runs as a child of the caller with its log under
 // <Dir>/logs; <Dir>/pids lists "name pid" lines so `plinth dev down` can end
