@@ -36,10 +36,12 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -275,16 +277,59 @@ func (e *Env) startScheduler(ctx context.Context) (string, error) {
 		return "", err
 	}
 	kc := e.CP.Admin.Kubeconfig
+	cfg, err := e.schedulerConfig(kc)
+	if err != nil {
+		return "", err
+	}
 	p, err := e.start(ctx, controlplane.ProcessSpec{
 		Name: controlplane.BinPlinthScheduler, Binary: controlplane.BinPlinthScheduler,
-		Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
-			"--leader-elect=false", "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port)},
+		Args: []string{"--config=" + cfg, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
+			"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port)},
 		Ready: controlplane.HTTPReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", port), nil),
 	})
 	if err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("pid %d, log %s", p.PID(), p.LogPath), nil
+}
+
+// SchedulerProfile is the schedulerName with which pods opt in to PlinthCapacity: the profile
+// of kustomize/scheduler/config.yaml, which plinth dev runs as it is deployed.
+const SchedulerProfile = "plinth-scheduler"
+
+// schedulerConfig writes the KubeSchedulerConfiguration plinth-scheduler runs with: the one
+// deployed (kustomize/scheduler/config.yaml, profile plinth-scheduler with PlinthCapacity),
+// with this control plane's kubeconfig, no leader election, and a plain default-scheduler
+// profile standing in for the cluster's own kube-scheduler (nothing else schedules here).
+func (e *Env) schedulerConfig(kubeconfig string) (string, error) {
+	src := filepath.Join(e.Root, "kustomize", "scheduler", "config.yaml")
+	raw, err := os.ReadFile(src)
+	if err != nil {
+		return "", fmt.Errorf("scheduler configuration: %w", err)
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		return "", fmt.Errorf("%s: %w", src, err)
+	}
+	profiles, _ := cfg["profiles"].([]any)
+	found := false
+	for _, p := range profiles {
+		if m, ok := p.(map[string]any); ok && m["schedulerName"] == SchedulerProfile {
+			found = true
+		}
+	}
+	if !found {
+		return "", fmt.Errorf("%s: no profile %q", src, SchedulerProfile)
+	}
+	cfg["profiles"] = append(profiles, map[string]any{"schedulerName": corev1.DefaultSchedulerName})
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(e.Dir, "scheduler-config.yaml")
+	return path, os.WriteFile(path, out, 0o600)
 }
 
 func (e *Env) startController(ctx context.Context) (string, error) {

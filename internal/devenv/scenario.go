@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -287,8 +288,26 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 		if pod.Spec.NodeName != StorageNode {
 			return "", fmt.Errorf("pod bound to %q, want the storage node %s", pod.Spec.NodeName, StorageNode)
 		}
+		// The Scheduled event names the profile that placed the pod: PlinthCapacity's.
+		if err := poll(ctx, 30*time.Second, func() error {
+			var evs eventsv1.EventList
+			if err := e.Client.List(ctx, &evs, client.InNamespace(QuickstartNamespace)); err != nil {
+				return err
+			}
+			for _, ev := range evs.Items {
+				if ev.Regarding.Kind == "Pod" && ev.Regarding.Name == pod.Name && ev.Reason == "Scheduled" {
+					if ev.ReportingController != SchedulerProfile {
+						return fmt.Errorf("pod scheduled by %q, want the %s profile", ev.ReportingController, SchedulerProfile)
+					}
+					return nil
+				}
+			}
+			return fmt.Errorf("no Scheduled event for pod %s yet", pod.Name)
+		}); err != nil {
+			return "", err
+		}
 		size := pv.Spec.Capacity[corev1.ResourceStorage]
-		return fmt.Sprintf("PVC Bound to %s (%s) in %.1fs; pod %s bound to %s by plinth-scheduler", pv.Name, size.String(), sum.PVCBound.Seconds(), pod.Name, pod.Spec.NodeName), nil
+		return fmt.Sprintf("PVC Bound to %s (%s) in %.1fs; pod %s bound to %s by plinth-scheduler (profile with PlinthCapacity)", pv.Name, size.String(), sum.PVCBound.Seconds(), pod.Name, pod.Spec.NodeName), nil
 	}); err != nil {
 		return err
 	}
@@ -325,6 +344,8 @@ func quickstartPod() *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: QuickstartPod, Namespace: QuickstartNamespace},
 		Spec: corev1.PodSpec{
+			// Opted in as in production (kustomize/scheduler): the profile with PlinthCapacity.
+			SchedulerName: SchedulerProfile,
 			Containers: []corev1.Container{{Name: "app", Image: "busybox", Command: []string{"sleep", "infinity"},
 				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
 			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
