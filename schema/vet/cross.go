@@ -9,8 +9,10 @@ import (
 
 // crossCheck applies the rules that need the whole set, with maps keyed by name (O(n)):
 // unique names per kind, references that resolve, unique StorageClass names, at most one
-// default class, and the local protocol only with WaitForFirstConsumer.
-func crossCheck(docs []*vetted) []Problem {
+// default class, and the local protocol only with WaitForFirstConsumer. invalid holds the
+// "Kind/name" of documents that failed their schema: a reference to one of them is not
+// reported again as missing (its own problems say what is wrong).
+func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 	var ps []Problem
 	byKind := map[string]map[string]*vetted{"StoragePool": {}, "Protocol": {}, "Placement": {}}
 	var placements []*vetted
@@ -33,16 +35,19 @@ func crossCheck(docs []*vetted) []Problem {
 	var defaultClass *vetted
 	for _, vd := range placements {
 		pl := vd.obj.(*policyv1.Placement)
-		if _, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; !ok {
+		if _, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; !ok && !invalid["StoragePool/"+pl.Spec.PoolRef.Name] {
 			ps = append(ps, at(vd.doc, []string{"spec", "poolRef", "name"},
 				fmt.Sprintf("StoragePool %q not found in the policy set", pl.Spec.PoolRef.Name)))
 		}
 		proto, ok := byKind["Protocol"][pl.Spec.ProtocolRef.Name]
-		if !ok {
+		switch {
+		case !ok && invalid["Protocol/"+pl.Spec.ProtocolRef.Name]:
+			// present but invalid: its own problems say why
+		case !ok:
 			ps = append(ps, at(vd.doc, []string{"spec", "protocolRef", "name"},
 				fmt.Sprintf("Protocol %q not found in the policy set", pl.Spec.ProtocolRef.Name)))
-		} else if proto.obj.(*policyv1.Protocol).Spec.Local != nil &&
-			pl.Spec.StorageClass.VolumeBindingMode != "WaitForFirstConsumer" {
+		case proto.obj.(*policyv1.Protocol).Spec.Local != nil &&
+			pl.Spec.StorageClass.VolumeBindingMode != "WaitForFirstConsumer":
 			ps = append(ps, at(vd.doc, []string{"spec", "storageClass", "volumeBindingMode"},
 				fmt.Sprintf("Protocol %q is local: the pod must run on the volume's node, so volumeBindingMode must be WaitForFirstConsumer, not %s",
 					pl.Spec.ProtocolRef.Name, pl.Spec.StorageClass.VolumeBindingMode)))

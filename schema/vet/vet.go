@@ -1,6 +1,7 @@
 package vet
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -44,8 +45,14 @@ func (v *Vetter) Vet(set *Set) (*Policies, []Problem) {
 	problems := append([]Problem(nil), set.Problems...)
 	out := &Policies{}
 	var docs []*vetted
+	invalid := map[string]bool{} // "Kind/name" of policy documents that failed their schema
 	for _, d := range set.Documents {
 		if !d.IsPolicy() {
+			if p, ok := misgrouped(d); ok {
+				problems = append(problems, p)
+				invalid[d.Kind+"/"+d.Name] = true
+				continue
+			}
 			out.Others = append(out.Others, d)
 			continue
 		}
@@ -53,9 +60,11 @@ func (v *Vetter) Vet(set *Set) (*Policies, []Problem) {
 		problems = append(problems, ps...)
 		if vd != nil {
 			docs = append(docs, vd)
+		} else {
+			invalid[d.Kind+"/"+d.Name] = true
 		}
 	}
-	problems = append(problems, crossCheck(docs)...)
+	problems = append(problems, crossCheck(docs, invalid)...)
 	for _, vd := range docs {
 		switch o := vd.obj.(type) {
 		case *policyv1.StoragePool:
@@ -68,6 +77,25 @@ func (v *Vetter) Vet(set *Set) (*Policies, []Problem) {
 	}
 	SortProblems(problems)
 	return out, problems
+}
+
+// misgrouped reports a document that is meant as policy but would be passed through as
+// another group's: a policy kind (StoragePool, Protocol, Placement) under another apiVersion,
+// or an apiVersion whose group mistypes Plinth's (such as policy.plinth.io). Silently skipped,
+// it would render nothing and make Plinth prune what it rendered before.
+func misgrouped(d *Document) (Problem, bool) {
+	g := d.Group()
+	_, policyKind := cueschema.Definitions[d.Kind]
+	typo := strings.Contains(g, "plinth") && g != PolicyGroup && g != "storage.plinth.dev"
+	if !policyKind && !typo {
+		return Problem{}, false
+	}
+	what := fmt.Sprintf("%q", d.APIVersion)
+	if policyKind {
+		what += " with kind " + d.Kind
+	}
+	return at(d, []string{"apiVersion"}, fmt.Sprintf("%s is not a policy apiVersion: policy documents are %s/v1alpha1 (StoragePool, Protocol, Placement); fix the group or move the document out of the policy set",
+		what, PolicyGroup)), true
 }
 
 // defaulter is a policy object that fills its own defaults.
@@ -167,7 +195,7 @@ func (v *Vetter) cueProblems(d *Document, err error) []Problem {
 			}
 		}
 		if len(precise) == 0 && len(conflicts) > 0 {
-			items[conflicts[0]].msg = oneOfMessage(items, conflicts)
+			items[conflicts[0]].msg = oneOfMessage(items, conflicts, valueAt(d.YAML, items[conflicts[0]].path))
 			precise = conflicts[:1]
 		}
 		seen := map[string]bool{}
@@ -203,21 +231,59 @@ func shadowed(items []cueIssue, i int) bool {
 	return false
 }
 
-// oneOfMessage turns CUE's "conflicting values A and X" errors of one field into
-// `invalid value X: must be one of A, B`.
-func oneOfMessage(items []cueIssue, idx []int) string {
+// oneOfMessage turns CUE's "conflicting values A and B" errors of one field into
+// "invalid value X: must be one of A, ...". CUE does not keep one order within a conflict (the
+// schema's value comes first or second), so actual — the document's own value as JSON, from
+// valueAt — tells the sides apart; without it the second side is taken as the document's.
+func oneOfMessage(items []cueIssue, idx []int, actual string) string {
 	var allowed []string
-	got := ""
+	got := actual
 	for _, i := range idx {
 		rest := strings.TrimPrefix(items[i].msg, "conflicting values ")
 		a, b, ok := strings.Cut(rest, " and ")
 		if !ok {
 			return items[i].msg
 		}
-		allowed = append(allowed, a)
-		got = b
+		switch {
+		case actual != "" && a == actual:
+			allowed = append(allowed, b)
+		case actual != "" && b == actual:
+			allowed = append(allowed, a)
+		default:
+			allowed = append(allowed, a)
+			if actual == "" {
+				got = b
+			}
+		}
 	}
 	return fmt.Sprintf("invalid value %s: must be one of %s", got, strings.Join(allowed, ", "))
+}
+
+// valueAt returns the scalar at path in a YAML document as JSON (a string quoted, as CUE
+// prints it), or "" when the document does not parse or has no scalar there.
+func valueAt(doc []byte, path []string) string {
+	var v any
+	if err := yaml.Unmarshal(doc, &v); err != nil {
+		return ""
+	}
+	for _, k := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		if v, ok = m[k]; !ok {
+			return ""
+		}
+	}
+	switch v.(type) {
+	case map[string]any, []any, nil:
+		return ""
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // hints explain the regular expressions of the schema, keyed by the field name they guard.
