@@ -24,6 +24,8 @@ func newAgentCommand() *cobra.Command {
 		opts       agent.Options
 		kubeconfig string
 		verbosity  int
+		qps        float32
+		burst      int
 	)
 	cmd := &cobra.Command{
 		Use:   "agent --node NAME",
@@ -48,7 +50,7 @@ Metrics (plinth_store_capacity_bytes, plinth_agent_* ...) are served at --metric
 				return &exitError{code: exitUsage, err: fmt.Errorf("--node is required (the Node name, e.g. from the downward API spec.nodeName)")}
 			}
 			ctrl.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(verbosity))))
-			cfg, err := restConfig(kubeconfig)
+			cfg, err := kubeRestConfig(kubeconfig, qps, burst)
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
@@ -70,15 +72,29 @@ Metrics (plinth_store_capacity_bytes, plinth_agent_* ...) are served at --metric
 	f.StringVar(&opts.HostNQNFile, "host-nqn-file", agent.DefaultHostNQNFile, "file holding this node's NVMe host NQN")
 	f.StringVar(&opts.NVMetRoot, "nvmet-root", "/sys/kernel/config/nvmet", "nvmet configfs tree")
 	f.IntVar(&verbosity, "v", 0, "log verbosity (0 info, 1 debug)")
+	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit; client-go's own default of 5 delays every volume's status writes)")
+	f.IntVar(&burst, "kube-api-burst", 100, "burst of requests to the API server above --kube-api-qps")
 	return cmd
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
+// kubeRestConfig loads kubeconfig (then $KUBECONFIG, then the in-cluster config) with the
+// client-side rate limit qps (requests per second) and burst. Neither loader sets a limit, and
+// client-go's fallback of 5/s with a burst of 10 queues the writes of an agent or CSI driver
+// serving many volumes (csi's BenchmarkPVCBound: PVC → Bound p50 628 ms at 5/s, 191 ms at 50/s).
+func kubeRestConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error) {
 	if kubeconfig == "" {
 		kubeconfig = os.Getenv("KUBECONFIG")
 	}
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
-	return ctrl.GetConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = qps, burst
+	return cfg, nil
 }

@@ -16,8 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/plinth-storage/plinth/csi"
 )
@@ -52,7 +50,7 @@ fsGroupPolicy: File.`,
 				opts.NodeName = os.Getenv("NODE_NAME")
 			}
 			if opts.Mode != csi.ModeNode || kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
-				cfg, err := csiRestConfig(kubeconfig, qps, burst)
+				cfg, err := kubeRestConfig(kubeconfig, qps, burst)
 				if err != nil {
 					return &exitError{code: exitUsage, err: err}
 				}
@@ -91,24 +89,6 @@ fsGroupPolicy: File.`,
 	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit; client-go's own default of 5 queues CreateVolume's writes behind each other)")
 	f.IntVar(&burst, "kube-api-burst", 100, "burst of requests to the API server above --kube-api-qps")
 	return cmd
-}
-
-// csiRestConfig loads kubeconfig (in-cluster config when empty) with the client-side rate
-// limit qps (requests per second) and burst. Neither loader sets a limit, and client-go's
-// fallback of 5/s with a burst of 10 throttles a controller serving many volumes.
-func csiRestConfig(kubeconfig string, qps float32, burst int) (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-	} else {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	if err != nil {
-		return nil, err
-	}
-	cfg.QPS, cfg.Burst = qps, burst
-	return cfg, nil
 }
 
 func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {

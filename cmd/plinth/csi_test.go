@@ -4,12 +4,14 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
-// plinth csi limits its API client by --kube-api-qps/--kube-api-burst, 50/100 by default:
+// plinth csi and plinth agent limit their API clients by --kube-api-qps/--kube-api-burst, 50/100 by default:
 // neither kubeconfig nor in-cluster loading sets a limit, and client-go's fallback of 5/s
 // queued each CreateVolume's writes (measured by csi's BenchmarkPVCBound).
-func TestCSIRestConfigRateLimit(t *testing.T) {
+func TestRestConfigRateLimit(t *testing.T) {
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(kc, []byte(`apiVersion: v1
 kind: Config
@@ -20,21 +22,22 @@ current-context: x
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := newCSICommand()
-	if err := cmd.ParseFlags(nil); err != nil {
-		t.Fatal(err)
-	}
-	f := cmd.Flags()
-	qps, _ := f.GetFloat32("kube-api-qps")
-	burst, _ := f.GetInt("kube-api-burst")
-	if qps != 50 || burst != 100 {
-		t.Errorf("defaults qps %v burst %d, want 50 and 100", qps, burst)
-	}
-	cfg, err := csiRestConfig(kc, qps, burst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.QPS != 50 || cfg.Burst != 100 {
-		t.Errorf("rest config QPS %v Burst %d, want 50 and 100", cfg.QPS, cfg.Burst)
+	for _, cmd := range []*cobra.Command{newCSICommand(), newAgentCommand()} {
+		if err := cmd.ParseFlags(nil); err != nil {
+			t.Fatal(err)
+		}
+		f := cmd.Flags()
+		qps, _ := f.GetFloat32("kube-api-qps")
+		burst, _ := f.GetInt("kube-api-burst")
+		if qps != 50 || burst != 100 {
+			t.Errorf("%s: defaults qps %v burst %d, want 50 and 100", cmd.Name(), qps, burst)
+		}
+		cfg, err := kubeRestConfig(kc, qps, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.QPS != 50 || cfg.Burst != 100 {
+			t.Errorf("%s: rest config QPS %v Burst %d, want 50 and 100", cmd.Name(), cfg.QPS, cfg.Burst)
+		}
 	}
 }

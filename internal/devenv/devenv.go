@@ -418,7 +418,8 @@ func (e *Env) startSidecars(ctx context.Context) (string, error) {
 		{controlplane.BinCSIAttacher, nil, nil},
 		{controlplane.BinCSIResizer, nil, nil},
 	} {
-		args := append([]string{"--csi-address=" + e.CSISocket, "--kubeconfig=" + e.Kubeconfig, "--leader-election=false", "--timeout=60s", "--v=2"}, sc.args...)
+		args := append([]string{"--csi-address=" + e.CSISocket, "--kubeconfig=" + e.Kubeconfig, "--leader-election=false", "--timeout=60s", "--v=2",
+			"--kube-api-qps=50", "--kube-api-burst=100"}, sc.args...)
 		p, err := e.start(ctx, controlplane.ProcessSpec{Name: sc.bin, Binary: sc.bin, Args: args, Env: sc.env})
 		if err != nil {
 			return "", err
