@@ -47,6 +47,16 @@ func Summary(r *Report) string {
 	if c.Drift > 0 {
 		s += fmt.Sprintf(", %d drifted", c.Drift)
 	}
+	blocked := 0
+	for _, ci := range r.Storage.Classes {
+		if ci.Action == ActionReplace && ci.AllowedKnown && !ci.Allowed {
+			blocked++
+		}
+	}
+	if blocked > 0 {
+		// Not a violation (the list), but the Placement will stall: say so up front.
+		s += fmt.Sprintf("; %d StorageClass replacements not allowed (their Placements will stall with ReplacementRequired)", blocked)
+	}
 	switch len(r.Violations) {
 	case 0:
 		s += "; no violations"
