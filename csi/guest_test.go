@@ -2,16 +2,12 @@ package csi_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,13 +20,14 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/kernel/apimux"
 	"github.com/plinth-storage/plinth/test/kernel/guest"
 )
 
 // The CSI guest suite: `plinth agent` (LVM thin pool, NVMe-oF/TCP export through nvmet) and
 // `plinth csi --mode all` run as root in the qemu guest of test/kernel (Debian's kernel, real
 // LVM, real nvmet configfs, the real nvme-tcp initiator), against this host's kube-apiserver
-// (reached through agents/agent/testdata/apimux and guestfwd). csi-sanity runs in the guest
+// (reached through test/kernel/apimux and guestfwd). csi-sanity runs in the guest
 // next to the driver's socket; then this package's test binary runs in the guest
 // (TestInGuestNVMeoFNode) for the node path's field cases on the real kernel. The guest's
 // node connects to its own nvmet target over loopback TCP: the same kernel code as between
@@ -48,107 +45,6 @@ const (
 	// guestStateDir holds the node's stage records in the guest.
 	guestStateDir = "/tmp/csi/state"
 )
-
-// apiDemux is the host end of agents/agent/testdata/apimux: qemu's guestfwd carries every
-// guest connection to 10.0.2.100:6443 over one unframed byte stream, so apimux frames each API
-// connection and apiDemux dials the API server once per stream. (The same protocol as the
-// agent's guest suite, agents/agent/guest_test.go; test packages cannot share test code.)
-type apiDemux struct {
-	l       net.Listener
-	backend string
-}
-
-func startAPIDemux(t *testing.T, backend string) *apiDemux {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &apiDemux{l: l, backend: backend}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go d.serve(c)
-		}
-	}()
-	t.Cleanup(func() { l.Close() })
-	return d
-}
-
-func (d *apiDemux) port() int { return d.l.Addr().(*net.TCPAddr).Port }
-
-// serve demultiplexes one apimux stream: frames of 4-byte stream id, 1-byte type (0 open,
-// 1 data, 2 close), 4-byte length and payload, big endian.
-func (d *apiDemux) serve(up net.Conn) {
-	defer up.Close()
-	var wmu, mu sync.Mutex
-	conns := map[uint32]net.Conn{}
-	send := func(id uint32, typ byte, p []byte) error {
-		var h [9]byte
-		binary.BigEndian.PutUint32(h[0:], id)
-		h[4] = typ
-		binary.BigEndian.PutUint32(h[5:], uint32(len(p)))
-		wmu.Lock()
-		defer wmu.Unlock()
-		if _, err := up.Write(h[:]); err != nil {
-			return err
-		}
-		_, err := up.Write(p)
-		return err
-	}
-	var h [9]byte
-	for {
-		if _, err := io.ReadFull(up, h[:]); err != nil {
-			return
-		}
-		id, typ, n := binary.BigEndian.Uint32(h[0:]), h[4], binary.BigEndian.Uint32(h[5:])
-		p := make([]byte, n)
-		if _, err := io.ReadFull(up, p); err != nil {
-			return
-		}
-		switch typ {
-		case 0:
-			b, err := net.Dial("tcp", d.backend)
-			if err != nil {
-				send(id, 2, nil) //nolint:errcheck
-				continue
-			}
-			mu.Lock()
-			conns[id] = b
-			mu.Unlock()
-			go func() {
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := b.Read(buf)
-					if n > 0 && send(id, 1, buf[:n]) != nil {
-						return
-					}
-					if err != nil {
-						send(id, 2, nil) //nolint:errcheck
-						return
-					}
-				}
-			}()
-		case 1, 2:
-			mu.Lock()
-			b := conns[id]
-			if typ == 2 {
-				delete(conns, id)
-			}
-			mu.Unlock()
-			if b == nil {
-				continue
-			}
-			if typ == 2 {
-				b.Close()
-			} else {
-				b.Write(p) //nolint:errcheck
-			}
-		}
-	}
-}
 
 type csiGuest struct {
 	t *testing.T
@@ -212,7 +108,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	} else {
 		goBuild(t, root, filepath.Join(work, "plinth"), "./cmd/plinth", false)
 	}
-	goBuild(t, root, filepath.Join(work, "apimux"), "./agents/agent/testdata/apimux", false)
+	goBuild(t, root, filepath.Join(work, "apimux"), "./test/kernel/cmd/apimux", false)
 	goBuild(t, root, filepath.Join(work, "csi.test"), "./csi", true)
 	sanity, err := controlplane.BinaryPath("", controlplane.BinCSISanity)
 	if err != nil {
@@ -222,7 +118,11 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	demux := startAPIDemux(t, u.Host)
+	demux, err := apimux.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { demux.Close() })
 
 	// The policy as Plinth's controller renders it: an LVM thin pool on the guest's first
 	// disk, exported over NVMe-oF/TCP on loopback; the Node as kubelet registers it.
@@ -249,7 +149,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	bootStart := time.Now()
 	gg, err := guest.Boot(ctx, guest.Options{
 		DiskBytes:     []int64{3 << 30}, // /dev/vda: the VG
-		GuestForwards: []guest.Forward{{HostPort: demux.port(), GuestPort: 6443}},
+		GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
 		Timeout:       40 * time.Minute,
 	})
 	if err != nil {

@@ -2,11 +2,8 @@ package agent_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -14,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,15 +22,16 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/kernel/apimux"
 	"github.com/plinth-storage/plinth/test/kernel/guest"
 )
 
 // The guest suite: `plinth agent` (CGO_ENABLED=0) runs inside the qemu guest
 // of test/kernel (Debian's kernel, real LVM thin pool, real nvmet and the
 // nvme-tcp initiator) and reaches the host's kube-apiserver through qemu
-// guestfwd at 10.0.2.100 (through testdata/apimux, see apiDemux). The test
-// drives it from the host through the API and inspects the kernel with
-// commands run in the guest.
+// guestfwd at 10.0.2.100 (through test/kernel/apimux: guestfwd carries every
+// guest connection over one byte stream). The test drives it from the host
+// through the API and inspects the kernel with commands run in the guest.
 //
 // It boots one guest (about 2–4 minutes under software emulation), so it
 // runs only with PLINTH_GUEST_AGENT=1, after make testbin and make
@@ -43,108 +40,6 @@ const guestNode = "guest-node"
 
 // guestHostNQN is the guest's /etc/nvme/hostnqn (test/kernel/README.md).
 const guestHostNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001"
-
-// apiDemux is the host end of testdata/apimux. qemu's guestfwd to a host
-// socket is a chardev: qemu connects it once at boot and carries every guest
-// connection to 10.0.2.100:6443 over that ONE byte stream, unframed (checked
-// in a guest: the host sees one connection, opened before the guest runs).
-// So apimux in the guest frames each API connection and apiDemux dials the
-// API server once per stream. The agent may then open and reopen as many
-// connections as it likes (restarts included).
-type apiDemux struct {
-	l       net.Listener
-	backend string
-}
-
-func startDemux(t *testing.T, backend string) *apiDemux {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &apiDemux{l: l, backend: backend}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go d.serve(c)
-		}
-	}()
-	t.Cleanup(func() { l.Close() })
-	return d
-}
-
-func (d *apiDemux) port() int { return d.l.Addr().(*net.TCPAddr).Port }
-
-func (d *apiDemux) serve(up net.Conn) {
-	defer up.Close()
-	var wmu, mu sync.Mutex
-	conns := map[uint32]net.Conn{}
-	send := func(id uint32, typ byte, p []byte) error {
-		var h [9]byte
-		binary.BigEndian.PutUint32(h[0:], id)
-		h[4] = typ
-		binary.BigEndian.PutUint32(h[5:], uint32(len(p)))
-		wmu.Lock()
-		defer wmu.Unlock()
-		if _, err := up.Write(h[:]); err != nil {
-			return err
-		}
-		_, err := up.Write(p)
-		return err
-	}
-	var h [9]byte
-	for {
-		if _, err := io.ReadFull(up, h[:]); err != nil {
-			return
-		}
-		id, typ, n := binary.BigEndian.Uint32(h[0:]), h[4], binary.BigEndian.Uint32(h[5:])
-		p := make([]byte, n)
-		if _, err := io.ReadFull(up, p); err != nil {
-			return
-		}
-		switch typ {
-		case 0: // open
-			b, err := net.Dial("tcp", d.backend)
-			if err != nil {
-				send(id, 2, nil)
-				continue
-			}
-			mu.Lock()
-			conns[id] = b
-			mu.Unlock()
-			go func() {
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := b.Read(buf)
-					if n > 0 && send(id, 1, buf[:n]) != nil {
-						return
-					}
-					if err != nil {
-						send(id, 2, nil)
-						return
-					}
-				}
-			}()
-		case 1, 2:
-			mu.Lock()
-			b := conns[id]
-			if typ == 2 {
-				delete(conns, id)
-			}
-			mu.Unlock()
-			if b == nil {
-				continue
-			}
-			if typ == 2 {
-				b.Close()
-			} else {
-				b.Write(p)
-			}
-		}
-	}
-}
 
 type guestT struct {
 	t *testing.T
@@ -208,7 +103,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build plinth: %v\n%s", err, out)
 	}
-	mux := exec.Command("go", "build", "-o", filepath.Join(work, "apimux"), "./agents/agent/testdata/apimux")
+	mux := exec.Command("go", "build", "-o", filepath.Join(work, "apimux"), "./test/kernel/cmd/apimux")
 	mux.Dir = root
 	mux.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := mux.CombinedOutput(); err != nil {
@@ -218,12 +113,16 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	demux := startDemux(t, u.Host)
+	demux, err := apimux.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { demux.Close() })
 
 	bootStart := time.Now()
 	gg, err := guest.Boot(ctx, guest.Options{
 		DiskBytes:     []int64{2 << 30, 1 << 30}, // vda: the VG; vdb: a device with data
-		GuestForwards: []guest.Forward{{HostPort: demux.port(), GuestPort: 6443}},
+		GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
 		Timeout:       20 * time.Minute,
 	})
 	if err != nil {
