@@ -3,7 +3,6 @@ package csi_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,15 +113,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(cp.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	demux, err := apimux.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { demux.Close() })
+	demux := apimux.StartForTest(t, cp.URL)
 
 	// The policy as Plinth's controller renders it: an LVM thin pool on the guest's first
 	// disk, exported over NVMe-oF/TCP on loopback; the Node as kubelet registers it.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,15 +108,7 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	if out, err := mux.CombinedOutput(); err != nil {
 		t.Fatalf("build apimux: %v\n%s", err, out)
 	}
-	u, err := url.Parse(cp.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	demux, err := apimux.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { demux.Close() })
+	demux := apimux.StartForTest(t, cp.URL)
 
 	bootStart := time.Now()
 	gg, err := guest.Boot(ctx, guest.Options{

@@ -446,3 +446,42 @@ func TestMuxWire(t *testing.T) {
 		t.Fatal("Mux left its listener open")
 	}
 }
+
+// TestStartForTest: the Demux fronts the URL's host:port and carries a
+// request to it; t's cleanup closes it.
+func TestStartForTest(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "served "+r.URL.Path) //nolint:errcheck
+	}))
+	t.Cleanup(srv.Close)
+	var d *Demux
+	t.Run("inner", func(t *testing.T) {
+		d = StartForTest(t, srv.URL)
+		up := dial(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(d.Port())))
+		defer up.Close()
+		req := []byte("GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n")
+		for _, f := range []Frame{{Stream: 1, Type: Open}, {Stream: 1, Type: Data, Payload: req}} {
+			if err := WriteFrame(up, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var resp []byte
+		for {
+			up.SetReadDeadline(time.Now().Add(hangGuard)) //nolint:errcheck
+			f, err := ReadFrame(up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Type == Close {
+				break
+			}
+			resp = append(resp, f.Payload...)
+		}
+		if !bytes.HasSuffix(resp, []byte("\r\n\r\nserved /readyz")) {
+			t.Fatalf("response %q", resp)
+		}
+	})
+	if err := d.Close(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Close after the test's cleanup: %v, want net.ErrClosed", err)
+	}
+}
