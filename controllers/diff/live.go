@@ -19,6 +19,7 @@ import (
 	"github.com/plinth-storage/plinth/controllers/drift"
 	"github.com/plinth-storage/plinth/controllers/inventory"
 	"github.com/plinth-storage/plinth/controllers/policy"
+	"github.com/plinth-storage/plinth/controllers/render"
 	"github.com/plinth-storage/plinth/controllers/storageclass"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -134,7 +135,7 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 		if b.replacement(&want, changes, imm) {
 			continue
 		}
-		ku, err := toUnstructured(storageclass.KeepImmutable(&want, &live))
+		ku, err := render.ToUnstructured(storageclass.KeepImmutable(&want, &live))
 		if err != nil {
 			return nil, err
 		}
@@ -747,15 +748,4 @@ func (b *builder) finish() {
 		r.Storage.Pools = []PoolCapacity{}
 	}
 	r.count()
-}
-
-func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	unstructured.RemoveNestedField(u.Object, "status")
-	return u, nil
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/plinth-storage/plinth/controllers/drift"
+	"github.com/plinth-storage/plinth/controllers/inventory"
 	"github.com/plinth-storage/plinth/controllers/render"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
@@ -198,21 +199,9 @@ func changed(paths []string, field string) bool {
 	return false
 }
 
-func kindOrder(k string) int {
-	switch k {
-	case "StorageClass":
-		return 0
-	case "Agent":
-		return 1
-	case "Store":
-		return 2
-	}
-	return 3
-}
-
 func sortObjects(objs []ObjectChange) {
 	sort.SliceStable(objs, func(i, j int) bool {
-		if a, b := kindOrder(objs[i].Kind), kindOrder(objs[j].Kind); a != b {
+		if a, b := inventory.KindOrder(objs[i].Kind), inventory.KindOrder(objs[j].Kind); a != b {
 			return a < b
 		}
 		return objs[i].Name < objs[j].Name

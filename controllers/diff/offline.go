@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/plinth-storage/plinth/controllers/drift"
+	"github.com/plinth-storage/plinth/controllers/render"
 	"github.com/plinth-storage/plinth/controllers/storageclass"
 	"github.com/plinth-storage/plinth/schema/vet"
 )
@@ -79,7 +80,7 @@ func Offline(paths, against []string, nodes []corev1.Node) (*Report, error) {
 				if b.replacement(&want, changes, imm) {
 					continue
 				}
-				kept, err := toUnstructured(storageclass.KeepImmutable(&want, &was))
+				kept, err := render.ToUnstructured(storageclass.KeepImmutable(&want, &was))
 				if err != nil {
 					return nil, err
 				}

@@ -111,8 +111,8 @@ func (inv *Inventory) Entries() []Entry {
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Kind != out[j].Kind {
-			return kindOrder(out[i].Kind) < kindOrder(out[j].Kind) ||
-				kindOrder(out[i].Kind) == kindOrder(out[j].Kind) && out[i].Kind < out[j].Kind
+			return KindOrder(out[i].Kind) < KindOrder(out[j].Kind) ||
+				KindOrder(out[i].Kind) == KindOrder(out[j].Kind) && out[i].Kind < out[j].Kind
 		}
 		if out[i].Group != out[j].Group {
 			return out[i].Group < out[j].Group
@@ -122,7 +122,9 @@ func (inv *Inventory) Entries() []Entry {
 	return out
 }
 
-func kindOrder(k string) int {
+// KindOrder is the apply order of the kinds Plinth renders: StorageClass (0), Agent (1),
+// Store (2), anything else (3). Inventories, renders and reports list objects in it.
+func KindOrder(k string) int {
 	switch k {
 	case "StorageClass":
 		return 0

@@ -455,7 +455,7 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 	for _, rp := range replacements {
 		key := "Placement/" + rp.placement
 		done, err := r.replace(ctx, rp.desired, rp.live)
-		u, cerr := toUnstructured(rp.desired)
+		u, cerr := render.ToUnstructured(rp.desired)
 		if cerr != nil {
 			return ctrl.Result{}, cerr
 		}
@@ -708,7 +708,7 @@ func (r *Reconciler) replace(ctx context.Context, desired, live *storagev1.Stora
 	}
 	// Apply what policy renders; the preserved default-class annotation goes back to the
 	// manager that owned it, so a later apply does not remove it as a field Plinth dropped.
-	du, err := toUnstructured(desired)
+	du, err := render.ToUnstructured(desired)
 	if err != nil {
 		return false, err
 	}
@@ -1109,17 +1109,6 @@ func sortRefs(refs []policyv1.ObjectReference) []policyv1.ObjectReference {
 		return out[i].Name < out[j].Name
 	})
 	return out
-}
-
-func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	unstructured.RemoveNestedField(u.Object, "status")
-	return u, nil
 }
 
 func flatten(err error) []error {

@@ -31,16 +31,26 @@ func (o *Output) Unstructured() ([]*unstructured.Unstructured, error) {
 	objs := o.Objects()
 	out := make([]*unstructured.Unstructured, 0, len(objs))
 	for _, obj := range objs {
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		u, err := ToUnstructured(obj)
 		if err != nil {
-			return nil, fmt.Errorf("convert %T: %w", obj, err)
+			return nil, err
 		}
-		u := &unstructured.Unstructured{Object: m}
-		unstructured.RemoveNestedField(u.Object, "status")
-		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 		out = append(out, u)
 	}
 	return out, nil
+}
+
+// ToUnstructured converts one typed object to unstructured form without the fields render
+// never sets (status, metadata.creationTimestamp), as server-side apply should receive it.
+func ToUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, fmt.Errorf("convert %T: %w", obj, err)
+	}
+	u := &unstructured.Unstructured{Object: m}
+	unstructured.RemoveNestedField(u.Object, "status")
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	return u, nil
 }
 
 // YAML writes every rendered object as one YAML stream ("---" between documents); the bytes
