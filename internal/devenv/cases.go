@@ -279,15 +279,7 @@ func (e *Env) AgentRestartMidProvisioning(ctx context.Context) error {
 				return "", err
 			}
 			bound := time.Since(start)
-			if err := poll(ctx, time.Minute, func() error {
-				if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-					return err
-				}
-				if vs.Status.Phase != storev1.VolumeReady {
-					return fmt.Errorf("VolumeState %s phase %s", id, vs.Status.Phase)
-				}
-				return nil
-			}); err != nil {
+			if _, err := e.waitVolumeReady(ctx, id); err != nil {
 				return "", err
 			}
 			check, err := e.checkNoOrphans(ctx, name, id)

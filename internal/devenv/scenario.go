@@ -314,16 +314,8 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 	return e.step("VolumeState Ready and the volume on disk", agentAndCSI, func() (string, error) {
 		id := pv.Spec.CSI.VolumeHandle
 		sum.VolumeID = id
-		var vs storev1.VolumeState
-		if err := poll(ctx, time.Minute, func() error {
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-				return err
-			}
-			if vs.Status.Phase != storev1.VolumeReady {
-				return fmt.Errorf("VolumeState %s phase %s", id, vs.Status.Phase)
-			}
-			return nil
-		}); err != nil {
+		vs, err := e.waitVolumeReady(ctx, id)
+		if err != nil {
 			return "", err
 		}
 		files, _ := filepath.Glob(filepath.Join(e.VolumeDir, id+"*"))
@@ -456,4 +448,19 @@ func (e *Env) Release(ctx context.Context, sum *Summary) error {
 		}
 		return fmt.Sprintf("PV, VolumeState %s and %s removed", sum.VolumeID, sum.VolumeFile), nil
 	})
+}
+
+// waitVolumeReady polls (up to a minute) until the VolumeState id reports phase Ready.
+func (e *Env) waitVolumeReady(ctx context.Context, id string) (*storev1.VolumeState, error) {
+	var vs storev1.VolumeState
+	err := poll(ctx, time.Minute, func() error {
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
+			return err
+		}
+		if vs.Status.Phase != storev1.VolumeReady {
+			return fmt.Errorf("VolumeState %s phase %s", id, vs.Status.Phase)
+		}
+		return nil
+	})
+	return &vs, err
 }
