@@ -71,7 +71,7 @@ func renderSet(s *policySet, nodes []corev1.Node) (*render.Output, []vet.Problem
 		return out, nil
 	}
 	var ps []vet.Problem
-	for _, e := range flatten(err) {
+	for _, e := range render.Errors(err) {
 		p := vet.Problem{Message: e.Error()}
 		var re *render.Error
 		if errors.As(e, &re) {
@@ -84,17 +84,6 @@ func renderSet(s *policySet, nodes []corev1.Node) (*render.Output, []vet.Problem
 	}
 	vet.SortProblems(ps)
 	return nil, ps
-}
-
-func flatten(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		var out []error
-		for _, e := range j.Unwrap() {
-			out = append(out, flatten(e)...)
-		}
-		return out
-	}
-	return []error{err}
 }
 
 // policyChanges lists the policy objects of after that differ from before by spec (labels and

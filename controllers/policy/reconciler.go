@@ -228,7 +228,7 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 	rendered, err := render.Render(render.Input{Pools: pol.Pools, Protocols: pol.Protocols, Placements: pol.Placements, Nodes: nodes.Items})
 	if err != nil {
 		out.setInvalid = true
-		for _, e := range flatten(err) {
+		for _, e := range render.Errors(err) {
 			var re *render.Error
 			if errors.As(e, &re) {
 				out.invalid[re.Kind+"/"+re.Name] = append(out.invalid[re.Kind+"/"+re.Name], re.Error())
@@ -1109,15 +1109,4 @@ func sortRefs(refs []policyv1.ObjectReference) []policyv1.ObjectReference {
 		return out[i].Name < out[j].Name
 	})
 	return out
-}
-
-func flatten(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		var out []error
-		for _, e := range j.Unwrap() {
-			out = append(out, flatten(e)...)
-		}
-		return out
-	}
-	return []error{err}
 }
