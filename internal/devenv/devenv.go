@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -272,7 +271,7 @@ func (e *Env) start(ctx context.Context, spec controlplane.ProcessSpec) (*contro
 }
 
 func (e *Env) startScheduler(ctx context.Context) (string, error) {
-	port, err := freePort()
+	port, err := controlplane.FreePort()
 	if err != nil {
 		return "", err
 	}
@@ -336,11 +335,11 @@ func (e *Env) startController(ctx context.Context) (string, error) {
 	if err := e.ensureNamespace(ctx, ControllerNamespace); err != nil {
 		return "", err
 	}
-	mport, err := freePort()
+	mport, err := controlplane.FreePort()
 	if err != nil {
 		return "", err
 	}
-	hport, err := freePort()
+	hport, err := controlplane.FreePort()
 	if err != nil {
 		return "", err
 	}
@@ -359,11 +358,11 @@ func (e *Env) startController(ctx context.Context) (string, error) {
 }
 
 func (e *Env) startAgent(ctx context.Context) (string, error) {
-	mport, err := freePort()
+	mport, err := controlplane.FreePort()
 	if err != nil {
 		return "", err
 	}
-	hport, err := freePort()
+	hport, err := controlplane.FreePort()
 	if err != nil {
 		return "", err
 	}
@@ -387,7 +386,7 @@ func (e *Env) startCSI(ctx context.Context) (string, error) {
 	if len(e.CSISocket) > 100 {
 		return "", fmt.Errorf("socket path %s is too long for a unix socket: choose a shorter --dir", e.CSISocket)
 	}
-	mport, err := freePort()
+	mport, err := controlplane.FreePort()
 	if err != nil {
 		return "", err
 	}
@@ -561,13 +560,4 @@ func cleanupMounts(dir string) {
 		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
 		_ = exec.Command("losetup", "-d", dev).Run()
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -156,7 +156,7 @@ func (e *Env) startFlux(ctx context.Context) (string, error) {
 	}
 	var ports [5]int
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = controlplane.FreePort(); err != nil {
 			return "", err
 		}
 	}

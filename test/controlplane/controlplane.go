@@ -191,11 +191,11 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	}
 
 	// etcd
-	cport, err := freePort()
+	cport, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	pport, err := freePort()
+	pport, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	// kube-apiserver
 	port := opts.APIServerPort
 	if port == 0 {
-		if port, err = freePort(); err != nil {
+		if port, err = FreePort(); err != nil {
 			return nil, err
 		}
 	}
@@ -427,7 +427,7 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, pki map[stri
 	if err != nil {
 		return err
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return err
 	}

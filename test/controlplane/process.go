@@ -197,8 +197,9 @@ func (p *Process) stop(grace time.Duration) error {
 	}
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago (another process may
+// take it before the caller binds it; callers that start servers on it retry or fail clearly).
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
