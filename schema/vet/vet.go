@@ -101,6 +101,19 @@ func misgrouped(d *Document) (Problem, bool) {
 // defaulter is a policy object that fills its own defaults.
 type defaulter interface{ Default() }
 
+// newPolicyObject returns an empty object of a policy kind (a key of cueschema.Definitions).
+func newPolicyObject(kind string) defaulter {
+	switch kind {
+	case "StoragePool":
+		return &policyv1.StoragePool{}
+	case "Protocol":
+		return &policyv1.Protocol{}
+	case "Placement":
+		return &policyv1.Placement{}
+	}
+	return nil
+}
+
 // vetted is a policy document that passed its schema, decoded.
 type vetted struct {
 	doc *Document
@@ -123,22 +136,14 @@ func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
 	if err := u.Validate(cue.Concrete(true)); err != nil {
 		return nil, v.cueProblems(d, err)
 	}
-	var obj defaulter
-	switch d.Kind {
-	case "StoragePool":
-		obj = &policyv1.StoragePool{}
-	case "Protocol":
-		obj = &policyv1.Protocol{}
-	case "Placement":
-		obj = &policyv1.Placement{}
-	}
+	obj := newPolicyObject(d.Kind)
 	// The document is valid: decode its text directly (several times faster than decoding
 	// the CUE value) and fill the defaults the schema states (TestDecodeMatchesCUE holds the
 	// two paths equal).
 	if err := yaml.Unmarshal(d.YAML, obj); err != nil {
 		return nil, []Problem{at(d, nil, "cannot decode: "+err.Error())}
 	}
-	obj.(defaulter).Default()
+	obj.Default()
 	return &vetted{doc: d, obj: obj}, nil
 }
 

@@ -229,15 +229,7 @@ func TestDecodeMatchesCUE(t *testing.T) {
 				continue
 			}
 			u := v.schema.Defs[d.Kind].Unify(v.schema.Context.BuildExpr(d.Expr))
-			var obj defaulter
-			switch d.Kind {
-			case "StoragePool":
-				obj = &policyv1.StoragePool{}
-			case "Protocol":
-				obj = &policyv1.Protocol{}
-			case "Placement":
-				obj = &policyv1.Placement{}
-			}
+			obj := newPolicyObject(d.Kind)
 			if err := u.Decode(obj); err != nil {
 				t.Fatal(err)
 			}
