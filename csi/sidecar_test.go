@@ -132,17 +132,7 @@ func (s *sidecars) pvc(name, size string) *corev1.PersistentVolumeClaim {
 // assertion on the time it takes) until it returns nil or timeout.
 func until(t testing.TB, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %v", what, timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	controlplane.Eventually(t, timeout, 20*time.Millisecond, what, f)
 }
 
 // TestSidecars: a PVC becomes Bound to a PV of the right size with node affinity; a

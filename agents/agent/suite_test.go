@@ -123,15 +123,7 @@ func (r *runner) stop() { r.crash(); r.wait() }
 // eventually polls f until it returns nil or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s: %v", what, timeout, err)
+	controlplane.Eventually(t, timeout, 100*time.Millisecond, what, f)
 }
 
 func counter(c *prometheus.CounterVec, label string) float64 {

@@ -370,17 +370,7 @@ func startController(t *testing.T, cp *controlplane.ControlPlane) func() {
 
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	controlplane.Eventually(t, 60*time.Second, 200*time.Millisecond, what, f)
 }
 
 func waitReady(t *testing.T, c client.Client, pl *policyv1.Placement) {

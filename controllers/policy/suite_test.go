@@ -227,17 +227,7 @@ func startController(t *testing.T) *controller {
 // eventually polls f every 100 ms until it returns nil or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	controlplane.Eventually(t, timeout, 100*time.Millisecond, what, f)
 }
 
 // reconcileNow runs one reconcile of the whole set directly (the manager's cache is used)

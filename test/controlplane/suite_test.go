@@ -86,15 +86,5 @@ func crdDir(t *testing.T) string {
 // eventually polls f every 200 ms until it returns nil or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %v", what, timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	controlplane.Eventually(t, timeout, 200*time.Millisecond, what, f)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 )
 
 // RequireBinaries skips t when a named test binary is missing, with a message
@@ -63,4 +64,22 @@ func ForTest(t testing.TB, opts Options) *ControlPlane {
 		}
 	})
 	return cp
+}
+
+// Eventually calls f every interval until it returns nil, and fails t with what and f's last
+// error when timeout passes first. It is the wait of tests that watch controllers converge;
+// the time taken is never asserted (benchmarks measure speed).
+func Eventually(t testing.TB, timeout, interval time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s: %v", what, timeout, err)
+		}
+		time.Sleep(interval)
+	}
 }

@@ -377,15 +377,5 @@ func testRBAC(t *testing.T, c *cluster) {
 
 func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %v", what, timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	controlplane.Eventually(t, timeout, 200*time.Millisecond, what, f)
 }
