@@ -518,7 +518,7 @@ func (cp *ControlPlane) Dead() error {
 	var errs []error
 	for _, p := range cp.Processes() {
 		if p.Exited() {
-			errs = append(errs, p.failure(fmt.Sprintf("(pid %d) exited: %v", p.PID(), p.err)))
+			errs = append(errs, p.Failure(fmt.Sprintf("(pid %d) exited: %v", p.PID(), p.Err())))
 		}
 	}
 	return errors.Join(errs...)
@@ -538,7 +538,7 @@ func (cp *ControlPlane) Stop() error {
 	cp.mu.Unlock()
 	var errs []error
 	for i := len(procs) - 1; i >= 0; i-- {
-		if err := procs[i].stop(5 * time.Second); err != nil {
+		if err := procs[i].StopWithin(5 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -1,212 +1,48 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"syscall"
-	"time"
+
+	"github.com/plinth-storage/plinth/internal/process"
 )
 
 // ProcessSpec describes a process the control plane starts and owns: a
-// scheduler, a CSI sidecar, a driver under test.
-type ProcessSpec struct {
-	// Name names the process in errors and its log file (<Dir>/logs/<Name>.log).
-	Name string
-	// Binary is a name in the test bin folder or an absolute path.
-	Binary string
-	Args   []string
-	// Env is added to the test's environment.
-	Env []string
-	// Ready, when set, is polled every 100 ms until it returns nil (the process
-	// serves) or ReadyTimeout passes; nil means started is enough.
-	Ready        func(ctx context.Context) error
-	ReadyTimeout time.Duration
-}
+// scheduler, a CSI sidecar, a driver under test (internal/process.Spec).
+type ProcessSpec = process.Spec
 
-// Process is a running child process with its log file.
-type Process struct {
-	Name    string
-	Path    string
-	Args    []string
-	LogPath string
+// Process is a running child process with its log file (internal/process.Process).
+type Process = process.Process
 
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
-	err  error // Wait result, set before done closes
-}
+// ProcessError says a process failed to start or died; Tail is the end of its
+// log (internal/process.Error).
+type ProcessError = process.Error
 
-// PID returns the process id.
-func (p *Process) PID() int { return p.cmd.Process.Pid }
+const tailLines = process.TailLines
 
-// Exited reports whether the process has ended.
-func (p *Process) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Done is closed when the process has ended.
-func (p *Process) Done() <-chan struct{} { return p.done }
-
-// Tail returns the last n lines of the process's log.
-func (p *Process) Tail(n int) string {
-	data, _ := os.ReadFile(p.LogPath)
-	return tail(data, n)
-}
-
-func tail(data []byte, n int) string {
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
-}
-
-const tailLines = 25
-
-// startProcess starts spec with its output in logDir and waits until Ready.
-// On any error the process is killed and the error names it and ends with the
-// tail of its log.
+// startProcess resolves spec.Binary in binDir and starts it with its output in
+// logDir, waiting until Ready (process.Start).
 func startProcess(ctx context.Context, binDir, logDir string, spec ProcessSpec) (*Process, error) {
 	path, err := BinaryPath(binDir, spec.Binary)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", spec.Name, err)
 	}
-	logPath := filepath.Join(logDir, spec.Name+".log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("%s: log file: %w", spec.Name, err)
-	}
-	fmt.Fprintf(logf, "### %s %s\n", path, strings.Join(spec.Args, " "))
-	cmd := exec.Command(path, spec.Args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), spec.Env...)
-	// Own process group so a terminal's ^C reaches the test, not each child
-	// first; Pdeathsig so a killed test leaves no orphans.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("%s: start %s: %w", spec.Name, path, err)
-	}
-	p := &Process{Name: spec.Name, Path: path, Args: spec.Args, LogPath: logPath, cmd: cmd, log: logf, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		logf.Close()
-		close(p.done)
-	}()
-	if spec.Ready == nil {
-		return p, nil
-	}
-	timeout := spec.ReadyTimeout
-	if timeout == 0 {
-		timeout = 60 * time.Second
-	}
-	if err := p.waitReady(ctx, spec.Ready, timeout); err != nil {
-		p.stop(2 * time.Second)
-		return nil, err
-	}
-	return p, nil
+	return process.Start(ctx, path, logDir, spec)
 }
 
-func (p *Process) waitReady(ctx context.Context, ready func(context.Context) error, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	var last error
-	for {
-		select {
-		case <-p.done:
-			return p.failure(fmt.Sprintf("exited during start-up (%v)", p.err))
-		default:
-		}
-		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-		last = ready(cctx)
-		ccancel()
-		if last == nil {
-			return nil
-		}
-		select {
-		case <-p.done:
-			return p.failure(fmt.Sprintf("exited during start-up (%v)", p.err))
-		case <-ctx.Done():
-			return p.failure(fmt.Sprintf("not ready after %s: %v", timeout, last))
-		case <-tick.C:
-		}
-	}
-}
+func tail(data []byte, n int) string { return process.Tail(data, n) }
 
-// failure builds the error of a process that did not come up, ending with the
-// tail of its log.
-func (p *Process) failure(what string) error {
-	return &ProcessError{Name: p.Name, What: what, LogPath: p.LogPath, Tail: p.Tail(tailLines)}
-}
-
-// ProcessError says a process failed to start or died; Tail is the end of its log.
-type ProcessError struct {
-	Name, What, LogPath, Tail string
-}
-
-func (e *ProcessError) Error() string {
-	return fmt.Sprintf("%s %s; last lines of %s:\n%s", e.Name, e.What, e.LogPath, indent(e.Tail))
-}
-
-func indent(s string) string {
-	return "    " + strings.ReplaceAll(s, "\n", "\n    ")
-}
+func indent(s string) string { return process.Indent(s) }
 
 // addrInUse reports whether a start-up failure is a lost race for a port
 // picked free a moment before (another control plane took it).
-func addrInUse(err error) bool {
-	var pe *ProcessError
-	return errors.As(err, &pe) && strings.Contains(pe.Tail, "address already in use")
-}
+func addrInUse(err error) bool { return process.AddrInUse(err) }
 
-// stop sends SIGTERM to the process (by PID), then SIGKILL after grace, and
-// waits until it is reaped.
-func (p *Process) stop(grace time.Duration) error {
-	if p.Exited() {
-		return nil
-	}
-	_ = syscall.Kill(p.PID(), syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(grace):
-	}
-	_ = syscall.Kill(p.PID(), syscall.SIGKILL)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.Name, p.PID())
-	}
-}
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago (another process may
-// take it before the caller binds it; callers that start servers on it retry or fail clearly).
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago
+// (process.FreePort).
+func FreePort() (int, error) { return process.FreePort() }
 
 // checkPortFree returns a clear error when a port asked for explicitly is taken.
 func checkPortFree(name string, port int) error {
@@ -217,44 +53,11 @@ func checkPortFree(name string, port int) error {
 	return l.Close()
 }
 
-// HTTPReady returns a Ready check that wants 200 from url. With tlsConfig nil
-// an https url is probed without verifying the certificate (components that
-// serve self-signed health endpoints).
+// HTTPReady returns a Ready check that wants 200 from url (process.HTTPReady).
 func HTTPReady(url string, tlsConfig *tls.Config) func(context.Context) error {
-	if tlsConfig == nil {
-		tlsConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // loopback health probe of a self-signed test server
-	}
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true}}
-	return func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: %s: %s", url, resp.Status, tail(body, 5))
-		}
-		return nil
-	}
+	return process.HTTPReady(url, tlsConfig)
 }
 
-// SocketReady returns a Ready check that wants a unix socket at path to accept.
-func SocketReady(path string) func(context.Context) error {
-	return func(ctx context.Context) error {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", path)
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	}
-}
-
-// Stop ends the process (SIGTERM, SIGKILL after 5 s) and waits until it is
-// reaped; the control plane's Stop then skips it.
-func (p *Process) Stop() error { return p.stop(5 * time.Second) }
+// SocketReady returns a Ready check that wants a unix socket at path to accept
+// (process.SocketReady).
+func SocketReady(path string) func(context.Context) error { return process.SocketReady(path) }
