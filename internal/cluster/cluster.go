@@ -145,14 +145,14 @@ const lockPath = "/run/plinth-cluster.lock"
 // images, kubelet — and waits until each Node is Ready. ctx bounds
 // start-up. On error everything started is stopped and cleaned up; the
 // error names the node and ends with the tail of the failing log.
-func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := validate(&opts); err != nil {
 		return nil, err
 	}
 	if err := CheckHost(); err != nil {
 		return nil, err
 	}
-	c = &Cluster{opts: opts, timeout: opts.StartTimeout, clientCA: opts.ClientCAFile, kubeletBin: opts.Kubelet}
+	c := &Cluster{opts: opts, timeout: opts.StartTimeout, clientCA: opts.ClientCAFile, kubeletBin: opts.Kubelet}
 	if c.timeout == 0 {
 		c.timeout = 120 * time.Second
 	}
@@ -192,7 +192,6 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			if serr := c.Stop(); serr != nil {
 				err = fmt.Errorf("%w (and cleaning up: %v)", err, serr)
 			}
-			c = nil
 		}
 	}()
 	c.logDir = filepath.Join(c.Dir, "logs")

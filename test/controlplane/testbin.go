@@ -26,6 +26,8 @@ const (
 	BinKubeAPIServer         = "kube-apiserver"
 	BinKubeControllerManager = "kube-controller-manager"
 	BinKubectl               = "kubectl"
+	BinKubelet               = "kubelet"
+	BinKubeProxy             = "kube-proxy"
 	BinPlinthScheduler       = "plinth-scheduler"
 	BinCSIProvisioner        = "csi-provisioner"
 	BinCSIAttacher           = "csi-attacher"

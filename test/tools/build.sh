@@ -2,7 +2,7 @@
 # build.sh [TARGET...] — builds the pinned test peers into bin/ (or $PLINTH_TESTBIN).
 #
 # Targets (default: all of them): kubernetes (kube-apiserver, kube-controller-manager,
-# kubectl, etcd and plinth-scheduler in ONE `go build` from the scheduler/
+# kubectl, kubelet, kube-proxy, etcd and plinth-scheduler in ONE `go build` from the scheduler/
 # module, so they share compilation), csi-provisioner, csi-attacher,
 # csi-resizer, csi-sanity, flux-source-controller, flux-kustomize-controller
 # (one module each under test/tools/<peer>/), flux-crds (their CRDs from the
@@ -66,6 +66,8 @@ build_kubernetes() {
 		[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
 		[kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
 		[kubectl]=k8s.io/kubernetes/cmd/kubectl
+		[kubelet]=k8s.io/kubernetes/cmd/kubelet
+		[kube-proxy]=k8s.io/kubernetes/cmd/kube-proxy
 		[etcd]=go.etcd.io/etcd/server/v3
 		[plinth-scheduler]=./cmd/plinth-scheduler
 	)
@@ -73,11 +75,13 @@ build_kubernetes() {
 		[kube-apiserver]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
 		[kube-controller-manager]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
 		[kubectl]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
+		[kubelet]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
+		[kube-proxy]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
 		[etcd]="etcd $ETCD_VERSION $GOVER mod=$modhash ld=$ld"
 		[plinth-scheduler]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld src=$srchash"
 	)
 	local names=() pkgs=() n
-	for n in kube-apiserver kube-controller-manager kubectl etcd plinth-scheduler; do
+	for n in kube-apiserver kube-controller-manager kubectl kubelet kube-proxy etcd plinth-scheduler; do
 		if stamp_ok "$n" "${key[$n]}"; then
 			SUMMARY+=("$(printf '%-24s %-10s up to date' "$n" "$(cut -d' ' -f2 <<<"${key[$n]}")")")
 		else
