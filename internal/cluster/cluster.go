@@ -69,6 +69,10 @@ type Options struct {
 	Nodes []NodeOptions
 	// Labels are added to every node.
 	Labels map[string]string
+	// NodePaths are more absolute host paths each node gets its own folder
+	// at (beside /var/lib/kubelet, /var/lib/plinth, /etc/nvme and the
+	// runtime's paths, see the package doc).
+	NodePaths []string
 
 	// APIServer is the API server URL as the host reaches it (kubelets and
 	// kube-proxy run on the host).
@@ -281,6 +285,11 @@ func validate(opts *Options) error {
 		}
 		seen[n.Name] = true
 	}
+	for i, p := range opts.NodePaths {
+		if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
+			errs = append(errs, fmt.Errorf("NodePaths[%d] %q: want an absolute path below /", i, p))
+		}
+	}
 	for _, img := range opts.Images {
 		if _, err := os.Stat(img); err != nil {
 			errs = append(errs, fmt.Errorf("image archive: %w", err))
@@ -299,7 +308,7 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 	if err := n.createCgroups(c.hierarchies); err != nil {
 		return err
 	}
-	if err := n.setupMountNamespace(ctx); err != nil {
+	if err := n.setupMountNamespace(ctx, c.opts.NodePaths); err != nil {
 		return fmt.Errorf("node %s: mount namespace: %w", n.Name, err)
 	}
 	confDir := filepath.Join(n.Dir, "cni-conf")
@@ -356,7 +365,8 @@ func (c *Cluster) startKubeProxy(ctx context.Context) error {
 			"--cluster-cidr=" + PodCIDR,
 			fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz),
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mport),
-			"--conntrack-max-per-core=0", // leave the host's conntrack table size alone
+			"--conntrack-max-per-core=0",           // leave the host's conntrack table size alone
+			"--iptables-localhost-nodeports=false", // and its route_localnet sysctl
 			"--v=1",
 		},
 		Ready:        process.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/healthz", hz), nil),

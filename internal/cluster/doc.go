@@ -33,15 +33,19 @@
 // --propagation unchanged`, entered with nsenter) where /var/lib/kubelet is
 // the node's folder <Dir>/<node>/kubelet, bind-mounted. So is each path in
 // nodePaths: /var/lib/cni, /var/log/pods, /var/log/containers, /run/netns,
-// /run/containerd. kubelet runs with its default --root-dir=/var/lib/kubelet.
+// /run/containerd (the runtime's fixed paths), /var/lib/plinth and /etc/nvme
+// (the shipped agent's and CSI node plugin's per-node state and host NQN),
+// and Options.NodePaths. kubelet runs with its default
+// --root-dir=/var/lib/kubelet.
 //
 // DaemonSet hostPaths are therefore the standard ones, unchanged:
 // /var/lib/kubelet (or its plugins/<driver>, plugins_registry, pods
 // subfolders) with mountPropagation Bidirectional for the CSI node plugin;
-// /dev and /sys are the host's. Any other hostPath is the host's own folder,
-// shared by every node: a per-node state folder a component needs (a file
-// backend's files) belongs under /var/lib/kubelet/plugins/<driver>/ or must
-// be keyed by node name.
+// /var/lib/plinth and /etc/nvme are the node's own; /dev, /sys, /run/udev,
+// /run/lvm, /etc/lvm, /lib/modules are the host's, shared by every node (one
+// kernel). Any other hostPath is the host's own folder shared by every node
+// unless listed in Options.NodePaths. Mounts made under a per-node path
+// other than /var/lib/kubelet stay inside the node (private propagation).
 //
 // Mount propagation: the node's root folder is bind-mounted onto itself and
 // made shared on the host before the namespace is made, so the namespace's

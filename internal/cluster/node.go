@@ -21,9 +21,11 @@ import (
 const KubeletRootDir = "/var/lib/kubelet"
 
 // nodePaths are the host paths each node sees as its own folder: paths kubelet,
-// containerd or the CNI plugins use outside their configurable folders. Each
-// is bind-mounted from <node dir>/<name> in the node's mount namespace, so N
-// nodes do not share them and nothing is written to the host's own copy.
+// containerd or the CNI plugins use outside their configurable folders, and
+// the per-node state folders of Plinth's shipped DaemonSets. Each is
+// bind-mounted from <node dir>/<name> in the node's mount namespace, so N
+// nodes do not share them and nothing is written to the host's own copy
+// (which stays an empty folder, made when missing).
 var nodePaths = []struct{ path, name string }{
 	{KubeletRootDir, "kubelet"},           // root dir, pki, plugins, plugins_registry, device-plugins, pods
 	{"/var/lib/cni", "cni-state"},         // CNI result cache of containerd's CRI plugin
@@ -31,6 +33,8 @@ var nodePaths = []struct{ path, name string }{
 	{"/var/log/containers", "clogs"},      // kubelet's symlinks to them
 	{"/run/netns", "netns"},               // pod network namespaces containerd bind-mounts
 	{"/run/containerd", "run-containerd"}, // runc state and shim sockets (fixed paths in containerd 1.6)
+	{"/var/lib/plinth", "plinth"},         // agent and CSI node plugin state (kustomize/agent, kustomize/csi)
+	{"/etc/nvme", "etc-nvme"},             // the node's host NQN and host ID
 }
 
 // Node is one running node: a containerd and a kubelet in the node's own
@@ -87,8 +91,12 @@ func (n *Node) Enter() []string {
 // new namespace holding the host's mounts unchanged, where each of nodePaths
 // is bound to the node's own folder. The host's mounts are private here, so
 // nothing mounted in the namespace outside RootDir leaks out.
-func (n *Node) setupMountNamespace(ctx context.Context) error {
-	for _, p := range nodePaths {
+func (n *Node) setupMountNamespace(ctx context.Context, extra []string) error {
+	paths := append([]struct{ path, name string }(nil), nodePaths...)
+	for i, p := range extra {
+		paths = append(paths, struct{ path, name string }{p, fmt.Sprintf("extra-%d", i)})
+	}
+	for _, p := range paths {
 		if err := os.MkdirAll(filepath.Join(n.Dir, p.name), 0o755); err != nil {
 			return err
 		}
@@ -112,7 +120,7 @@ func (n *Node) setupMountNamespace(ctx context.Context) error {
 		return err
 	}
 	n.nsMade = true
-	for _, p := range nodePaths {
+	for _, p := range paths {
 		args := append(n.Enter(), "mount", "--bind", filepath.Join(n.Dir, p.name), p.path)
 		if err := run(ctx, args[0], args[1:]...); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
