@@ -5,6 +5,10 @@ SHELL := /usr/bin/env bash
 export GOFLAGS := -buildvcs=false -trimpath
 export GOTOOLCHAIN := local
 
+# Plinth's version: the one source of truth for `plinth version`, the image tags and
+# kustomize/components/images (TestImagesComponent checks that they agree).
+VERSION := v0.1.0
+
 ROOT := $(abspath .)
 BIN := $(ROOT)/bin
 TOOLS := $(BIN)/tools
@@ -22,7 +26,17 @@ help: ## Show this help.
 
 ##@ Build
 build: ## Build the plinth binary into bin/.
-	go build -o $(BIN)/plinth ./cmd/plinth
+	go build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/plinth ./cmd/plinth
+
+# make images takes plinth-scheduler and the CSI sidecars from here (make testbin builds them).
+IMAGES_BINDIR ?= $(BIN)
+
+images: ## Build the image archives into bin/images/ (no Docker): plinth, plinth-scheduler, CSI sidecars, pause and busybox for test clusters. Needs make testbin first.
+	CGO_ENABLED=0 go build -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/images/.bin/plinth ./cmd/plinth
+	CGO_ENABLED=0 go build -ldflags "-s -w" -o $(BIN)/images/.bin/pause ./hack/images/pause
+	rev=$$(git rev-parse HEAD); git diff --quiet HEAD -- || rev=$$rev-dirty; \
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./hack/images -out $(BIN)/images -version $(VERSION) -revision $$rev \
+		-plinth $(BIN)/images/.bin/plinth -pause $(BIN)/images/.bin/pause -bindir $(IMAGES_BINDIR) -versions test/tools/versions.env
 
 $(CONTROLLER_GEN):
 	GOBIN=$(TOOLS) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
@@ -67,7 +81,7 @@ kernel-assets: ## Fetch the Debian kernel and build the guest initramfs (and zfs
 test-unit: $(CUE) ## Unit tests of the main module (integration tests skip without bin/).
 	PLINTH_CUE=$(CUE) go test ./...
 
-test-integration: testbin $(CUE) ## Every test of the main module, integration tests on the real control plane included.
+test-integration: testbin images $(CUE) ## Every test of the main module, integration tests on the real control plane included.
 	PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 -timeout 30m ./...
 
 test-scheduler: testbin ## The scheduler module's unit and integration tests (real scheduler, real API server).
@@ -105,4 +119,4 @@ dev-flux: dev ## Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: testbin-flux dev-flux help build tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

@@ -15,10 +15,6 @@ import (
 
 func init() { subcommands = append(subcommands, newAgentCommand) }
 
-// version is the agent version reported in Agent status; set with
-// -ldflags "-X main.version=...".
-var version = "dev"
-
 func newAgentCommand() *cobra.Command {
 	var (
 		opts       agent.Options

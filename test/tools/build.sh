@@ -19,6 +19,10 @@ ROOT=$(cd "$HERE/../.." && pwd)
 BIN=${PLINTH_TESTBIN:-$ROOT/bin}
 STAMPS=$BIN/.stamps
 export GOFLAGS="${GOFLAGS:--buildvcs=false -trimpath}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+# Static binaries, as upstream releases them: `make images` puts plinth-scheduler and the CSI
+# sidecars into images that have no libc. The setting is part of every stamp, so binaries
+# built with cgo before are rebuilt.
+export CGO_ENABLED=0
 . "$HERE/versions.env"
 . "$HERE/peers.sh"
 mkdir -p "$BIN" "$STAMPS" "$BIN/tools"
@@ -72,13 +76,13 @@ build_kubernetes() {
 		[plinth-scheduler]=./cmd/plinth-scheduler
 	)
 	local -A key=(
-		[kube-apiserver]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
-		[kube-controller-manager]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
-		[kubectl]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
-		[kubelet]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
-		[kube-proxy]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld"
-		[etcd]="etcd $ETCD_VERSION $GOVER mod=$modhash ld=$ld"
-		[plinth-scheduler]="kubernetes $KUBERNETES_VERSION $GOVER mod=$modhash ld=$ld src=$srchash"
+		[kube-apiserver]="kubernetes $KUBERNETES_VERSION $GOVER cgo=$CGO_ENABLED mod=$modhash ld=$ld"
+		[kube-controller-manager]="kubernetes $KUBERNETES_VERSION $GOVER cgo=$CGO_ENABLED mod=$modhash ld=$ld"
+		[kubectl]="kubernetes $KUBERNETES_VERSION $GOVER cgo=$CGO_ENABLED mod=$modhash ld=$ld"
+		[kubelet]="kubernetes $KUBERNETES_VERSION $GOVER cgo=$CGO_ENABLED mod=$modhash ld=$ld"
+		[kube-proxy]="kubernetes $KUBERNETES_VERSION $GOVER cgo=$CGO_ENABLED mod=$modhash ld=$ld"
+		[etcd]="etcd $ETCD_VERSION $GOVER cgo=$CGO_ENABLED mod=$modhash ld=$ld"
+		[plinth-scheduler]="kubernetes $KUBERNETES_VERSION $GOVER cgo=$CGO_ENABLED mod=$modhash ld=$ld src=$srchash"
 	)
 	local names=() pkgs=() n
 	for n in kube-apiserver kube-controller-manager kubectl kubelet kube-proxy etcd plinth-scheduler; do
@@ -116,7 +120,7 @@ build_peer() { # NAME
 	# Upstream's Makefiles stamp the version the same way (sidecars: main.version,
 	# csi-sanity: main.VERSION); -X of a variable a binary lacks is ignored.
 	local ldflags="-s -w -X main.version=$PEER_VER -X main.VERSION=$PEER_VER"
-	local k="$PEER_NAME $PEER_VER $GOVER mod=$(hash_files "$dir/go.mod" "$dir/go.sum") ld=$(sha256sum <<<"$ldflags" | cut -c1-8)"
+	local k="$PEER_NAME $PEER_VER $GOVER cgo=$CGO_ENABLED mod=$(hash_files "$dir/go.mod" "$dir/go.sum") ld=$(sha256sum <<<"$ldflags" | cut -c1-8)"
 	if stamp_ok "$PEER_NAME" "$k"; then
 		SUMMARY+=("$(printf '%-24s %-10s up to date' "$PEER_NAME" "$PEER_VER")")
 		return 0

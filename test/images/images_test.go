@@ -1,0 +1,442 @@
+// Package images_test proves the archives of `make images` in a real containerd: each imports
+// with its name and its programs run (shared libraries present); and two builds from the same
+// inputs are byte-identical.
+//
+// Integration tests: they run with PLINTH_INTEGRATION=1 (make test-integration, after make
+// images) and need root, Debian's containerd, runc and ctr, and the archives in bin/images
+// (PLINTH_IMAGES overrides the folder). Under CI=true a missing prerequisite fails.
+package images_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/plinth-storage/plinth/internal/imagebuild"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	return filepath.Join(wd, "..", "..")
+}
+
+// imagesDir is where make images wrote the archives.
+func imagesDir() string {
+	if d := os.Getenv("PLINTH_IMAGES"); d != "" {
+		return d
+	}
+	return filepath.Join(repoRoot(), "bin", "images")
+}
+
+// require skips t (or fails it under CI=true) when PLINTH_INTEGRATION is not 1 or a
+// prerequisite is missing.
+func require(t *testing.T, ok bool, what string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("missing prerequisite: %s", what)
+	}
+	t.Skipf("SKIP: %s", what)
+}
+
+func requireIntegration(t *testing.T) {
+	t.Helper()
+	if os.Getenv(controlplane.EnvIntegration) != "1" {
+		t.Skipf("SKIP: integration test (set %s=1)", controlplane.EnvIntegration)
+	}
+	require(t, os.Geteuid() == 0, "root (containerd runs containers)")
+	for _, tool := range []string{"containerd", "ctr", "runc"} {
+		_, err := exec.LookPath(tool)
+		require(t, err == nil, tool+" (hack/install-deps.sh installs Debian's containerd and runc)")
+	}
+}
+
+// archiveRef reads the image name and manifest digest from an archive's index.json.
+func archiveRef(t *testing.T, file string) (string, string) {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			t.Fatalf("%s: no index.json", file)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if h.Name != "index.json" {
+			continue
+		}
+		var idx v1.IndexManifest
+		if err := json.NewDecoder(tr).Decode(&idx); err != nil {
+			t.Fatalf("%s: index.json: %v", file, err)
+		}
+		if len(idx.Manifests) != 1 {
+			t.Fatalf("%s: index.json has %d manifests, want 1", file, len(idx.Manifests))
+		}
+		return idx.Manifests[0].Annotations[imagebuild.AnnotationImageName], idx.Manifests[0].Digest.String()
+	}
+}
+
+// containerd is a containerd of the test's own: socket, root, state and opt folders under a
+// temporary folder, configured like a kubelet node's (restrict_oom_score_adj: root here lacks
+// CAP_SYS_RESOURCE, so nothing may lower an OOM score).
+type containerd struct {
+	dir, sock string
+	cmd       *exec.Cmd
+	log       *os.File
+	ids       atomic.Int32
+}
+
+func startContainerd(t *testing.T) *containerd {
+	t.Helper()
+	// Short path: the socket path must fit in 108 bytes.
+	dir, err := os.MkdirTemp("", "plinth-ctrd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &containerd{dir: dir, sock: filepath.Join(dir, "containerd.sock")}
+	config := fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+[grpc]
+  address = %[3]q
+[ttrpc]
+  address = %[4]q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[5]q
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.10"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %[6]q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.sock, c.sock+".ttrpc", filepath.Join(dir, "opt"), filepath.Join(dir, "net.d"))
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c.log, err = os.Create(filepath.Join(dir, "containerd.log")); err != nil {
+		t.Fatal(err)
+	}
+	c.cmd = exec.Command("containerd", "--config", cfg)
+	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("start containerd: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- c.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			data, _ := os.ReadFile(c.log.Name())
+			lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+			if len(lines) > 30 {
+				lines = lines[len(lines)-30:]
+			}
+			t.Logf("containerd log (last lines):\n%s", strings.Join(lines, "\n"))
+		}
+		c.log.Close()
+		// Snapshot mounts are gone with the containers (ctr run --rm); a leftover mount would
+		// make RemoveAll fail, which is reported, not hidden.
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove %s: %v", dir, err)
+		}
+	})
+	controlplane.Eventually(t, 60*time.Second, 200*time.Millisecond, "containerd answers on "+c.sock, func() error {
+		select {
+		case err := <-exited:
+			exited <- err
+			return fmt.Errorf("containerd exited: %v", err)
+		default:
+		}
+		_, err := c.ctr(context.Background(), "version")
+		return err
+	})
+	return c
+}
+
+// ctr runs ctr against this containerd in the k8s.io namespace (the kubelet's).
+func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.sock, "--namespace", "k8s.io"}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+// run runs args in a new container of ref (ctr run --rm; args replace the image's entrypoint
+// and command, none runs the entrypoint) and returns its output.
+func (c *containerd) run(ctx context.Context, ref string, args ...string) (string, error) {
+	id := fmt.Sprintf("plinth-images-%d-%d", os.Getpid(), c.ids.Add(1))
+	return c.ctr(ctx, append([]string{"run", "--rm", ref, id}, args...)...)
+}
+
+// TestImagesRunInContainerd imports every archive of make images into a real containerd and
+// runs each image's programs.
+func TestImagesRunInContainerd(t *testing.T) {
+	requireIntegration(t)
+	dir := imagesDir()
+	refs := map[string]string{}
+	for _, im := range imagebuild.Catalogue() {
+		file := filepath.Join(dir, im.Name+".tar")
+		_, err := os.Stat(file)
+		require(t, err == nil, file+" (make images builds it)")
+		ref, digest := archiveRef(t, file)
+		refs[im.Name] = ref
+		t.Logf("%s: %s %s", im.Name, ref, digest)
+	}
+	c := startContainerd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	for _, im := range imagebuild.Catalogue() {
+		file := filepath.Join(dir, im.Name+".tar")
+		if _, err := c.ctr(ctx, "images", "import", file); err != nil {
+			t.Fatalf("import %s: %v", file, err)
+		}
+		_, digest := archiveRef(t, file)
+		out, err := c.ctr(ctx, "images", "ls", "name=="+refs[im.Name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, refs[im.Name]) || !strings.Contains(out, digest) {
+			t.Fatalf("after importing %s, ctr images ls does not show %s at %s:\n%s", file, refs[im.Name], digest, out)
+		}
+	}
+
+	cases := []struct {
+		image string
+		args  []string
+		want  string // in the output
+	}{
+		{"plinth", nil, "Plinth: a GitOps storage fleet manager"}, // the ENTRYPOINT, no arguments: help
+		{"plinth", []string{"/usr/bin/plinth", "version"}, "plinth v"},
+		{"plinth", []string{"plinth", "agent", "--help"}, "--state-dir"},
+		{"plinth", []string{"lvm", "version"}, "LVM version"},
+		{"plinth", []string{"lvcreate", "--version"}, "LVM version"},
+		{"plinth", []string{"thin_check", "--version"}, "0."},
+		{"plinth", []string{"nvme", "version"}, "nvme version"},
+		{"plinth", []string{"mkfs.ext4", "-V"}, "mke2fs"},
+		{"plinth", []string{"resize2fs"}, "Usage: resize2fs"},
+		{"plinth", []string{"mkfs.xfs", "-V"}, "mkfs.xfs version"},
+		{"plinth", []string{"xfs_growfs", "-V"}, "xfs_growfs version"},
+		{"plinth", []string{"losetup", "--version"}, "util-linux"},
+		{"plinth", []string{"mount", "--version"}, "util-linux"},
+		{"plinth", []string{"blkid", "--version"}, "util-linux"},
+		{"plinth", []string{"wipefs", "--version"}, "util-linux"},
+		{"plinth", []string{"blockdev", "--version"}, "util-linux"},
+		{"plinth", []string{"modprobe", "--version"}, "kmod version"},
+		{"plinth-scheduler", []string{"/usr/bin/plinth-scheduler", "--version"}, "Kubernetes v"},
+		{"plinth-scheduler", []string{"plinth-scheduler", "--help"}, "--config"},
+		{"csi-provisioner", []string{"/csi-provisioner", "--version"}, "csi-provisioner"},
+		{"csi-attacher", []string{"/csi-attacher", "--version"}, "csi-attacher"},
+		{"csi-resizer", []string{"/csi-resizer", "--version"}, "csi-resizer"},
+		{"busybox", []string{"sh", "-c", "echo ok; ls /bin/sh; sha256sum /etc/passwd; df / >/dev/null && dd if=/dev/zero of=/tmp/x bs=4k count=1 2>/dev/null && cat /tmp/x | wc -c"}, "ok"},
+	}
+	for _, tc := range cases {
+		name := tc.image + " " + strings.Join(tc.args, " ")
+		if tc.args == nil {
+			name = tc.image + " (entrypoint)"
+		}
+		t.Run(name, func(t *testing.T) {
+			out, err := c.run(ctx, refs[tc.image], tc.args...)
+			// resize2fs without arguments prints its usage and exits 1: only the output counts.
+			if err != nil && !(tc.args != nil && tc.args[0] == "resize2fs") {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Fatalf("output lacks %q:\n%s", tc.want, out)
+			}
+			if strings.Contains(out, "error while loading shared libraries") {
+				t.Fatalf("a shared library is missing:\n%s", out)
+			}
+		})
+	}
+
+	t.Run("pause waits for SIGTERM", func(t *testing.T) {
+		id := fmt.Sprintf("plinth-images-pause-%d", os.Getpid())
+		if _, err := c.ctr(ctx, "run", "-d", refs["pause"], id); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = c.ctr(context.Background(), "containers", "delete", id) })
+		controlplane.Eventually(t, 30*time.Second, 100*time.Millisecond, "pause task RUNNING", func() error {
+			out, err := c.ctr(ctx, "tasks", "ls")
+			if err != nil {
+				return err
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if f := strings.Fields(line); len(f) == 3 && f[0] == id && f[2] == "RUNNING" {
+					return nil
+				}
+			}
+			return fmt.Errorf("tasks: %s", out)
+		})
+		if _, err := c.ctr(ctx, "tasks", "kill", "--signal", "SIGTERM", id); err != nil {
+			t.Fatal(err)
+		}
+		controlplane.Eventually(t, 30*time.Second, 100*time.Millisecond, "pause task STOPPED after SIGTERM", func() error {
+			out, err := c.ctr(ctx, "tasks", "ls")
+			if err != nil {
+				return err
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if f := strings.Fields(line); len(f) == 3 && f[0] == id && f[2] != "STOPPED" {
+					return fmt.Errorf("pause is %s", f[2])
+				}
+			}
+			return nil
+		})
+		if _, err := c.ctr(ctx, "tasks", "delete", id); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestImagesReproducible builds the whole set twice from the same inputs (the binaries and
+// the .deb cache make images left) and compares the archives byte for byte.
+func TestImagesReproducible(t *testing.T) {
+	if os.Getenv(controlplane.EnvIntegration) != "1" {
+		t.Skipf("SKIP: integration test (set %s=1)", controlplane.EnvIntegration)
+	}
+	dir := imagesDir()
+	binDir := os.Getenv(controlplane.EnvTestBin)
+	if binDir == "" {
+		binDir = filepath.Join(repoRoot(), "bin")
+	}
+	for _, f := range []string{filepath.Join(dir, ".bin", "plinth"), filepath.Join(dir, ".bin", "pause"), filepath.Join(binDir, "plinth-scheduler")} {
+		_, err := os.Stat(f)
+		require(t, err == nil, f+" (make images)")
+	}
+	sidecars, err := imagebuild.ReadVersions(filepath.Join(repoRoot(), "test", "tools", "versions.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := imagebuild.Inputs{
+		Version: "v0.0.0-test", Revision: "0123456789abcdef0123456789abcdef01234567", Source: "https://example.org/plinth",
+		Created: time.Unix(1764590000, 0), Plinth: filepath.Join(dir, ".bin", "plinth"), Pause: filepath.Join(dir, ".bin", "pause"),
+		BinDir: binDir, Sidecars: sidecars, DebCache: filepath.Join(dir, ".debs"), Log: io.Discard,
+	}
+	ctx := context.Background()
+	a, b := t.TempDir(), t.TempDir()
+	ra, err := imagebuild.BuildAll(ctx, in, a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := imagebuild.BuildAll(ctx, in, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ra) != len(imagebuild.Catalogue()) || len(rb) != len(ra) {
+		t.Fatalf("built %d and %d images, want %d", len(ra), len(rb), len(imagebuild.Catalogue()))
+	}
+	for i := range ra {
+		da, err := os.ReadFile(ra[i].Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := os.ReadFile(rb[i].Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ra[i].Digest != rb[i].Digest || !bytes.Equal(da, db) {
+			t.Errorf("%s: two builds differ: %s (%d bytes) vs %s (%d bytes)", ra[i].Ref, ra[i].Digest, len(da), rb[i].Digest, len(db))
+		}
+	}
+}
+
+// TestPlinthImageContents reads the plinth image's files from its archive (the docker-save
+// view, as crane push reads it): the Debian package list is recorded, and there is no
+// documentation, compiler, shell or package manager.
+func TestPlinthImageContents(t *testing.T) {
+	if os.Getenv(controlplane.EnvIntegration) != "1" {
+		t.Skipf("SKIP: integration test (set %s=1)", controlplane.EnvIntegration)
+	}
+	file := filepath.Join(imagesDir(), "plinth.tar")
+	_, err := os.Stat(file)
+	require(t, err == nil, file+" (make images builds it)")
+	img, err := tarball.ImageFromPath(file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cfg.Config.Entrypoint, " "); got != "/usr/bin/plinth" {
+		t.Errorf("entrypoint %q, want /usr/bin/plinth", got)
+	}
+	for _, l := range []string{"org.opencontainers.image.source", "org.opencontainers.image.version", "org.opencontainers.image.revision", "dev.plinth.debian-packages"} {
+		if cfg.Config.Labels[l] == "" {
+			t.Errorf("label %s is missing", l)
+		}
+	}
+	files := map[string]string{}
+	tr := tar.NewReader(mutate.Extract(img))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := ""
+		if h.Name == "usr/share/plinth/packages.txt" {
+			b, _ := io.ReadAll(tr)
+			data = string(b)
+		}
+		files[h.Name] = data
+	}
+	list := files["usr/share/plinth/packages.txt"]
+	for _, p := range imagebuild.NodePackages {
+		if !strings.Contains(list, "\n"+p+" ") && !strings.HasPrefix(list, p+" ") {
+			t.Errorf("packages.txt does not list %s:\n%s", p, list)
+		}
+	}
+	for name := range files {
+		for _, bad := range []string{"usr/share/doc/", "usr/share/man/", "usr/bin/gcc", "usr/bin/dpkg", "usr/bin/apt", "usr/bin/bash", "usr/bin/sh", "usr/bin/perl", "usr/bin/python3"} {
+			if strings.HasPrefix(name, bad) {
+				t.Errorf("the plinth image holds %s", name)
+			}
+		}
+	}
+	for _, want := range []string{"usr/bin/plinth", "usr/sbin/lvm", "usr/sbin/nvme", "usr/sbin/mkfs.xfs", "usr/sbin/losetup", "usr/sbin/thin_check", "usr/bin/kmod"} {
+		if _, ok := files[want]; !ok {
+			t.Errorf("the plinth image lacks %s", want)
+		}
+	}
+}
