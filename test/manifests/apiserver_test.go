@@ -314,8 +314,8 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", "default"),
 		},
 		"plinth-csi-node": {
-			allow("get", "", "nodes", "", ""), allow("patch", "", "nodes", "", ""),
-			deny("list", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""), deny("get", sto, "volumestates", "", ""),
+			allow("patch", "", "nodes", "", ""),
+			deny("get", "", "nodes", "", ""), deny("list", "", "nodes", "", ""), deny("update", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""), deny("get", sto, "volumestates", "", ""),
 			deny("get", "", "secrets", "", namespace), deny("patch", "", "pods", "", namespace),
 		},
 		"plinth-scheduler": {
