@@ -197,6 +197,7 @@ func TestAPIServer(t *testing.T) {
 	c := startCluster(t)
 	t.Run("server-side dry-run", func(t *testing.T) { testServerSideDryRun(t, c) })
 	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
+	t.Run("CSI node start-up under its RBAC", func(t *testing.T) { testCSINodeStartup(t, c) })
 	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
 }
 
