@@ -195,7 +195,7 @@ func (d *Driver) nodeMode() bool       { return d.opts.Mode != ModeController }
 // in node modes with a RegistrationDir, kubelet's plugin registration API until ctx ends, then
 // removes the registration socket (kubelet deregisters the driver) and stops gracefully.
 // Probe reports ready once the informers have synced; Serving is closed once both sockets
-// listen.
+// listen. Run is called once per Driver (a restart is a new Driver).
 func (d *Driver) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
