@@ -57,6 +57,16 @@ type Options struct {
 	// WaitTimeout bounds each wait for the agent (create, delete, expand, publish) when the
 	// caller's context has no earlier deadline (default 5 minutes).
 	WaitTimeout time.Duration
+	// RegistrationDir is kubelet's plugin registration folder, where the node and all modes
+	// serve kubelet's plugin registration API on RegistrationSocketName (registration.go).
+	// Empty disables registration (a node plugin driven by something other than kubelet).
+	RegistrationDir string
+	// KubeletRegistrationPath is the CSI socket path as kubelet sees it, announced by the
+	// registration (default DefaultKubeletRegistrationPath).
+	KubeletRegistrationPath string
+	// ProbeTimeout bounds each call of the liveness check Healthz makes: the CSI Probe and the
+	// registration GetInfo (default 1 second, livenessprobe's default).
+	ProbeTimeout time.Duration
 	// Version is the vendor version GetPluginInfo reports.
 	Version string
 	// Registerer receives the metrics; nil means none are registered.
@@ -83,9 +93,12 @@ type Driver struct {
 	initiator *nvme.Initiator
 	hostNQN   string
 
-	locks    volumeLocks
-	ready    atomic.Bool
-	duration *prometheus.HistogramVec
+	locks      volumeLocks
+	ready      atomic.Bool
+	serving    chan struct{}
+	regPath    string // the registration socket while registration is on
+	duration   *prometheus.HistogramVec
+	registered prometheus.Gauge
 }
 
 // Scheme returns the scheme the driver reads and writes with: core, storage.plinth.dev and
@@ -126,6 +139,12 @@ func New(opts Options) (*Driver, error) {
 	if opts.Version == "" {
 		opts.Version = "dev"
 	}
+	if opts.KubeletRegistrationPath == "" {
+		opts.KubeletRegistrationPath = DefaultKubeletRegistrationPath
+	}
+	if opts.ProbeTimeout == 0 {
+		opts.ProbeTimeout = time.Second
+	}
 	d := &Driver{
 		opts:      opts,
 		log:       opts.Log,
@@ -134,6 +153,10 @@ func New(opts Options) (*Driver, error) {
 		mounter:   opts.Mounter,
 		initiator: opts.Initiator,
 		locks:     volumeLocks{held: map[string]struct{}{}},
+		serving:   make(chan struct{}),
+	}
+	if d.nodeMode() && opts.RegistrationDir != "" {
+		d.regPath = filepath.Join(opts.RegistrationDir, RegistrationSocketName)
 	}
 	if d.mounter == nil {
 		d.mounter = mount.New()
@@ -146,9 +169,19 @@ func New(opts Options) (*Driver, error) {
 		Help:    "Duration of CSI gRPC calls in seconds, by method and gRPC status code.",
 		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"method", "code"})
+	d.registered = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "plinth_csi_kubelet_registered",
+		Help: "1 when kubelet's last registration status for the node plugin said registered, 0 before that or when it said failed.",
+	})
 	if opts.Registerer != nil {
-		if err := opts.Registerer.Register(d.duration); err != nil {
-			return nil, fmt.Errorf("register metrics: %w", err)
+		cs := []prometheus.Collector{d.duration}
+		if d.regPath != "" {
+			cs = append(cs, d.registered)
+		}
+		for _, c := range cs {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("register metrics: %w", err)
+			}
 		}
 	}
 	return d, nil
@@ -158,8 +191,11 @@ func (d *Driver) controllerMode() bool { return d.opts.Mode != ModeNode }
 func (d *Driver) nodeMode() bool       { return d.opts.Mode != ModeController }
 
 // Run connects to the API server (informers on VolumeStates, Stores, policy objects and
-// Nodes in controller modes; labels the Node in node modes), serves gRPC on the endpoint until
-// ctx ends, then stops gracefully. Probe reports ready once the informers have synced.
+// Nodes in controller modes; labels the Node in node modes), serves gRPC on the endpoint and,
+// in node modes with a RegistrationDir, kubelet's plugin registration API until ctx ends, then
+// removes the registration socket (kubelet deregisters the driver) and stops gracefully.
+// Probe reports ready once the informers have synced; Serving is closed once both sockets
+// listen. Run is called once per Driver (a restart is a new Driver).
 func (d *Driver) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -184,11 +220,26 @@ func (d *Driver) Run(ctx context.Context) error {
 		csipb.RegisterNodeServer(srv, &node{d: d})
 	}
 	d.ready.Store(true)
-	d.log.Info("serving CSI", "driver", policyv1.DriverName, "mode", d.opts.Mode, "endpoint", d.opts.Endpoint, "node", d.opts.NodeName)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
+	d.log.Info("serving CSI", "driver", policyv1.DriverName, "mode", d.opts.Mode, "endpoint", d.opts.Endpoint, "node", d.opts.NodeName)
+	// Kubelet calls NodeGetInfo as soon as it sees the registration socket, so that socket
+	// appears only once the CSI socket serves.
+	var reg *registrationServer
+	if d.regPath != "" {
+		if reg, err = d.serveRegistration(); err != nil {
+			srv.Stop()
+			<-errc
+			return err
+		}
+	}
+	close(d.serving)
 	select {
 	case <-ctx.Done():
+		var regErr error
+		if reg != nil {
+			regErr = reg.stop()
+		}
 		stopped := make(chan struct{})
 		go func() { srv.GracefulStop(); close(stopped) }()
 		select {
@@ -196,21 +247,28 @@ func (d *Driver) Run(ctx context.Context) error {
 		case <-time.After(10 * time.Second):
 			srv.Stop()
 		}
-		return nil
+		return regErr
 	case err := <-errc:
+		if reg != nil {
+			err = errors.Join(err, reg.stop())
+		}
 		return err
+	case err := <-reg.failed():
+		// Without it kubelet cannot register the driver again after its own restart: exit,
+		// and let the restarted container serve anew.
+		srv.Stop()
+		os.Remove(reg.path)
+		return fmt.Errorf("registration server stopped: %w", err)
 	}
 }
 
+// Serving returns a channel closed once Run listens on the CSI socket and, with
+// registration, on the registration socket.
+func (d *Driver) Serving() <-chan struct{} { return d.serving }
+
 // listen opens a unix socket (removing a stale socket file) or a TCP address.
 func listen(endpoint string) (net.Listener, error) {
-	network, addr := "unix", endpoint
-	switch {
-	case strings.HasPrefix(endpoint, "unix://"):
-		addr = strings.TrimPrefix(endpoint, "unix://")
-	case strings.HasPrefix(endpoint, "tcp://"):
-		network, addr = "tcp", strings.TrimPrefix(endpoint, "tcp://")
-	}
+	network, addr := endpointAddress(endpoint)
 	if network == "unix" {
 		if err := os.MkdirAll(filepath.Dir(addr), 0o755); err != nil {
 			return nil, err

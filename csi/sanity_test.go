@@ -126,7 +126,9 @@ func startCSIProcess(t testing.TB, cp *controlplane.ControlPlane, plinth, mode, 
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "csi.sock")
 	args := []string{"csi", "--mode", mode, "--endpoint", "unix://" + sock, "--kubeconfig", cp.Admin.Kubeconfig,
-		"--state-dir", filepath.Join(dir, "state"), "--host-nqn-file", filepath.Join(dir, "no-hostnqn"), "--wait-timeout", "60s", "-v", "2"}
+		"--state-dir", filepath.Join(dir, "state"), "--host-nqn-file", filepath.Join(dir, "no-hostnqn"), "--wait-timeout", "60s", "-v", "2",
+		// no kubelet here, and two processes would share the default health port
+		"--registration-dir=", "--health-address="}
 	if node != "" {
 		args = append(args, "--node-name", node)
 	}

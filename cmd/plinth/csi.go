@@ -27,6 +27,7 @@ func newCSICommand() *cobra.Command {
 		opts        csi.Options
 		kubeconfig  string
 		metricsAddr string
+		healthAddr  string
 		verbosity   int
 		qps         float32
 		burst       int
@@ -43,7 +44,13 @@ connect), formats blank devices only, mounts, and keeps stage records in --state
 
 Sidecars: csi-provisioner --feature-gates=Topology=true --enable-capacity --extra-create-metadata;
 csi-attacher; csi-resizer. CSIDriver: attachRequired: true, storageCapacity: true,
-fsGroupPolicy: File.`,
+fsGroupPolicy: File.
+
+The node and all modes register the driver with kubelet themselves (no node-driver-registrar):
+they serve kubelet's plugin registration API on <registration-dir>/csi.plinth.dev-reg.sock,
+announcing --kubelet-registration-path as the CSI socket. Liveness (no livenessprobe sidecar):
+/healthz on --health-address calls the driver's own CSI Probe through its socket and, in node
+modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.NodeName == "" {
@@ -68,8 +75,18 @@ fsGroupPolicy: File.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			routes := map[string]map[string]http.Handler{}
 			if metricsAddr != "" {
-				if err := serveMetrics(ctx, metricsAddr, reg); err != nil {
+				routes[metricsAddr] = map[string]http.Handler{"/metrics": promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
+			}
+			if healthAddr != "" {
+				if routes[healthAddr] == nil {
+					routes[healthAddr] = map[string]http.Handler{}
+				}
+				routes[healthAddr]["/healthz"] = d.Healthz()
+			}
+			for addr, handlers := range routes {
+				if err := serveHTTP(ctx, addr, handlers); err != nil {
 					return &exitError{code: exitUsage, err: err}
 				}
 			}
@@ -85,19 +102,26 @@ fsGroupPolicy: File.`,
 	f.StringVar(&opts.HostNQNFile, "host-nqn-file", "/etc/nvme/hostnqn", "the node's NVMe host NQN")
 	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 5*time.Minute, "bound of each wait for the agent when the caller sets no earlier deadline")
 	f.StringVar(&metricsAddr, "metrics-address", "", "serve Prometheus metrics on this address (e.g. :8080); empty disables")
+	f.StringVar(&healthAddr, "health-address", ":9474", "serve the liveness check /healthz on this address (may equal --metrics-address); empty disables")
+	f.DurationVar(&opts.ProbeTimeout, "probe-timeout", time.Second, "bound of each call /healthz makes (CSI Probe, registration GetInfo)")
+	f.StringVar(&opts.RegistrationDir, "registration-dir", csi.DefaultRegistrationDir, "kubelet's plugin registration folder, where node and all modes register the driver; empty disables")
+	f.StringVar(&opts.KubeletRegistrationPath, "kubelet-registration-path", csi.DefaultKubeletRegistrationPath, "the CSI socket path as kubelet on the host sees it (announced by the registration)")
 	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity: 2 logs each call, 5 each payload (secrets stripped)")
 	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit; client-go's own default of 5 queues CreateVolume's writes behind each other)")
 	f.IntVar(&burst, "kube-api-burst", 100, "burst of requests to the API server above --kube-api-qps")
 	return cmd
 }
 
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {
+// serveHTTP serves handlers (path → handler) on addr until ctx ends.
+func serveHTTP(ctx context.Context, addr string, handlers map[string]http.Handler) error {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
+		return fmt.Errorf("http listener on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	for path, h := range handlers {
+		mux.Handle(path, h)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -105,7 +129,7 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) er
 	}()
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintln(os.Stderr, "plinth csi: metrics server:", err)
+			fmt.Fprintln(os.Stderr, "plinth csi: http server on", addr+":", err)
 		}
 	}()
 	return nil

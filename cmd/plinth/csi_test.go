@@ -1,11 +1,19 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
 // plinth csi and plinth agent limit their API clients by --kube-api-qps/--kube-api-burst, 50/100 by default:
@@ -39,5 +47,66 @@ current-context: x
 		if cfg.QPS != 50 || cfg.Burst != 100 {
 			t.Errorf("%s: rest config QPS %v Burst %d, want 50 and 100", cmd.Name(), cfg.QPS, cfg.Burst)
 		}
+	}
+}
+
+// plinth csi --mode node serves /healthz and /metrics on one address when both flags name it,
+// and registers with kubelet in --registration-dir: the wiring the DaemonSet relies on.
+func TestCSINodeServesHealthAndRegistration(t *testing.T) {
+	dir, err := os.MkdirTemp("", "plinth-cmd-") // short: unix socket paths hold 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	reg := filepath.Join(dir, "registry")
+	if err := os.Mkdir(reg, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	port, err := controlplane.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	cmd := newCSICommand()
+	cmd.SetArgs([]string{"--mode=node", "--node-name=cmd-node", "--endpoint=unix://" + filepath.Join(dir, "csi.sock"),
+		"--state-dir=" + filepath.Join(dir, "state"), "--host-nqn-file=" + filepath.Join(dir, "none"),
+		"--registration-dir=" + reg, "--health-address=" + addr, "--metrics-address=" + addr, "--probe-timeout=30s"})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("plinth csi: %v", err)
+		}
+	})
+	get := func(path string) (int, string, error) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	controlplane.Eventually(t, time.Minute, 20*time.Millisecond, "/healthz answers 200", func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("plinth csi stopped: %v", err)
+		default:
+		}
+		code, body, err := get("/healthz")
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("%d %s", code, body)
+		}
+		return err
+	})
+	if _, err := os.Stat(filepath.Join(reg, "csi.plinth.dev-reg.sock")); err != nil {
+		t.Errorf("registration socket: %v", err)
+	}
+	code, body, err := get("/metrics")
+	if err != nil || code != http.StatusOK || !strings.Contains(body, "plinth_csi_kubelet_registered 0") {
+		t.Errorf("/metrics on the same address = %d, %v; want 200 with plinth_csi_kubelet_registered 0", code, err)
 	}
 }

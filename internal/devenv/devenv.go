@@ -395,7 +395,8 @@ func (e *Env) startCSI(ctx context.Context) (string, error) {
 		Args: []string{"csi", "--mode", "all", "--endpoint", "unix://" + e.CSISocket, "--kubeconfig", e.Kubeconfig,
 			"--node-name", StorageNode, "--state-dir", filepath.Join(e.Dir, "csi", "state"),
 			"--host-nqn-file", filepath.Join(e.Dir, "csi", "no-hostnqn"), "--wait-timeout", "60s",
-			"--metrics-address", fmt.Sprintf("127.0.0.1:%d", mport), "-v", "2"},
+			"--metrics-address", fmt.Sprintf("127.0.0.1:%d", mport), "-v", "2",
+			"--registration-dir=", "--health-address="}, // the stand-in kubelet calls the socket directly
 		Ready: controlplane.SocketReady(e.CSISocket),
 	})
 	if err != nil {

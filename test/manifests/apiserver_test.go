@@ -197,6 +197,7 @@ func TestAPIServer(t *testing.T) {
 	c := startCluster(t)
 	t.Run("server-side dry-run", func(t *testing.T) { testServerSideDryRun(t, c) })
 	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
+	t.Run("CSI node start-up under its RBAC", func(t *testing.T) { testCSINodeStartup(t, c) })
 	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
 }
 
@@ -314,8 +315,8 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", "default"),
 		},
 		"plinth-csi-node": {
-			allow("get", "", "nodes", "", ""), allow("patch", "", "nodes", "", ""),
-			deny("list", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""), deny("get", sto, "volumestates", "", ""),
+			allow("patch", "", "nodes", "", ""),
+			deny("get", "", "nodes", "", ""), deny("list", "", "nodes", "", ""), deny("update", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""), deny("get", sto, "volumestates", "", ""),
 			deny("get", "", "secrets", "", namespace), deny("patch", "", "pods", "", namespace),
 		},
 		"plinth-scheduler": {

@@ -1,6 +1,7 @@
 package manifests
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -286,6 +287,35 @@ func TestWorkloadShapes(t *testing.T) {
 		if !bidi {
 			t.Error("CSI node: /var/lib/kubelet is not mounted with Bidirectional propagation")
 		}
+		// node-driver-registrar and livenessprobe are not shipped: plinth csi registers itself
+		// with kubelet and serves its own /healthz.
+		nc := containers(node)
+		if len(nc) != 1 {
+			t.Errorf("CSI node: %d containers, want plinth-csi alone", len(nc))
+		}
+		c := nc[0]
+		regDir := argValue(t, c, "--registration-dir")
+		regVolume := ""
+		mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+		for _, m := range mounts {
+			if mm := m.(map[string]any); mm["mountPath"] == regDir {
+				regVolume, _ = mm["name"].(string)
+			}
+		}
+		if p := hostPathOf(node, regVolume); p != "/var/lib/kubelet/plugins_registry" {
+			t.Errorf("CSI node: --registration-dir %s is volume %q from host path %q, want kubelet's /var/lib/kubelet/plugins_registry", regDir, regVolume, p)
+		}
+		if p := argValue(t, c, "--kubelet-registration-path"); p != hostPathOf(node, "socket")+"/csi.sock" || argValue(t, c, "--endpoint") != "unix:///csi/csi.sock" {
+			t.Errorf("CSI node: --kubelet-registration-path %s is not the host path of the socket volume mounted at /csi", p)
+		}
+		for name, w := range map[string]map[string]any{"CSI node": c, "CSI controller": containers(dep)[0]} {
+			checkLiveness(t, name, w)
+		}
+		for _, cc := range containers(dep) {
+			if img, _ := cc["image"].(string); strings.Contains(img, "livenessprobe") || strings.Contains(img, "registrar") {
+				t.Errorf("CSI controller: sidecar %s, which plinth csi replaces", img)
+			}
+		}
 	})
 	t.Run("controller", func(t *testing.T) {
 		dep := find(t, objs, "Deployment", "plinth-controller")
@@ -341,4 +371,52 @@ func stringsOf(v any) []string {
 		}
 	}
 	return out
+}
+
+// argValue returns the value of a --flag=value argument of container c, or fails t.
+func argValue(t *testing.T, c map[string]any, flag string) string {
+	t.Helper()
+	for _, a := range stringsOf(c["args"]) {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("container %v: no %s= argument in %v", c["name"], flag, c["args"])
+	return ""
+}
+
+// hostPathOf returns the host path of the workload's volume name ("" when it is not a hostPath).
+func hostPathOf(o *unstructured.Unstructured, name string) string {
+	vols, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "volumes")
+	for _, v := range vols {
+		vm := v.(map[string]any)
+		if vm["name"] == name {
+			p, _, _ := unstructured.NestedString(vm, "hostPath", "path")
+			return p
+		}
+	}
+	return ""
+}
+
+// checkLiveness: the container's livenessProbe gets /healthz from the port that its
+// --health-address serves.
+func checkLiveness(t *testing.T, what string, c map[string]any) {
+	t.Helper()
+	path, _, _ := unstructured.NestedString(c, "livenessProbe", "httpGet", "path")
+	port, _, _ := unstructured.NestedFieldNoCopy(c, "livenessProbe", "httpGet", "port")
+	if path != "/healthz" {
+		t.Errorf("%s: livenessProbe path %q, want /healthz", what, path)
+	}
+	if named, ok := port.(string); ok {
+		ports, _, _ := unstructured.NestedSlice(c, "ports")
+		for _, p := range ports {
+			if pm := p.(map[string]any); pm["name"] == named {
+				port = pm["containerPort"]
+			}
+		}
+	}
+	addr := argValue(t, c, "--health-address")
+	if _, p, _ := strings.Cut(addr, ":"); fmt.Sprint(port) != p {
+		t.Errorf("%s: livenessProbe port %v, but --health-address is %s", what, port, addr)
+	}
 }
