@@ -19,6 +19,8 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/csisanity"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 var built struct {
@@ -149,9 +151,7 @@ var sanitySummary = regexp.MustCompile(`Ran (\d+) of (\d+) Specs.*\n(?:.*\n)?.*(
 // TestSanityAllMode runs csi-sanity in full against `plinth csi --mode all` with the real agent
 // and the file backend on this host's loop devices (mkfs, mount), on the real API server.
 func TestSanityAllMode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: csi-sanity with the file backend needs root (loop devices, mount)")
-	}
+	prereq.Root(t, "csi-sanity with the file backend uses loop devices and mount")
 	controlplane.RequireBinaries(t, controlplane.BinCSISanity)
 	cp := sharedControlPlane(t)
 	bin := t.TempDir()
@@ -176,6 +176,7 @@ func TestSanityAllMode(t *testing.T) {
 		fmt.Sprintf("--csi.testvolumeexpandsize=%d", 640<<20),
 		"--ginkgo.no-color",
 		"--ginkgo.timeout=14m",
+		csisanity.ReportFlag(filepath.Join(work, "report.json")),
 	)
 	out, err := cmd.CombinedOutput()
 	m := sanitySummary.FindStringSubmatch(string(out))
@@ -185,6 +186,28 @@ func TestSanityAllMode(t *testing.T) {
 	t.Logf("csi-sanity: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
 	if m[4] != "0" {
 		t.Errorf("csi-sanity failures:\n%s", tailLines(string(out), 200))
+	}
+	checkSanityReport(t, filepath.Join(work, "report.json"))
+}
+
+// sanitySkipped are the csi-sanity specs (csisanity.Name) that skip against this driver, by
+// design: each needs a capability the driver does not advertise. All others must pass, so a
+// capability that stops being advertised (its specs turn into skips) or a spec that starts
+// skipping fails the test. The driver's capabilities are the same for every backend and
+// protocol, so the host run (file backend) and the guest run (LVM + NVMe-oF) expect the same.
+var sanitySkipped = []string{}
+
+// checkSanityReport compares the Ginkgo JSON report of a csi-sanity run with sanitySkipped:
+// exactly those skipped, every other spec of the pinned csi-sanity (csisanity.Specs) passed.
+func checkSanityReport(t *testing.T, path string) {
+	t.Helper()
+	res, err := csisanity.ReadReport(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("csi-sanity report: %d passed, %d skipped, %d failed, %d pending", res.Passed, res.Skipped, res.Failed, res.Pending)
+	if err := res.Check(csisanity.Specs-len(sanitySkipped), sanitySkipped); err != nil {
+		t.Errorf("csi-sanity did not run as this driver must (skipped now: %q):\n%v", res.SkippedSpecs, err)
 	}
 }
 
