@@ -25,15 +25,15 @@ func TestParseAndCheck(t *testing.T) {
 	if len(r.SkippedSpecs) != 1 || r.SkippedSpecs[0] != skip {
 		t.Errorf("skipped %q", r.SkippedSpecs)
 	}
-	err = r.Check(1, []string{skip})
+	err = r.Check(1, 0, []string{skip})
 	if err == nil || !strings.Contains(err.Error(), "Node Service should stage (timedout)") {
 		t.Errorf("Check of a run with a timed-out spec: %v", err)
 	}
 	r.Failed, r.FailedSpecs = 0, nil
-	if err := r.Check(1, []string{skip}); err != nil {
+	if err := r.Check(1, 0, []string{skip}); err != nil {
 		t.Errorf("Check of the expected run: %v", err)
 	}
-	err = r.Check(2, []string{"Other spec"})
+	err = r.Check(2, 0, []string{"Other spec"})
 	for _, want := range []string{"1 specs passed, want 2", "skipped, not expected to: \"" + skip, "expected to skip, did not: \"Other spec\""} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Check: %v, want %q", err, want)
