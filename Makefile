@@ -17,6 +17,10 @@ CONTROLLER_GEN_VERSION := v0.23.0
 CUE_VERSION := v0.17.1
 CONTROLLER_GEN := $(TOOLS)/controller-gen-$(CONTROLLER_GEN_VERSION)
 CUE := $(TOOLS)/cue-$(CUE_VERSION)
+# Skipped tests of each test phase (test/tools/skipcheck): make test fails on one not in ALLOW.
+SKIPS := $(BIN)/test-skips
+SKIPCHECK := $(TOOLS)/skipcheck
+SKIP_ALLOW := test/tools/skipcheck/allow.txt
 
 .DEFAULT_GOAL := help
 
@@ -81,21 +85,30 @@ kernel-assets: ## Fetch the Debian kernel and build the guest initramfs (and zfs
 test-unit: $(CUE) ## Unit tests of the main module (integration tests skip without bin/).
 	PLINTH_CUE=$(CUE) go test ./...
 
-test-integration: testbin images $(CUE) ## Every test of the main module, integration tests on the real control plane included.
-	PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 -timeout 30m ./...
+skipcheck: ## Build test/tools/skipcheck (records and checks the skipped tests of each test phase).
+	go build -o $(SKIPCHECK) ./test/tools/skipcheck
 
-test-scheduler: testbin ## The scheduler module's unit and integration tests (real scheduler, real API server).
-	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -count=1 -timeout 20m ./...
+test-integration: testbin images $(CUE) skipcheck ## Every test of the main module, integration tests on the real control plane included.
+	PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 30m ./... | $(SKIPCHECK) json -phase integration -dir $(SKIPS)
 
-test-kernel: kernel-assets testbin ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server.
-	test/kernel/run.sh
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_AGENT=1 go test -count=1 -timeout 30m -run TestGuest ./agents/agent/
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -count=1 -timeout 45m -run TestGuestCSI ./csi/
+test-scheduler: testbin skipcheck ## The scheduler module's unit and integration tests (real scheduler, real API server).
+	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 20m ./... | $(SKIPCHECK) json -phase scheduler -dir $(SKIPS)
+
+test-kernel: kernel-assets testbin skipcheck ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server.
+	test/kernel/run.sh | $(SKIPCHECK) text -phase kernel-guest -dir $(SKIPS)
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_AGENT=1 go test -json -count=1 -timeout 30m -run TestGuest ./agents/agent/ | $(SKIPCHECK) json -phase kernel-agent -dir $(SKIPS)
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -json -count=1 -timeout 45m -run TestGuestCSI ./csi/ | $(SKIPCHECK) json -phase kernel-csi -dir $(SKIPS)
+
+test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
+	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
 
 test-e2e: testbin ## End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
-test: lint verify-generate test-integration test-scheduler test-kernel vet-policies ## Everything CI runs.
+test: lint verify-generate ## Everything CI runs; ends with the count of skipped tests (test-skips).
+	rm -rf $(SKIPS)
+	$(MAKE) test-integration test-scheduler test-kernel vet-policies
+	$(MAKE) test-skips
 
 bench: ## Benchmarks (vet/render at fleet scale, parsers, CSI CreateVolume overhead and PVC→Bound on the real control plane and sidecars, scheduler scoring).
 	go test -run '^$$' -bench . -benchmem $$(go list ./... | grep -v '/csi$$')
@@ -119,4 +132,4 @@ dev-flux: dev ## Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

@@ -9,6 +9,7 @@ import (
 
 	"github.com/plinth-storage/plinth/csi"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // TestRealAgentLifecycle runs the whole volume lifecycle through the driver (all mode, in this
@@ -16,9 +17,7 @@ import (
 // creates a sparse file on a loop device, the node service formats and mounts it, grows it
 // after ControllerExpandVolume, and DeleteVolume waits for the agent to remove it.
 func TestRealAgentLifecycle(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: the file backend and mount need root")
-	}
+	prereq.Root(t, "the file backend and mount")
 	cp := sharedControlPlane(t)
 	plinth := buildPlinth(t, t.TempDir())
 	params := fileBackendNode(t, cp, plinth, "life")

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -41,6 +42,9 @@ const (
 	// PublishCtrlLossTmo and PublishReconnectDelay carry the frozen protocol's timers (seconds).
 	PublishCtrlLossTmo    = "ctrlLossTmo"
 	PublishReconnectDelay = "reconnectDelay"
+	// PublishQueueSize carries the frozen protocol's maxQueueSize: the I/O queue depth the node
+	// connects with (queue_size, nvme connect --queue-size).
+	PublishQueueSize = "queueSize"
 )
 
 // controller is the CSI Controller service. It reads and writes only API objects.
@@ -395,6 +399,34 @@ func (s *controller) storeNode(ctx context.Context, vs *storev1.VolumeState) (st
 	return st.Spec.NodeName, nil
 }
 
+// agentSilentAfter is how old a Store's heartbeat may be before its agent counts as gone: four
+// of the agent's default 30 s refreshes (agents/agent DefaultRefreshInterval).
+const agentSilentAfter = 2 * time.Minute
+
+// agentAbsent says why the agent that must finish the VolumeState id cannot answer now: the
+// Node of its Store no longer exists, or the Store's heartbeat is older than agentSilentAfter.
+// "" means it may answer, also when that cannot be told (no Store, no heartbeat yet): then
+// callers wait as before.
+func (s *controller) agentAbsent(ctx context.Context, id string) string {
+	var vs storev1.VolumeState
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
+		return ""
+	}
+	// Direct reads: an informer a moment behind would see a deleted Node still there.
+	var st storev1.Store
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
+		return ""
+	}
+	var n corev1.Node
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: st.Spec.NodeName}, &n); apierrors.IsNotFound(err) {
+		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name)
+	}
+	if hb := st.Status.LastHeartbeatTime; hb != nil && time.Since(hb.Time) > agentSilentAfter {
+		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339))
+	}
+	return ""
+}
+
 func topologyNodes(ts []*csipb.Topology) []string {
 	var out []string
 	for _, t := range ts {
@@ -492,6 +524,11 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 			return &csipb.DeleteVolumeResponse{}, nil
 		}
 		return nil, status.Errorf(codes.Unavailable, "delete VolumeState %s: %v", id, err)
+	}
+	// An agent that cannot answer (its node deleted, or silent) would keep this call waiting for
+	// the whole wait timeout: say so at once; the provisioner retries with backoff.
+	if why := s.agentAbsent(ctx, id); why != "" {
+		return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
 	// Gone means the agent removed export and volume and released its finalizer.
 	if err := s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) { return vs == nil, nil }); err != nil {
@@ -601,6 +638,9 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		}
 		if t.ReconnectDelay > 0 {
 			pc[PublishReconnectDelay] = strconv.Itoa(int(t.ReconnectDelay))
+		}
+		if t.MaxQueueSize > 0 {
+			pc[PublishQueueSize] = strconv.Itoa(int(t.MaxQueueSize))
 		}
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil

@@ -54,7 +54,7 @@ func setup(t testing.TB, c client.WithWatch, pool string, avail map[string]int64
 	create(t, c, &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: pool}, Spec: policyv1.StoragePoolSpec{
 		Backend: policyv1.Backend{File: &policyv1.FileBackend{Directory: "/var/lib/plinth/" + pool}}}})
 	create(t, c, &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: pool + "-local"}, Spec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}})
-	create(t, c, &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: pool + "-nvme"}, Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "127.0.0.0/8"}}})
+	create(t, c, &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: pool + "-nvme"}, Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "127.0.0.0/8", MaxQueueSize: 256}}})
 	for _, proto := range []string{"local", "nvme"} {
 		create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: pool + "-" + proto}, Spec: policyv1.PlacementSpec{
 			PoolRef:      policyv1.LocalObjectReference{Name: pool},
@@ -305,6 +305,10 @@ func TestPublishNVMe(t *testing.T) {
 		t.Fatal(err)
 	}
 	pc := got.GetPublishContext()
+	// maxQueueSize travels to the node, which connects with queue_size (csi/nvme ConnectOptions).
+	if pc[csi.PublishQueueSize] != "256" {
+		t.Errorf("publish context %v: want %s=256 from the protocol's maxQueueSize", pc, csi.PublishQueueSize)
+	}
 	if pc[csi.PublishNQN] != "nqn.2014-08.dev.plinth:"+id || pc[csi.PublishAddress] != "127.0.0.1" || pc[csi.PublishPort] != "4420" || pc[csi.ContextKind] != "nvmeofTcp" {
 		t.Errorf("publish context %v", pc)
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -35,10 +36,18 @@ type node struct {
 //
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=patch
 
-// initNode reads the host NQN and, with an API config, labels the Node
+// initNode removes stage record temp files a crash left, reads the host NQN and, with an API config, labels the Node
 // plinth.dev/nvme-initiator=true when nvme-tcp is usable and annotates it with
 // plinth.dev/host-nqn (DESIGN.md "Contracts": ControllerPublish reads the host NQN there).
 func (d *Driver) initNode(ctx context.Context) error {
+	// Before any Save of this process: temp files of records a crash left half-written.
+	removed, err := d.stages.CleanTemp()
+	if err != nil {
+		return fmt.Errorf("clean stage records: %w", err)
+	}
+	if len(removed) > 0 {
+		d.log.Info("removed stage record temp files left by a crash", "folder", d.stages.Path, "files", removed)
+	}
 	nqn, err := nvme.HostNQN(d.opts.HostNQNFile)
 	if err != nil {
 		return fmt.Errorf("read host NQN: %w", err)
@@ -158,6 +167,9 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		if v, err := strconv.Atoi(pc[PublishReconnectDelay]); err == nil {
 			t.ReconnectDelay = int32(v)
 		}
+		if v, err := strconv.Atoi(pc[PublishQueueSize]); err == nil {
+			t.QueueSize = int32(v)
+		}
 		if t.NQN == "" || t.Address == "" || t.Port == 0 {
 			return nil, status.Error(codes.InvalidArgument, "publish context lacks nqn, address or port")
 		}
@@ -229,6 +241,10 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 			return nil, status.Errorf(codes.Internal, "read mounts: %v", err)
 		}
 		if src == "" {
+			// Nothing mounted; but a connection no record remembers must not stay behind.
+			if err := s.disconnectUnrecorded(ctx, id); err != nil {
+				return nil, err
+			}
 			return &csipb.NodeUnstageVolumeResponse{}, nil // not staged (B19a)
 		}
 		if _, err := os.Stat(src); err != nil {
@@ -253,6 +269,37 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 		return nil, status.Errorf(codes.Internal, "remove stage record: %v", err)
 	}
 	return &csipb.NodeUnstageVolumeResponse{}, nil
+}
+
+// disconnectUnrecorded disconnects the NVMe-oF subsystems of volume id that this node is
+// connected to although no stage record says so (the record was lost), found by subsystem NQN
+// in sysfs. A namespace still mounted somewhere is FAILED_PRECONDITION: without a record the
+// plugin cannot tell what uses it and refuses to guess. Unstage is never OK while connected.
+func (s *node) disconnectUnrecorded(ctx context.Context, id string) error {
+	nqns, err := s.d.initiator.SubsystemNQNsOfVolume(id)
+	if err != nil {
+		return status.Errorf(codes.Internal, "look for NVMe-oF connections of %s: %v", id, err)
+	}
+	for _, nqn := range nqns {
+		dev, err := s.d.initiator.Device(nqn)
+		if err != nil {
+			return status.Errorf(codes.Internal, "device of %s: %v", nqn, err)
+		}
+		if dev != "" {
+			mps, err := s.d.mounter.MountPointsOf(dev)
+			if err != nil {
+				return status.Errorf(codes.Internal, "read mounts: %v", err)
+			}
+			if len(mps) > 0 {
+				return status.Errorf(codes.FailedPrecondition, "volume %s has no stage record, and its NVMe-oF namespace %s (%s) is mounted at %s: not disconnecting",
+					id, dev, nqn, strings.Join(mps, ", "))
+			}
+		}
+		if err := s.d.initiator.Disconnect(ctx, nqn); err != nil {
+			return status.Errorf(codes.Internal, "disconnect %s (no stage record): %v", nqn, err)
+		}
+	}
+	return nil
 }
 
 func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
@@ -435,7 +482,10 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolume
 }
 
 // NodeExpandVolume grows the filesystem to the device (resize2fs, xfs_growfs); block volumes
-// need nothing. Already large enough is success (CSI spec NodeExpandVolume).
+// need nothing. It grows nothing while the device is smaller than the size asked (the agent, or
+// the NVMe-oF initiator, has not caught up: UNAVAILABLE, the resizer retries) and runs no resize
+// tool when the filesystem already has that size; already large enough is success (CSI spec
+// NodeExpandVolume).
 func (s *node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolumeRequest) (*csipb.NodeExpandVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if id == "" {
@@ -458,21 +508,27 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolume
 	} else if err != nil {
 		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
 	}
-	if !rec.Block && req.GetVolumeCapability().GetBlock() == nil {
-		mnt := rec.StagingPath
-		if m, _ := s.d.mounter.IsMounted(mnt); !m {
-			mnt = path
+	want := req.GetCapacityRange().GetRequiredBytes()
+	if rec.Block || req.GetVolumeCapability().GetBlock() != nil {
+		size, err := mount.DeviceSize(rec.Device)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "device size: %v", err)
 		}
-		if err := s.d.mounter.Resize(rec.Device, mnt); err != nil {
-			return nil, status.Errorf(codes.Internal, "grow filesystem on %s: %v", rec.Device, err)
+		if size < want {
+			return nil, status.Errorf(codes.Unavailable, "device %s has %d bytes, %d asked: not grown yet", rec.Device, size, want)
 		}
+		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
-	size, err := mount.DeviceSize(rec.Device)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "device size: %v", err)
+	mnt := rec.StagingPath
+	if m, _ := s.d.mounter.IsMounted(mnt); !m {
+		mnt = path
 	}
-	if r := req.GetCapacityRange().GetRequiredBytes(); r > 0 && size < r {
-		return nil, status.Errorf(codes.Internal, "device %s has %d bytes, %d asked: the agent has not grown it yet", rec.Device, size, r)
+	_, size, err := s.d.mounter.Grow(rec.Device, mnt, want)
+	switch {
+	case errors.Is(err, mount.ErrDeviceTooSmall):
+		return nil, status.Errorf(codes.Unavailable, "%v: not grown yet, the filesystem is left as it is", err)
+	case err != nil:
+		return nil, status.Errorf(codes.Internal, "grow filesystem on %s: %v", rec.Device, err)
 	}
 	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

@@ -1,6 +1,7 @@
 package csi_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -15,18 +16,15 @@ import (
 	"github.com/plinth-storage/plinth/csi"
 	"github.com/plinth-storage/plinth/csi/mount"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // loopDevice attaches a sparse file to a free loop device of the host's kernel and detaches it
-// at cleanup; skips without root or losetup.
+// at cleanup; needs root and losetup (prereq).
 func loopDevice(t *testing.T, size int64) (dev, file string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: the node service tests need root (loop devices, mkfs, mount)")
-	}
-	if _, err := exec.LookPath("losetup"); err != nil {
-		t.Skip("SKIP: losetup not installed")
-	}
+	prereq.Root(t, "the node service tests use loop devices, mkfs and mount")
+	prereq.Commands(t, "losetup")
 	file = filepath.Join(t.TempDir(), "disk.img")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -36,7 +34,7 @@ func loopDevice(t *testing.T, size int64) (dev, file string) {
 	}
 	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
 	if err != nil {
-		t.Skipf("SKIP: no free loop device: %v: %s", err, out)
+		prereq.Missing(t, "a free loop device (losetup --find): %v: %s", err, out)
 	}
 	dev = strings.TrimSpace(string(out))
 	t.Cleanup(func() {
@@ -176,9 +174,7 @@ func TestNodeLifecycle(t *testing.T) {
 
 // B15: a missing device is NOT_FOUND and nothing is formatted.
 func TestNodeStageMissingDevice(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: needs root")
-	}
+	prereq.Root(t, "NodeStageVolume checks block devices and mounts")
 	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
 	_, err := node.NodeStageVolume(t.Context(), &csipb.NodeStageVolumeRequest{VolumeId: "vol-x", StagingTargetPath: filepath.Join(t.TempDir(), "s"),
 		VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish("/dev/plinth-gone")})
@@ -188,9 +184,7 @@ func TestNodeStageMissingDevice(t *testing.T) {
 // B17: unpublish and unstage of a dead mount (xfs shut down: stat returns EIO) succeed only
 // after unmounting; health reports it INACCESSIBLE before.
 func TestNodeDeadMount(t *testing.T) {
-	if _, err := exec.LookPath("xfs_io"); err != nil {
-		t.Skip("SKIP: xfs_io not installed")
-	}
+	prereq.Commands(t, "xfs_io")
 	dev, _ := loopDevice(t, 320<<20)
 	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
 	ctx := t.Context()
@@ -240,4 +234,165 @@ func TestNodeUnstageWithoutRecordDeviceGone(t *testing.T) {
 	node := csipb.NewNodeClient(startDriver(t, opts))
 	_, err := node.NodeUnstageVolume(t.Context(), &csipb.NodeUnstageVolumeRequest{VolumeId: "vol-c", StagingTargetPath: staging})
 	wantCode(t, "unstage of a mount whose device vanished, no record", err, codes.Internal)
+}
+
+// A kubelet whose root dir is a symlink hands the plugin staging and target paths through it;
+// mountinfo lists the resolved paths. Publish twice mounts once, and unpublish and unstage
+// unmount and succeed (before, unpublish saw "not mounted", tried to remove a mount point and
+// failed with "busy" on every retry).
+func TestNodeSymlinkedKubeletDir(t *testing.T) {
+	dev, _ := loopDevice(t, 320<<20)
+	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
+	ctx := t.Context()
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "real"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "real"), filepath.Join(root, "kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	staging, target := filepath.Join(root, "kubelet", "staging"), filepath.Join(root, "kubelet", "pods", "target")
+	const id = "vol-0000000000000000000000000000000000000031"
+	stageReq := &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish(dev)}
+	pubReq := &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: fsCap("xfs", rwo)}
+	for range 2 {
+		if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := node.NodePublishVolume(ctx, pubReq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{staging, target} {
+		if n := mountsAt(t, mount.Resolve(p)); n != 1 {
+			t.Errorf("%d mounts at %s after stage and publish twice, want 1", n, mount.Resolve(p))
+		}
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatalf("unpublish through the symlink: %v", err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatalf("unstage through the symlink: %v", err)
+	}
+	for _, p := range []string{staging, target} {
+		if n := mountsAt(t, mount.Resolve(p)); n != 0 {
+			t.Errorf("%d mounts left at %s", n, mount.Resolve(p))
+		}
+	}
+	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("target left behind: %v", err)
+	}
+}
+
+// mountsAt counts the mountinfo entries whose mount point is path.
+func mountsAt(t *testing.T, path string) int {
+	t.Helper()
+	infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mi := range infos {
+		if mi.MountPoint == path {
+			n++
+		}
+	}
+	return n
+}
+
+// NodeExpandVolume before the device shows the size asked (the agent has grown it part of the
+// way) is UNAVAILABLE and leaves the filesystem as it is; once the device has the size it grows
+// the filesystem, and asking again is success.
+func TestNodeExpandWaitsForTheDevice(t *testing.T) {
+	dev, file := loopDevice(t, 320<<20)
+	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
+	ctx := t.Context()
+	root := t.TempDir()
+	staging, target := filepath.Join(root, "staging"), filepath.Join(root, "target")
+	const id = "vol-0000000000000000000000000000000000000032"
+	if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish(dev)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		node.NodeUnstageVolume(context.Background(), &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}) //nolint:errcheck
+	})
+	if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: fsCap("xfs", rwo)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		node.NodeUnpublishVolume(context.Background(), &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}) //nolint:errcheck
+	})
+	expand := func() (*csipb.NodeExpandVolumeResponse, error) {
+		return node.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target, StagingTargetPath: staging,
+			CapacityRange: &csipb.CapacityRange{RequiredBytes: 640 << 20}})
+	}
+	if err := os.Truncate(file, 480<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("losetup", "--set-capacity", dev).CombinedOutput(); err != nil {
+		t.Fatalf("losetup --set-capacity: %v %s", err, out)
+	}
+	_, err := expand()
+	wantCode(t, "expand with the device at 480 of 640 MiB", err, codes.Unavailable)
+	if got, err := mount.FilesystemSize(dev, staging); err != nil || got != 320<<20 {
+		t.Fatalf("filesystem %d bytes (%v) after a refused expand, want 320 MiB untouched", got, err)
+	}
+	if err := os.Truncate(file, 640<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("losetup", "--set-capacity", dev).CombinedOutput(); err != nil {
+		t.Fatalf("losetup --set-capacity: %v %s", err, out)
+	}
+	for range 2 {
+		if exp, err := expand(); err != nil || exp.GetCapacityBytes() != 640<<20 {
+			t.Fatalf("expand once the device has 640 MiB: %v, %v", exp, err)
+		}
+	}
+	if got, err := mount.FilesystemSize(dev, staging); err != nil || got != 640<<20 {
+		t.Errorf("filesystem %d bytes (%v) after expand, want 640 MiB", got, err)
+	}
+}
+
+// A torn stage record (the file cut mid-write, here to half its bytes) is reported and not
+// acted on: unstage, publish and expand fail naming the record, and the staging mount stays;
+// with the record whole again, unstage works.
+func TestNodeTornStageRecord(t *testing.T) {
+	dev, _ := loopDevice(t, 320<<20)
+	state := filepath.Join(t.TempDir(), "state")
+	node := nodePlugin(t, state)
+	ctx := t.Context()
+	root := t.TempDir()
+	staging, target := filepath.Join(root, "staging"), filepath.Join(root, "target")
+	const id = "vol-0000000000000000000000000000000000000033"
+	if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish(dev)}); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(state, id+".json")
+	whole, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, whole[:len(whole)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	if err == nil || !strings.Contains(err.Error(), file) {
+		t.Errorf("unstage with a torn record: %v, want an error naming %s", err, file)
+	}
+	_, err = node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: fsCap("xfs", rwo)})
+	if err == nil {
+		t.Error("publish with a torn record succeeded")
+	}
+	if !isMounted(t, staging) {
+		t.Fatal("the staging mount was acted on despite the torn record")
+	}
+	if err := os.WriteFile(file, whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(t, staging) {
+		t.Error("staging still mounted after unstage")
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"golang.org/x/sys/unix"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
@@ -23,6 +21,7 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // These tests run the agent against the real kube-apiserver and etcd of
@@ -40,14 +39,7 @@ type env struct {
 
 func requireLoop(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("agent host suite: needs root for loop devices")
-	}
-	fd, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Skipf("agent host suite: /dev/loop-control unusable: %v", err)
-	}
-	unix.Close(fd)
+	prereq.LoopControl(t)
 }
 
 func newEnv(t *testing.T) *env {

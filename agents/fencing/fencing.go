@@ -140,13 +140,29 @@ type Store struct {
 }
 
 // Open returns the store of dir (created 0700 when missing), for example
-// /var/lib/plinth/agent/marks.
+// /var/lib/plinth/agent/marks, after removing the temp files of marks whose
+// write a crash interrupted before the rename (the mark itself is then the
+// old one). Open before any Save of the process: one agent per node owns dir.
 func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fencing marks: %w", err)
 	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("fencing marks: %w", err)
+	}
+	for _, e := range entries {
+		if tempName.MatchString(e.Name()) && e.Type().IsRegular() {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("fencing marks: remove temp file left by a crash: %w", err)
+			}
+		}
+	}
 	return &Store{dir: dir, locks: map[string]chan struct{}{}}, nil
 }
+
+// tempName matches the temp files Save creates ("."+id+".*.tmp").
+var tempName = regexp.MustCompile(`^\..+\.tmp$`)
 
 // Dir returns the marks directory.
 func (s *Store) Dir() string { return s.dir }

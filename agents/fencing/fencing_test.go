@@ -112,6 +112,54 @@ func TestLoadCorrupt(t *testing.T) {
 	}
 }
 
+// A mark cut at any byte (a torn write the rename did not protect, a disk that
+// lost the tail) is ErrCorrupt naming the file, never a mark to act on.
+func TestLoadTornAtEveryByte(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	if err := s.Save(id, Mark{UID: "u-1", Generation: 3, PublicationGeneration: 2, Retired: []string{"u-0"}}); err != nil {
+		t.Fatal(err)
+	}
+	whole, err := os.ReadFile(s.Path(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last byte is the newline: without it the JSON is whole.
+	for n := 0; n < len(whole)-1; n++ {
+		if err := os.WriteFile(s.Path(id), whole[:n], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, found, err := s.Load(id)
+		if !errors.Is(err, ErrCorrupt) || found {
+			t.Errorf("mark torn at byte %d of %d: found %v, %v; want ErrCorrupt", n, len(whole), found, err)
+		}
+	}
+}
+
+// Temp files a crash left between create and rename are removed by Open; marks stay.
+func TestOpenRemovesCrashTempFiles(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := Open(dir)
+	if err := s.Save(id, Mark{UID: "u-1", Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"." + id + ".123.tmp", ".other.456.tmp"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(`{"uid":`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 || entries[0].Name() != id+".json" {
+		t.Errorf("marks folder after Open: %v, want only %s.json", entries, id)
+	}
+	if m, found, err := s.Load(id); err != nil || !found || m.UID != "u-1" {
+		t.Errorf("mark after Open: %+v, %v, %v", m, found, err)
+	}
+}
+
 func TestLockSerialises(t *testing.T) {
 	s, _ := Open(t.TempDir())
 	unlock, err := s.Lock(context.Background(), id)

@@ -14,20 +14,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // These tests use the kernel's real loop devices: on the host (root with
 // /dev/loop-control) and in the qemu guest of make test-kernel.
 func requireLoop(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("file backend: needs root for loop devices")
-	}
-	fd, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Skipf("file backend: /dev/loop-control unusable: %v", err)
-	}
-	unix.Close(fd)
+	prereq.LoopControl(t)
 }
 
 func devSize(t *testing.T, dev string) int64 {

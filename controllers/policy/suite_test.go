@@ -22,6 +22,7 @@ import (
 
 	"github.com/plinth-storage/plinth/controllers/policy"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // The suite runs one real etcd + kube-apiserver (test/controlplane, built by make testbin)
@@ -92,10 +93,7 @@ func setUp(cp *controlplane.ControlPlane) error {
 func env(t *testing.T) client.Client {
 	t.Helper()
 	if suite.skip != nil {
-		if os.Getenv(controlplane.EnvIntegration) == "1" {
-			t.Fatalf("%v (%s=1: missing test binaries fail)", suite.skip, controlplane.EnvIntegration)
-		}
-		t.Skipf("SKIP integration test: %v (set %s=1 to make this a failure)", suite.skip, controlplane.EnvIntegration)
+		prereq.Missing(t, "test binary: %v (make testbin builds it)", suite.skip)
 	}
 	if suite.startUp != nil {
 		t.Fatalf("control plane: %v", suite.startUp)

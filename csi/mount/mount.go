@@ -6,7 +6,13 @@
 //   - mount xfs with nouuid so a clone beside its origin mounts (B16);
 //   - decide "is it mounted" from /proc/self/mountinfo, never from stat, because stat of a dead
 //     mount returns EIO, ENOTCONN or ESTALE (B17), and never report an unmount as done while the
-//     path is still listed there.
+//     path is still listed there;
+//   - compare paths as the kernel lists them: a target or staging path reached through a
+//     symlink (a kubelet root dir that is a symlink) is listed under its resolved path, so
+//     looking up the path as given would call a mounted path unmounted — publish would mount it
+//     again and unpublish would then fail forever with "busy";
+//   - grow a filesystem only once its device shows the size asked for, and not when the
+//     filesystem already spans it.
 package mount
 
 import (
@@ -56,10 +62,10 @@ func (m *Mounter) SourceOf(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", m.MountInfo, err)
 	}
-	clean := filepath.Clean(path)
+	clean, resolved := filepath.Clean(path), Resolve(path)
 	src := ""
 	for _, mi := range infos {
-		if mi.MountPoint == clean {
+		if mi.MountPoint == clean || mi.MountPoint == resolved {
 			src = mi.Source
 			if (mi.Source == "devtmpfs" || mi.Source == "udev") && mi.Root != "/" {
 				src = filepath.Join("/dev", mi.Root)
@@ -67,6 +73,41 @@ func (m *Mounter) SourceOf(path string) (string, error) {
 		}
 	}
 	return src, nil
+}
+
+// MountPointsOf returns where the block device dev is mounted: filesystems mounted from it and
+// bind mounts of its device node (a published raw block volume), from mountinfo.
+func (m *Mounter) MountPointsOf(dev string) ([]string, error) {
+	infos, err := mountutils.ParseMountInfo(m.MountInfo)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", m.MountInfo, err)
+	}
+	dev = filepath.Clean(dev)
+	var out []string
+	for _, mi := range infos {
+		src := mi.Source
+		if (mi.Source == "devtmpfs" || mi.Source == "udev") && mi.Root != "/" {
+			src = filepath.Join("/dev", mi.Root)
+		}
+		if src == dev {
+			out = append(out, mi.MountPoint)
+		}
+	}
+	return out, nil
+}
+
+// Resolve returns path as mountinfo lists it: cleaned, with symlinks resolved. The last
+// element is resolved only when it can be (a dead mount's root fails every stat, B17); then its
+// parent is resolved and the last element kept as given.
+func Resolve(path string) string {
+	clean := filepath.Clean(path)
+	if r, err := filepath.EvalSymlinks(clean); err == nil {
+		return r
+	}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(clean)); err == nil {
+		return filepath.Join(dir, filepath.Base(clean))
+	}
+	return clean
 }
 
 // IsCorrupted reports whether err from probing a path means a dead mount (EIO, ENOTCONN,
@@ -181,9 +222,36 @@ func DeviceSize(dev string) (int64, error) {
 	return int64(size), nil
 }
 
-// Resize grows the filesystem on dev mounted at mountPath to the device's size (resize2fs for
-// ext*, xfs_growfs for xfs); nothing to do is success.
-func (m *Mounter) Resize(dev, mountPath string) error {
-	_, err := mountutils.NewResizeFs(m.safe.Exec).Resize(dev, mountPath)
-	return err
+// ErrDeviceTooSmall means the device does not show the size asked for yet (the agent has not
+// grown the volume, or the initiator has not seen the new size): nothing was grown.
+var ErrDeviceTooSmall = errors.New("device smaller than asked")
+
+// Grow grows the filesystem on dev, mounted at mountPath, to the device's size with resize2fs
+// (ext*) or xfs_growfs (xfs), but only when it must: it returns ErrDeviceTooSmall without
+// touching anything while the device is smaller than wantBytes (0: no size asked), and does
+// nothing when the filesystem already spans wantBytes (or, with no size asked, the device).
+// grown says whether the resize tool ran; size is the device's size in bytes.
+func (m *Mounter) Grow(dev, mountPath string, wantBytes int64) (grown bool, size int64, err error) {
+	size, err = DeviceSize(dev)
+	if err != nil {
+		return false, 0, err
+	}
+	if size < wantBytes {
+		return false, size, fmt.Errorf("%w: %s has %d bytes, %d asked", ErrDeviceTooSmall, dev, size, wantBytes)
+	}
+	fs, err := FilesystemSize(dev, mountPath)
+	if err != nil {
+		return false, size, err
+	}
+	goal := wantBytes
+	if goal == 0 {
+		goal = size
+	}
+	if fs >= goal {
+		return false, size, nil
+	}
+	if _, err := mountutils.NewResizeFs(m.safe.Exec).Resize(dev, mountPath); err != nil {
+		return false, size, err
+	}
+	return true, size, nil
 }

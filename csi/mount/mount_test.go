@@ -2,6 +2,7 @@ package mount
 
 import (
 	"errors"
+	"github.com/plinth-storage/plinth/test/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,15 +12,11 @@ import (
 )
 
 // loopDevice attaches a sparse file of size bytes to a free loop device (real kernel loop
-// driver) and detaches it at cleanup. Skips without root or losetup.
+// driver) and detaches it at cleanup. Needs root and losetup (prereq).
 func loopDevice(t *testing.T, size int64) (dev, file string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: loop devices and mount need root")
-	}
-	if _, err := exec.LookPath("losetup"); err != nil {
-		t.Skip("SKIP: losetup not installed")
-	}
+	prereq.Root(t, "loop devices and mount")
+	prereq.Commands(t, "losetup")
 	file = filepath.Join(t.TempDir(), "disk.img")
 	f, err := os.Create(file)
 	if err != nil {
@@ -31,7 +28,7 @@ func loopDevice(t *testing.T, size int64) (dev, file string) {
 	f.Close()
 	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
 	if err != nil {
-		t.Skipf("SKIP: no free loop device: %v: %s", err, out)
+		prereq.Missing(t, "a free loop device (losetup --find): %v: %s", err, out)
 	}
 	dev = strings.TrimSpace(string(out))
 	t.Cleanup(func() {
@@ -106,9 +103,7 @@ func TestFormatOnlyBlankDevices(t *testing.T) {
 
 // B16: an xfs clone (same UUID) mounts beside its origin because xfs mounts use nouuid.
 func TestXFSCloneMountsBesideOrigin(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		t.Skip("SKIP: mkfs.xfs not installed")
-	}
+	prereq.Commands(t, "mkfs.xfs")
 	m := New()
 	devA, fileA := loopDevice(t, 320<<20)
 	a := mountDir(t, m)
@@ -144,9 +139,7 @@ func TestXFSCloneMountsBesideOrigin(t *testing.T) {
 // B17: a dead mount (xfs shut down: every stat returns EIO) is unmounted and removed; success
 // only once mountinfo no longer lists it.
 func TestUnmountDeadMount(t *testing.T) {
-	if _, err := exec.LookPath("xfs_io"); err != nil {
-		t.Skip("SKIP: xfs_io not installed")
-	}
+	prereq.Commands(t, "xfs_io")
 	m := New()
 	dev, _ := loopDevice(t, 320<<20)
 	target := mountDir(t, m)

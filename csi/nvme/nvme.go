@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -52,6 +53,9 @@ type Target struct {
 	CtrlLossTmo *int32
 	// ReconnectDelay is reconnect_delay in seconds; 0 keeps the default.
 	ReconnectDelay int32
+	// QueueSize is queue_size, the I/O queue depth (nvme connect --queue-size; the kernel
+	// accepts 16–1024, drivers/nvme/host/fabrics.c); 0 keeps the default (128).
+	QueueSize int32
 }
 
 var (
@@ -199,6 +203,9 @@ func ConnectOptions(t Target) string {
 	if t.ReconnectDelay > 0 {
 		opts = append(opts, fmt.Sprintf("reconnect_delay=%d", t.ReconnectDelay))
 	}
+	if t.QueueSize > 0 {
+		opts = append(opts, fmt.Sprintf("queue_size=%d", t.QueueSize))
+	}
 	return strings.Join(opts, ",")
 }
 
@@ -296,6 +303,33 @@ func (in *Initiator) SubsystemNQNOfDevice(device string) string {
 		}
 	}
 	return ""
+}
+
+// SubsystemNQNsOfVolume returns the NQNs of the subsystems this node is connected to that
+// belong to the volume volumeID, sorted: Plinth names a volume's subsystem "<prefix>:<volume
+// id>" (agents/nvmet VolumeNQN), so the NQN's part after its last ':' is the id. It is how
+// unstage finds a connection no stage record remembers (a record lost with the node's state).
+func (in *Initiator) SubsystemNQNsOfVolume(volumeID string) ([]string, error) {
+	if volumeID == "" {
+		return nil, errors.New("empty volume id")
+	}
+	base := in.sys("class", "nvme-subsystem")
+	entries, err := os.ReadDir(base)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", base, err)
+	}
+	var out []string
+	for _, e := range entries {
+		nqn := readAttr(filepath.Join(base, e.Name(), "subsysnqn"))
+		if i := strings.LastIndexByte(nqn, ':'); i >= 0 && nqn[i+1:] == volumeID && !slices.Contains(out, nqn) {
+			out = append(out, nqn)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // Disconnect deletes every controller of the subsystem nqn on this node and returns once the

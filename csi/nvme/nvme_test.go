@@ -221,4 +221,39 @@ func TestConnectOptions(t *testing.T) {
 	if got != want {
 		t.Errorf("ConnectOptions = %q, want %q", got, want)
 	}
+	// Protocol.nvmeofTcp.maxQueueSize reaches the fabrics write as queue_size.
+	got = ConnectOptions(Target{NQN: "n", Address: "10.0.0.1", Port: 4420, QueueSize: 256})
+	if want := "nqn=n,transport=tcp,traddr=10.0.0.1,trsvcid=4420,queue_size=256"; got != want {
+		t.Errorf("ConnectOptions with QueueSize = %q, want %q", got, want)
+	}
+}
+
+// Unstage without a stage record finds the volume's connections by subsystem NQN in sysfs:
+// only the subsystems whose NQN ends in ":<volume id>", and after Disconnect none is left.
+func TestSubsystemNQNsOfVolume(t *testing.T) {
+	k := newFakeKernel(t)
+	in := k.initiator()
+	const id = "vol-0123456789abcdef0123456789abcdef01234567"
+	if got, err := in.SubsystemNQNsOfVolume(id); err != nil || len(got) != 0 {
+		t.Errorf("nothing connected: %q, %v", got, err)
+	}
+	if got, err := (&Initiator{SysRoot: filepath.Join(t.TempDir(), "nosys")}).SubsystemNQNsOfVolume(id); err != nil || len(got) != 0 {
+		t.Errorf("no nvme sysfs: %q, %v", got, err)
+	}
+	k.connect(nqn, host, "traddr=192.0.2.5,trsvcid=4420")
+	k.connect("nqn.2014-08.dev.plinth:vol-0123456789abcdef0123456789abcdef01234567x", host, "traddr=192.0.2.5,trsvcid=4420")
+	k.connect("nqn.2014-08.dev.plinth:vol-ffffffffffffffffffffffffffffffffffffffff", host, "traddr=192.0.2.5,trsvcid=4420")
+	got, err := in.SubsystemNQNsOfVolume(id)
+	if err != nil || len(got) != 1 || got[0] != nqn {
+		t.Fatalf("SubsystemNQNsOfVolume = %q, %v; want [%s]", got, err, nqn)
+	}
+	if err := in.Disconnect(t.Context(), got[0]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := in.SubsystemNQNsOfVolume(id); err != nil || len(got) != 0 {
+		t.Errorf("after disconnect: %q, %v", got, err)
+	}
+	if _, err := in.SubsystemNQNsOfVolume(""); err == nil {
+		t.Error("empty volume id: no error")
+	}
 }

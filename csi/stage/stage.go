@@ -54,6 +54,15 @@ type Dir struct {
 // ErrNotFound is returned by Load when no record exists for the volume.
 var ErrNotFound = errors.New("no stage record")
 
+// ErrCorrupt is returned by Load for a record that exists but cannot be trusted: empty,
+// truncated, not JSON, naming another volume or lacking what unstage needs. Callers report it
+// and act on nothing: a guess could unmount or disconnect the wrong thing, or skip a disconnect.
+var ErrCorrupt = errors.New("corrupt stage record")
+
+// tempPrefix starts the name of a record being written; a crash between create and rename
+// leaves such a file behind, which CleanTemp removes.
+const tempPrefix = ".tmp-"
+
 func (d Dir) file(volumeID string) (string, error) {
 	if volumeID == "" || strings.ContainsAny(volumeID, "/\x00") || volumeID == "." || volumeID == ".." {
 		return "", fmt.Errorf("volume id %q cannot name a stage record", volumeID)
@@ -74,7 +83,7 @@ func (d Dir) Save(r Record) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(d.Path, ".tmp-"+r.VolumeID+"-*")
+	tmp, err := os.CreateTemp(d.Path, tempPrefix+r.VolumeID+"-*")
 	if err != nil {
 		return fmt.Errorf("create stage record: %w", err)
 	}
@@ -97,7 +106,8 @@ func (d Dir) Save(r Record) error {
 }
 
 // Load reads the record of a volume; ErrNotFound when there is none. A record that does not
-// parse is an error, not "absent": unstage must not silently skip a disconnect.
+// parse or lacks what unstage needs is ErrCorrupt (with the file named), never "absent":
+// unstage must not silently skip a disconnect.
 func (d Dir) Load(volumeID string) (Record, error) {
 	path, err := d.file(volumeID)
 	if err != nil {
@@ -110,12 +120,22 @@ func (d Dir) Load(volumeID string) (Record, error) {
 	if err != nil {
 		return Record{}, fmt.Errorf("read stage record: %w", err)
 	}
+	if len(data) == 0 {
+		return Record{}, fmt.Errorf("%w: %s is empty", ErrCorrupt, path)
+	}
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
-		return Record{}, fmt.Errorf("stage record %s: %w", path, err)
+		return Record{}, fmt.Errorf("%w: %s (%d bytes): %v", ErrCorrupt, path, len(data), err)
 	}
-	if r.VolumeID != volumeID {
-		return Record{}, fmt.Errorf("stage record %s names volume %q", path, r.VolumeID)
+	switch {
+	case r.VolumeID != volumeID:
+		return Record{}, fmt.Errorf("%w: %s names volume %q", ErrCorrupt, path, r.VolumeID)
+	case r.StagingPath == "":
+		return Record{}, fmt.Errorf("%w: %s has no staging path", ErrCorrupt, path)
+	case r.Kind != KindLocal && r.Kind != KindNVMeoFTCP:
+		return Record{}, fmt.Errorf("%w: %s has kind %q, want %s or %s", ErrCorrupt, path, r.Kind, KindLocal, KindNVMeoFTCP)
+	case r.Kind == KindNVMeoFTCP && r.NQN == "":
+		return Record{}, fmt.Errorf("%w: %s is NVMe-oF without a subsystem NQN", ErrCorrupt, path)
 	}
 	return r, nil
 }
@@ -154,6 +174,33 @@ func (d Dir) List() ([]Record, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// CleanTemp removes the temp files of records whose write a crash interrupted (before the
+// rename: the record itself is the old one, or none) and returns their names. Call it before
+// the first Save of a process: a Save running meanwhile would lose its temp file.
+func (d Dir) CleanTemp() ([]string, error) {
+	entries, err := os.ReadDir(d.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read stage folder: %w", err)
+	}
+	var removed []string
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), tempPrefix) || !e.Type().IsRegular() {
+			continue
+		}
+		if err := os.Remove(filepath.Join(d.Path, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return removed, fmt.Errorf("remove stage temp file: %w", err)
+		}
+		removed = append(removed, e.Name())
+	}
+	if len(removed) > 0 {
+		return removed, syncDir(d.Path)
+	}
+	return nil, nil
 }
 
 func syncDir(path string) error {

@@ -9,7 +9,8 @@ import (
 
 // crossCheck applies the rules that need the whole set, with maps keyed by name (O(n)):
 // unique names per kind, references that resolve, unique StorageClass names, at most one
-// default class, and the local protocol only with WaitForFirstConsumer. invalid holds the
+// default class, the local protocol only with WaitForFirstConsumer, and no field that nothing
+// implements yet (spreadAcross). invalid holds the
 // "Kind/name" of documents that failed their schema: a reference to one of them is not
 // reported again as missing (its own problems say what is wrong).
 func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
@@ -57,6 +58,12 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 				fmt.Sprintf("StorageClass %q is also rendered by Placement %q at %s", pl.Spec.StorageClass.Name, first.doc.Name, where(first.doc))))
 		} else {
 			classes[pl.Spec.StorageClass.Name] = vd
+		}
+		// Accepted and ignored would be worse than refused: nothing spreads volumes yet (the
+		// scheduler plugin and CreateVolume do not read it), so a user asking for it is told.
+		if pl.Spec.SpreadAcross != "" {
+			ps = append(ps, at(vd.doc, []string{"spec", "spreadAcross"},
+				fmt.Sprintf("spreadAcross is not implemented yet: volumes would not be spread across %s; remove the field", pl.Spec.SpreadAcross)))
 		}
 		if pl.Spec.StorageClass.IsDefault {
 			if defaultClass != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 const testdata = "../cue/testdata"
@@ -141,10 +142,7 @@ func TestLoadErrors(t *testing.T) {
 // TestCueCLI runs the plain `cue vet` command README gives for a policy repository's CI, with
 // the pinned cue binary (PLINTH_CUE, set by make test-unit).
 func TestCueCLI(t *testing.T) {
-	cue := os.Getenv("PLINTH_CUE")
-	if cue == "" {
-		t.Skip("set PLINTH_CUE to the pinned cue binary (make test-unit does) to run the cue vet check")
-	}
+	cue := prereq.Env(t, "PLINTH_CUE", "the pinned cue binary; make test-unit and make test-integration set it")
 	run := func(def string, files ...string) error {
 		args := append([]string{"vet", "-c", "-d", def, "../cue/policy.cue"}, files...)
 		out, err := exec.Command(cue, args...).CombinedOutput()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/plinth-storage/plinth/test/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +16,9 @@ import (
 // EnvTestBin names the folder holding the test binaries (default <module root>/bin).
 const EnvTestBin = "PLINTH_TESTBIN"
 
-// EnvIntegration, when "1", turns missing test binaries from a skip into a failure.
-const EnvIntegration = "PLINTH_INTEGRATION"
+// EnvIntegration, when "1", turns missing test binaries from a skip into a failure
+// (prereq.Strict).
+const EnvIntegration = prereq.EnvIntegration
 
 const modulePath = "github.com/plinth-storage/plinth"
 

@@ -2,14 +2,15 @@ package controlplane
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
+
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // RequireBinaries skips t when a named test binary is missing, with a message
-// saying how to build it, or fails t when PLINTH_INTEGRATION=1 (CI, where a
-// missing binary is a broken build, not an excuse).
+// saying how to build it, or fails t under CI=true or PLINTH_INTEGRATION=1
+// (prereq.Strict: there a missing binary is a broken build, not an excuse).
 func RequireBinaries(t testing.TB, names ...string) {
 	t.Helper()
 	for _, n := range names {
@@ -21,10 +22,7 @@ func RequireBinaries(t testing.TB, names ...string) {
 
 func skipOrFail(t testing.TB, err error) {
 	t.Helper()
-	if os.Getenv(EnvIntegration) == "1" {
-		t.Fatalf("%v (%s=1: missing test binaries fail)", err, EnvIntegration)
-	}
-	t.Skipf("SKIP integration test: %v (set %s=1 to make this a failure)", err, EnvIntegration)
+	prereq.Missing(t, "test binary: %v (make testbin builds it)", err)
 }
 
 // ForTest starts a control plane for t and stops it in t.Cleanup. Missing

@@ -23,6 +23,7 @@ import (
 
 	"github.com/plinth-storage/plinth/internal/devenv"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 func gate(t *testing.T, bins ...string) {
@@ -30,9 +31,7 @@ func gate(t *testing.T, bins ...string) {
 	if os.Getenv("PLINTH_E2E") != "1" && os.Getenv(controlplane.EnvIntegration) != "1" {
 		t.Skip("SKIP: end-to-end suite; set PLINTH_E2E=1 (make test-e2e)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: the dev environment needs root (loop devices, mount)")
-	}
+	prereq.Root(t, "the dev environment uses loop devices and mount")
 	controlplane.RequireBinaries(t, bins...)
 }
 

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"testing"
 
+	"github.com/plinth-storage/plinth/test/prereq"
 	"sigs.k8s.io/yaml"
 )
 
@@ -18,14 +19,7 @@ func promtool(t *testing.T) string {
 	if p := os.Getenv("PROMTOOL"); p != "" {
 		return p
 	}
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("PLINTH_INTEGRATION") == "1" {
-			t.Fatalf("promtool not found (apt-get install prometheus) and PLINTH_INTEGRATION=1")
-		}
-		t.Skipf("SKIP: promtool not found (apt-get install prometheus; set PLINTH_INTEGRATION=1 to make this a failure)")
-	}
-	return p
+	return prereq.Commands(t, "promtool")[0]
 }
 
 func checkRules(t *testing.T, tool, name string, groups any) {

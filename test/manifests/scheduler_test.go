@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // The KubeSchedulerConfiguration of kustomize/scheduler loads into the real plinth-scheduler:
@@ -60,8 +61,8 @@ func testSchedulerConfig(t *testing.T, c *cluster) {
 		msg := string(log)
 		// A binary built before the plugin was registered (the stock scheduler).
 		stale := strings.Contains(msg, "PlinthCapacity") && strings.Contains(msg, "does not exist")
-		if stale && os.Getenv(controlplane.EnvIntegration) != "1" {
-			t.Skipf("SKIP: %s predates the PlinthCapacity plugin: run make testbin (set %s=1 to make this a failure)", bin, controlplane.EnvIntegration)
+		if stale {
+			prereq.Missing(t, "%s predates the PlinthCapacity plugin: run make testbin", bin)
 		}
 		t.Fatalf("plinth-scheduler rejects the configuration: %v\n%s\n--- configuration:\n%s", err, tail(msg, 20), data)
 	}
