@@ -33,7 +33,9 @@ type ObjectError struct {
 }
 
 // Error is "<op> <Kind>/<name>: <error>".
-func (e *ObjectError) Error() string { return e.Op + " " + e.Kind + "/" + e.Name + ": " + e.Err.Error() }
+func (e *ObjectError) Error() string {
+	return e.Op + " " + e.Kind + "/" + e.Name + ": " + e.Err.Error()
+}
 
 // Unwrap returns the API error.
 func (e *ObjectError) Unwrap() error { return e.Err }
