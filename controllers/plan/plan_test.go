@@ -236,7 +236,7 @@ func TestPruneRules(t *testing.T) {
 	sc := class(t, "gone", "gone", "ext4", nil)
 	vanished := runtimeObj("Store", "p.z", "z", nil)
 	src := &fakeSource{
-		live: map[string]*unstructured.Unstructured{"Store/p.a": store, "Agent/a": agent, "Agent/b": agentB, "StorageClass/gone": sc},
+		live:    map[string]*unstructured.Unstructured{"Store/p.a": store, "Agent/a": agent, "Agent/b": agentB, "StorageClass/gone": sc},
 		classes: map[string]Usage{"gone": {PVCs: 2, Pending: 1, Known: true}},
 		stores:  map[string]Usage{"p.a": {Volumes: 3, Known: true}},
 	}
