@@ -287,6 +287,9 @@ func (b *builder) replacement(cc *plan.ClassChange) {
 	}
 	b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
 	if !cc.Allowed && cc.AllowedKnown {
+		if bp := b.before.places[placement]; bp != nil && len(specPaths(&bp.Spec, &b.after.places[placement].Spec)) == 0 {
+			return // stalled already before this change: not caused by it
+		}
 		b.violation(RuleReplacementNotAllowed, "Placement", placement, placementField(cc.Immutable),
 			fmt.Sprintf("StorageClass %s needs a replacement (%s) that replacement %s does not allow: the controller keeps the class and Placement %s stalls with ReplacementRequired",
 				cc.Desired.Name, storageclass.Describe(cc.Immutable), cc.Policy, placement))
