@@ -25,20 +25,13 @@ import (
 )
 
 // VolumeState reasons besides storev1.ReasonInsufficientCapacity and the
-// fencing reasons (package fencing).
+// fencing reasons (defined with the API types: see storev1 for when each surfaces).
 const (
-	// ReasonStoreNotReady surfaces when the volume's Store is not on this
-	// node's cache yet or its backend is not ready.
-	ReasonStoreNotReady = "StoreNotReady"
-	// ReasonVolumeFailed surfaces when the backend refused or failed an
-	// operation (the message carries the command and its stderr).
-	ReasonVolumeFailed = "VolumeFailed"
-	// ReasonExportFailed surfaces when the nvmet export could not be made.
-	ReasonExportFailed = "ExportFailed"
-	// ReasonFenced surfaces on Ready when fencing refused the work.
-	ReasonFenced = "Fenced"
-	// ReasonDeleting: the export and volume are being removed.
-	ReasonDeleting = "Deleting"
+	ReasonStoreNotReady = storev1.ReasonStoreNotReady
+	ReasonVolumeFailed  = storev1.ReasonVolumeFailed
+	ReasonExportFailed  = storev1.ReasonExportFailed
+	ReasonFenced        = storev1.ReasonFenced
+	ReasonDeleting      = storev1.ReasonDeleting
 )
 
 type volumeReconciler struct{ *node }
