@@ -19,6 +19,7 @@ import (
 
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/driftmetric"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -287,6 +288,6 @@ func setDriftGauge(s *storev1.Store, items []storev1.DriftItem) {
 		}
 	}
 	for k, v := range total {
-		DriftObjects.WithLabelValues("kernel", k).Set(float64(v))
+		DriftObjects.WithLabelValues(driftmetric.SourceKernel, k).Set(float64(v))
 	}
 }

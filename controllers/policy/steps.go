@@ -17,6 +17,7 @@ import (
 	"github.com/plinth-storage/plinth/controllers/plan"
 	"github.com/plinth-storage/plinth/controllers/render"
 	"github.com/plinth-storage/plinth/controllers/storageclass"
+	"github.com/plinth-storage/plinth/internal/driftmetric"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
@@ -349,7 +350,7 @@ func (r *Reconciler) saveInventory(ctx context.Context, s *scope) (bool, error) 
 		AppliedObjects.WithLabelValues(k).Set(float64(n))
 	}
 	for k, n := range s.driftCount {
-		DriftObjects.WithLabelValues("api", k).Set(float64(n))
+		DriftObjects.WithLabelValues(driftmetric.SourceAPI, k).Set(float64(n))
 	}
 	return false, nil
 }
