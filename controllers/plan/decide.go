@@ -79,13 +79,6 @@ const (
 	PruneKeepDraining PruneVerdict = "KeepDraining"
 )
 
-// Kept reports whether the verdict keeps the object in the inventory (KeepInUse,
-// KeepDraining); KeepOptedOut drops it from the inventory without deleting it.
-func (v PruneVerdict) Kept() bool { return v == PruneKeepInUse || v == PruneKeepDraining }
-
-// Deletes reports whether the verdict deletes the object.
-func (v PruneVerdict) Deletes() bool { return v == PruneDelete || v == PruneDeleteInUse }
-
 // PruneOptedOut reports whether live carries a prune opt-out annotation or label.
 func PruneOptedOut(live *unstructured.Unstructured) bool {
 	for k, v := range pruneDisabled {
