@@ -8,6 +8,7 @@ import (
 
 	"github.com/fluxcd/pkg/ssa"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -197,42 +198,45 @@ func (r *Reconciler) undrain(ctx context.Context, s *scope) (bool, error) {
 	return false, nil
 }
 
-// apply applies what policy changed and the drift to correct, 8 objects at a time; a failed
-// apply is reported on the object's owners and the rest goes on.
+// apply applies what policy changed and the drift to correct, all in one fluxcd/pkg/ssa
+// ApplyAll (dry-runs in parallel, then the applies). ApplyAll stops at the first failure
+// without saying which object failed in a typed way, so then each object is applied on its
+// own: every error carries its object and is reported on the object's owners.
 func (r *Reconciler) apply(ctx context.Context, s *scope) (bool, error) {
-	var todo []*plan.Object
+	byKey := map[string]*plan.Object{}
+	var objs []*unstructured.Unstructured
 	for i := range s.plan.Objects {
 		if o := &s.plan.Objects[i]; o.Apply() {
-			todo = append(todo, o)
+			byKey[o.Key()] = o
+			objs = append(objs, o.Object)
 		}
 	}
-	entries := make([]*ssa.ChangeSetEntry, len(todo))
-	errs := make([]error, len(todo))
-	sem := make(chan struct{}, 8)
-	done := make(chan struct{})
-	for i, o := range todo {
-		go func() {
-			sem <- struct{}{}
-			defer func() { <-sem; done <- struct{}{} }()
-			entries[i], errs[i] = r.manager.Apply(ctx, o.Object, ssa.DefaultApplyOptions())
-		}()
+	if len(objs) == 0 {
+		return false, nil
 	}
-	for range todo {
-		<-done
-	}
-	changed := 0
-	for i, o := range todo {
-		if errs[i] != nil {
-			s.fail(&ObjectError{Op: "apply", Kind: o.Object.GetKind(), Name: o.Object.GetName(), Err: errs[i]}, o.Owners)
-			continue
-		}
-		if a := entries[i].Action; a == ssa.CreatedAction || a == ssa.ConfiguredAction {
-			changed++
+	applied := func(o *plan.Object, a ssa.Action) {
+		if a == ssa.CreatedAction || a == ssa.ConfiguredAction {
 			s.each(o.Owners, func(p *policyObject) { p.out.applied = append(p.out.applied, o.Key()+" "+string(a)) })
 		}
 	}
-	if len(todo) > 0 {
-		ctrl.LoggerFrom(ctx).Info("applied", "objects", len(todo), "changed", changed)
+	cs, err := r.manager.ApplyAll(ctx, objs, ssa.DefaultApplyOptions())
+	if err == nil {
+		for _, e := range cs.Entries {
+			if o := byKey[e.ObjMetadata.GroupKind.Kind+"/"+e.ObjMetadata.Name]; o != nil {
+				applied(o, e.Action)
+			}
+		}
+		ctrl.LoggerFrom(ctx).Info("applied", "changes", len(cs.Entries))
+		return false, nil
+	}
+	for _, u := range objs {
+		o := byKey[u.GetKind()+"/"+u.GetName()]
+		e, err := r.manager.Apply(ctx, o.Object, ssa.DefaultApplyOptions())
+		if err != nil {
+			s.fail(&ObjectError{Op: "apply", Kind: u.GetKind(), Name: u.GetName(), Err: err}, o.Owners)
+			continue
+		}
+		applied(o, e.Action)
 	}
 	return false, nil
 }
