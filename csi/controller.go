@@ -141,17 +141,17 @@ func readyOrFailed(vs *storev1.VolumeState) (bool, error) {
 	st := vs.Status
 	// A failed expansion keeps the phase of the existing volume; the Ready condition of the
 	// current generation says there is no room.
-	if c := meta.FindStatusCondition(st.Conditions, "Ready"); c != nil && c.Status == metav1.ConditionFalse &&
+	if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse &&
 		c.Reason == storev1.ReasonInsufficientCapacity && c.ObservedGeneration >= vs.Generation {
 		return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
 	}
 	switch {
 	case st.Phase == storev1.VolumeFailed:
-		if c := meta.FindStatusCondition(st.Conditions, "Ready"); c != nil && c.Reason == storev1.ReasonInsufficientCapacity {
+		if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil && c.Reason == storev1.ReasonInsufficientCapacity {
 			return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
 		}
 		msg := "agent reports the volume failed"
-		if c := meta.FindStatusCondition(st.Conditions, "Ready"); c != nil {
+		if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil {
 			msg += ": " + c.Reason + ": " + c.Message
 		}
 		return false, errors.New(msg)

@@ -15,13 +15,10 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// Agent reasons.
+// Agent reasons (defined with the API types: see storev1 for when each surfaces).
 const (
-	// ReasonMissingKernelModules surfaces when a module the node's Agent spec
-	// needs (nvmet, nvmet_tcp for NVMe-oF; dm_thin_pool for thin pools) is not loaded.
-	ReasonMissingKernelModules = "MissingKernelModules"
-	// ReasonNoBindAddress surfaces when no node address is inside spec.nvmeof.bindCIDR.
-	ReasonNoBindAddress = "NoBindAddress"
+	ReasonMissingKernelModules = storev1.ReasonMissingKernelModules
+	ReasonNoBindAddress        = storev1.ReasonNoBindAddress
 )
 
 type agentReconciler struct{ *node }

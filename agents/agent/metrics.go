@@ -3,6 +3,8 @@ package agent
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/plinth-storage/plinth/internal/driftmetric"
 )
 
 // Metrics of the agent (DESIGN.md "Metrics"); no per-volume labels.
@@ -38,11 +40,9 @@ var (
 	}, []string{"reason"})
 	// DriftObjects is plinth_drift_objects{source="kernel",kind}: drifted
 	// things the agent sees on its node, by kind (LogicalVolume, Export,
-	// VolumeGroup, ThinPool).
-	DriftObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "plinth_drift_objects",
-		Help: "Objects drifted from their declaration, by source and kind.",
-	}, []string{"source", "kind"})
+	// VolumeGroup, ThinPool). Defined once for the agent and the controller
+	// (internal/driftmetric).
+	DriftObjects = driftmetric.Objects
 )
 
 func init() {

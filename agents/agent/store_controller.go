@@ -19,31 +19,25 @@ import (
 
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/driftmetric"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// Condition types and reasons the agent writes.
+// Condition types and reasons the agent writes (defined with the API types: see storev1 for
+// when each surfaces).
 const (
-	CondReady       = "Ready"
-	CondDrifted     = "Drifted"
-	CondStalled     = "Stalled"
-	CondReconciling = "Reconciling"
-	CondFenced      = "Fenced"
+	CondReady       = storev1.ConditionReady
+	CondDrifted     = storev1.ConditionDrifted
+	CondStalled     = storev1.ConditionStalled
+	CondReconciling = storev1.ConditionReconciling
+	CondFenced      = storev1.ConditionFenced
 
-	// ReasonDeviceNotEmpty surfaces when a declared device carries data: the
-	// agent never writes to it.
-	ReasonDeviceNotEmpty = "DeviceNotEmpty"
-	// ReasonBackendFailed surfaces when the backend cannot be built, ensured
-	// or observed for another reason (the message says which).
-	ReasonBackendFailed = "BackendFailed"
-	// ReasonDrifted surfaces when the kernel differs from the declaration and
-	// the driftPolicy is Report.
-	ReasonDrifted = "Drifted"
-	// ReasonNoDrift: the kernel matches the declaration.
-	ReasonNoDrift = "NoDrift"
-	// ReasonSucceeded: converged.
-	ReasonSucceeded = "Succeeded"
+	ReasonDeviceNotEmpty = storev1.ReasonDeviceNotEmpty
+	ReasonBackendFailed  = storev1.ReasonBackendFailed
+	ReasonDrifted        = storev1.ReasonDrifted
+	ReasonNoDrift        = storev1.ReasonNoDrift
+	ReasonSucceeded      = storev1.ReasonSucceeded
 )
 
 type storeReconciler struct{ *node }
@@ -294,6 +288,6 @@ func setDriftGauge(s *storev1.Store, items []storev1.DriftItem) {
 		}
 	}
 	for k, v := range total {
-		DriftObjects.WithLabelValues("kernel", k).Set(float64(v))
+		DriftObjects.WithLabelValues(driftmetric.SourceKernel, k).Set(float64(v))
 	}
 }

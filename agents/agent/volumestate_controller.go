@@ -25,20 +25,13 @@ import (
 )
 
 // VolumeState reasons besides storev1.ReasonInsufficientCapacity and the
-// fencing reasons (package fencing).
+// fencing reasons (defined with the API types: see storev1 for when each surfaces).
 const (
-	// ReasonStoreNotReady surfaces when the volume's Store is not on this
-	// node's cache yet or its backend is not ready.
-	ReasonStoreNotReady = "StoreNotReady"
-	// ReasonVolumeFailed surfaces when the backend refused or failed an
-	// operation (the message carries the command and its stderr).
-	ReasonVolumeFailed = "VolumeFailed"
-	// ReasonExportFailed surfaces when the nvmet export could not be made.
-	ReasonExportFailed = "ExportFailed"
-	// ReasonFenced surfaces on Ready when fencing refused the work.
-	ReasonFenced = "Fenced"
-	// ReasonDeleting: the export and volume are being removed.
-	ReasonDeleting = "Deleting"
+	ReasonStoreNotReady = storev1.ReasonStoreNotReady
+	ReasonVolumeFailed  = storev1.ReasonVolumeFailed
+	ReasonExportFailed  = storev1.ReasonExportFailed
+	ReasonFenced        = storev1.ReasonFenced
+	ReasonDeleting      = storev1.ReasonDeleting
 )
 
 type volumeReconciler struct{ *node }
@@ -123,12 +116,19 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	return r.converge(ctx, &vs, before, store, be)
 }
 
-func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, store *storev1.Store, be backend.Backend) (ctrl.Result, error) {
+// converge creates, expands and exports the volume. Its status is written once, when it
+// returns, from what vs holds then; the Creating phase is the one progress mark written
+// before the first backend call, so a reader sees the volume is being made.
+func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, store *storev1.Store, be backend.Backend) (res ctrl.Result, err error) {
+	defer func() {
+		if err == nil {
+			res, err = r.status(ctx, vs, before, res)
+		}
+	}()
 	correct := store.Spec.DriftPolicy == policyv1.DriftPolicyCorrect
 	specChanged := vs.Generation != vs.Status.ObservedGeneration
 	var drift []storev1.DriftItem
 	var vol backend.Volume
-	var err error
 
 	if vs.Status.ActualBytes == 0 {
 		// not created yet (or a crash before the status said so: Create adopts)
@@ -145,7 +145,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			vol, err = r.timed("expand", func() (backend.Volume, error) { return be.Expand(ctx, vs.Name, vs.Spec.CapacityBytes) })
 		}
 		if err != nil {
-			return r.backendFailed(ctx, vs, before, err)
+			return r.backendFailed(vs, err), nil
 		}
 		if r.opts.AfterVolumeCreate != nil {
 			if err := r.opts.AfterVolumeCreate(vs.Name); err != nil {
@@ -158,12 +158,12 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 		if err == nil {
 			cur = &vol
 		} else if !errors.Is(err, backend.ErrNotFound) {
-			return r.backendFailed(ctx, vs, before, err)
+			return r.backendFailed(vs, err), nil
 		}
 		if d := volumeDrift(vs, cur); d != nil {
 			if !correct {
 				drift = append(drift, *d)
-				return r.drifted(ctx, vs, before, drift)
+				return r.drifted(vs, drift), nil
 			}
 			ctrl.LoggerFrom(ctx).Info("correcting drift", "volume", vs.Name, "drift", d.Message)
 		}
@@ -172,14 +172,14 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 				return be.Create(ctx, vs.Name, max(vs.Spec.CapacityBytes, vs.Status.ActualBytes))
 			})
 			if err != nil {
-				return r.backendFailed(ctx, vs, before, err)
+				return r.backendFailed(vs, err), nil
 			}
 		}
 		if want := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes); vol.SizeBytes < want {
 			vs.Status.Phase = storev1.VolumeExpanding
 			vol, err = r.timed("expand", func() (backend.Volume, error) { return be.Expand(ctx, vs.Name, want) })
 			if err != nil {
-				return r.backendFailed(ctx, vs, before, err)
+				return r.backendFailed(vs, err), nil
 			}
 		}
 	}
@@ -187,7 +187,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	dev := vol.DevicePath
 	if dev == "" {
 		if dev, err = be.DevicePath(ctx, vs.Name); err != nil {
-			return r.backendFailed(ctx, vs, before, err)
+			return r.backendFailed(vs, err), nil
 		}
 	}
 	vs.Status.ActualBytes = vol.SizeBytes
@@ -197,27 +197,27 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 		want, err := exportOf(vs, dev, r.opts.Addrs)
 		if err != nil {
 			r.fail(vs, ReasonExportFailed, err.Error())
-			return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
 		var cur *nvmet.Export
 		if e, err := r.target.Inspect(ctx, want.spec.NQN); err == nil {
 			cur = &e
 		} else if !errors.Is(err, nvmet.ErrNotFound) {
 			r.fail(vs, ReasonExportFailed, err.Error())
-			return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
 		if d := exportDrift(want.spec, cur); d != nil {
 			pubChanged := vs.Spec.PublicationGeneration != vs.Status.ObservedPublicationGeneration
 			if vs.Status.Export != nil && !specChanged && !pubChanged && !correct {
 				drift = append(drift, *d)
-				return r.drifted(ctx, vs, before, drift)
+				return r.drifted(vs, drift), nil
 			}
 			start := time.Now()
 			_, err := r.target.Export(ctx, want.spec)
 			OperationDuration.WithLabelValues("export").Observe(time.Since(start).Seconds())
 			if err != nil {
 				r.fail(vs, ReasonExportFailed, err.Error())
-				return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+				return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 			}
 		} else if grew {
 			if err := r.target.RevalidateSize(ctx, want.spec.NQN); err != nil {
@@ -236,7 +236,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, false, ReasonNoDrift, "kernel matches the declaration")
 	setCond(&vs.Status.Conditions, vs.Generation, CondReady, true, ReasonSucceeded,
 		fmt.Sprintf("%d bytes at %s", vol.SizeBytes, dev))
-	return r.status(ctx, vs, before, ctrl.Result{})
+	return ctrl.Result{}, nil
 }
 
 // delete removes the export, then the volume, releases the mark and only
@@ -289,8 +289,8 @@ func (r *volumeReconciler) timed(op string, f func() (backend.Volume, error)) (b
 
 // backendFailed maps a backend error to status: InsufficientCapacity (the
 // CSI controller's RESOURCE_EXHAUSTED) or VolumeFailed; both retried at the
-// refresh interval (room may appear).
-func (r *volumeReconciler) backendFailed(ctx context.Context, vs, before *storev1.VolumeState, err error) (ctrl.Result, error) {
+// refresh interval (room may appear). The caller writes the status.
+func (r *volumeReconciler) backendFailed(vs *storev1.VolumeState, err error) ctrl.Result {
 	reason := ReasonVolumeFailed
 	if errors.Is(err, backend.ErrInsufficientCapacity) {
 		reason = storev1.ReasonInsufficientCapacity
@@ -299,7 +299,7 @@ func (r *volumeReconciler) backendFailed(ctx context.Context, vs, before *storev
 		vs.Status.Phase = storev1.VolumeFailed
 	}
 	r.fail(vs, reason, err.Error())
-	return r.status(ctx, vs, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
+	return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}
 }
 
 func (r *volumeReconciler) fail(vs *storev1.VolumeState, reason, msg string) {
@@ -308,7 +308,7 @@ func (r *volumeReconciler) fail(vs *storev1.VolumeState, reason, msg string) {
 
 // drifted reports drift under driftPolicy Report: Drifted=True with the
 // precise message, Ready=False, nothing changed in the kernel.
-func (r *volumeReconciler) drifted(ctx context.Context, vs, before *storev1.VolumeState, items []storev1.DriftItem) (ctrl.Result, error) {
+func (r *volumeReconciler) drifted(vs *storev1.VolumeState, items []storev1.DriftItem) ctrl.Result {
 	msg := ""
 	for i, d := range items {
 		if i > 0 {
@@ -318,7 +318,7 @@ func (r *volumeReconciler) drifted(ctx context.Context, vs, before *storev1.Volu
 	}
 	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, true, items[0].Kind+items[0].Reason, msg)
 	setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonDrifted, msg+" (driftPolicy Report: not corrected)")
-	return r.status(ctx, vs, before, ctrl.Result{})
+	return ctrl.Result{}
 }
 
 // fenced records a refusal: the counter, Fenced=True and Ready=False with

@@ -11,27 +11,19 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
 // Reasons of a Rejection (PascalCase, used as condition reasons and as the
-// reason label of plinth_agent_fencing_rejections_total).
+// reason label of plinth_agent_fencing_rejections_total); defined with the API
+// types: see storev1 for when each surfaces.
 const (
-	// ReasonStaleGeneration surfaces when the work's metadata.generation is
-	// lower than the highest one acted on.
-	ReasonStaleGeneration = "StaleGeneration"
-	// ReasonStalePublicationGeneration surfaces when spec.publicationGeneration
-	// is lower than the highest one acted on.
-	ReasonStalePublicationGeneration = "StalePublicationGeneration"
-	// ReasonRetiredLifecycle surfaces when the work belongs to a VolumeState
-	// UID whose lifecycle already ended (volume deleted, mark released).
-	ReasonRetiredLifecycle = "RetiredLifecycle"
-	// ReasonLifecycleConflict surfaces when a new VolumeState UID asks for a
-	// volume whose previous lifecycle never released it (its VolumeState
-	// vanished without the agent deleting the volume): the old data is not
-	// handed to the new lifecycle.
-	ReasonLifecycleConflict = "LifecycleConflict"
-	// ReasonCorruptMark surfaces when the mark file does not parse.
-	ReasonCorruptMark = "CorruptMark"
+	ReasonStaleGeneration            = storev1.ReasonStaleGeneration
+	ReasonStalePublicationGeneration = storev1.ReasonStalePublicationGeneration
+	ReasonRetiredLifecycle           = storev1.ReasonRetiredLifecycle
+	ReasonLifecycleConflict          = storev1.ReasonLifecycleConflict
+	ReasonCorruptMark                = storev1.ReasonCorruptMark
 )
 
 // MaxRetired bounds Mark.Retired (oldest UIDs are dropped first).

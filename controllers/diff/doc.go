@@ -13,6 +13,9 @@
 // their volumes, capacity per pool before → after) and violations positioned at the policy
 // field that causes them. Offline compares two trees for one node inventory, without usage.
 //
+// Both modes are load → plan → format: the Plan is controllers/plan's, the one the controller
+// executes, so the report cannot predict by rules the controller does not follow.
+//
 // Nothing is written to the cluster. Report.ExitCode gives the CI exit status; Write prints
 // text, JSON or markdown (for a pull-request comment).
 package diff

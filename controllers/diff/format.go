@@ -54,7 +54,7 @@ func Summary(r *Report) string {
 		}
 	}
 	if blocked > 0 {
-		// Not a violation (the list), but the Placement will stall: say so up front.
+		// Each is a violation too when this change causes it; say up front what stalls.
 		s += fmt.Sprintf("; %d StorageClass replacements not allowed (their Placements will stall with ReplacementRequired)", blocked)
 	}
 	switch len(r.Violations) {

@@ -7,19 +7,13 @@ import (
 	"strings"
 
 	"github.com/fluxcd/pkg/ssa"
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/plinth-storage/plinth/controllers/drift"
 	"github.com/plinth-storage/plinth/controllers/inventory"
+	"github.com/plinth-storage/plinth/controllers/plan"
 	"github.com/plinth-storage/plinth/controllers/policy"
-	"github.com/plinth-storage/plinth/controllers/render"
 	"github.com/plinth-storage/plinth/controllers/storageclass"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -98,123 +92,18 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 		return nil, err
 	}
 	m := ssa.NewResourceManager(c, nil, ssa.Owner{Field: o.FieldManager, Group: policyv1.GroupVersion.Group})
-	b := &builder{rep: rep, before: before, after: after, cl: cl, sources: rendered.Sources, fallback: paths[0]}
-
-	// 1. StorageClasses whose immutable fields change, classified as the controller does.
-	next := inventory.New()
-	var toDiff []*unstructured.Unstructured
-	blocked := map[string]bool{}
-	for _, u := range desired {
-		e, err := inventory.EntryOf(u)
-		if err != nil {
-			return nil, err
-		}
-		next.Put(e)
-		if u.GetKind() != "StorageClass" {
-			toDiff = append(toDiff, u)
-			continue
-		}
-		var want, live storagev1.StorageClass
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &want); err != nil {
-			return nil, err
-		}
-		err = c.Get(ctx, types.NamespacedName{Name: want.Name}, &live)
-		if apierrors.IsNotFound(err) {
-			toDiff = append(toDiff, u)
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("get StorageClass %s: %w", want.Name, err)
-		}
-		changes := storageclass.Diff(&live, &want)
-		imm := storageclass.Immutable(changes)
-		if len(imm) == 0 {
-			toDiff = append(toDiff, u)
-			continue
-		}
-		if b.replacement(&want, changes, imm) {
-			continue
-		}
-		ku, err := render.ToUnstructured(storageclass.KeepImmutable(&want, &live))
-		if err != nil {
-			return nil, err
-		}
-		blocked[ku.GetName()] = true
-		toDiff = append(toDiff, ku)
-	}
-
-	// 2. Server-side dry-run of the rest, as the controller's drift detection runs it.
-	results := make([]diffResult, len(toDiff))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(o.Concurrency)
-	for i, u := range toDiff {
-		g.Go(func() error {
-			cse, live, merged, err := m.Diff(gctx, u, ssa.DefaultDiffOptions())
-			results[i] = diffResult{cse: cse, live: live, merged: merged, err: err}
-			return gctx.Err()
-		})
-	}
-	if err := g.Wait(); err != nil {
+	src := &plan.Cluster{Counter: cl, Reader: c, Manager: m, Concurrency: o.Concurrency}
+	pl, err := plan.Make(ctx, plan.Input{Desired: desired, Sources: rendered.Sources, Placements: after.places, Pools: after.pools, Previous: prev}, src)
+	if err != nil {
 		return nil, err
 	}
-	for i, u := range toDiff {
-		r := results[i]
-		key := u.GetKind() + "/" + u.GetName()
-		if r.err != nil {
-			b.ownerViolation(key, RuleDryRunRejected, fmt.Sprintf("the API server rejects %s: %v", key, r.err))
-			continue
-		}
-		e, _ := inventory.EntryOf(u)
-		old, known := prev.Get(e.ID())
-		same := known && old.Digest == e.Digest
-		oc := ObjectChange{Kind: u.GetKind(), Name: u.GetName()}
-		if blocked[u.GetName()] && u.GetKind() == "StorageClass" {
-			oc.Reason = "immutable fields kept: replacement not allowed"
-		}
-		switch r.cse.Action {
-		case ssa.CreatedAction:
-			oc.Action = ActionCreate
-			if same {
-				oc.Action, oc.Reason = ActionDrift, "deleted outside Plinth"
-			} else if u.GetKind() == "Store" {
-				b.storeAdded(u)
-			}
-		case ssa.ConfiguredAction:
-			oc.Action, oc.Fields = ActionChange, drift.Paths(r.live, r.merged)
-			if same {
-				oc.Action, oc.Reason = ActionDrift, "edited outside Plinth"
-			}
-		default:
-			rep.Counts.Unchanged++
-			continue
-		}
-		rep.Objects = append(rep.Objects, oc)
-	}
-
-	// 3. Prune, from the inventory only, with the controller's rules (B38, B39).
-	keptNodes := map[string]bool{}
-	for _, e := range prev.Stale(next) {
-		live := e.Object()
-		if err := c.Get(ctx, types.NamespacedName{Name: e.Name}, live); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			return nil, fmt.Errorf("get %s: %w", e, err)
-		}
-		b.stale(live, keptNodes)
-	}
-
+	b := &builder{rep: rep, before: before, after: after, cl: cl, sources: rendered.Sources, fallback: paths[0]}
+	b.report(pl)
 	b.capacity()
 	b.protocolChanges()
 	rep.Policy = policyChanges(before, after, func(string, string) (string, int) { return "", 0 })
 	b.finish()
 	return rep, nil
-}
-
-type diffResult struct {
-	cse          *ssa.ChangeSetEntry
-	live, merged *unstructured.Unstructured
-	err          error
 }
 
 // cluster is what Live reads from the API server.
@@ -295,6 +184,22 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 	return cl, nil
 }
 
+// ClassUsage implements plan.Counter from the lists read once.
+func (cl *cluster) ClassUsage(_ context.Context, name string) (plan.Usage, error) {
+	u := plan.Usage{PVCs: len(cl.claims[name]), PVs: len(cl.pvs[name]), Known: true}
+	for _, c := range cl.claims[name] {
+		if c.Status.Phase == corev1.ClaimPending {
+			u.Pending++
+		}
+	}
+	return u, nil
+}
+
+// StoreUsage implements plan.Counter from the lists read once.
+func (cl *cluster) StoreUsage(_ context.Context, name string) (plan.Usage, error) {
+	return plan.Usage{Volumes: len(cl.volumes[name]), Known: true}, nil
+}
+
 // builder fills a report from what a comparison found.
 type builder struct {
 	rep           *Report
@@ -311,40 +216,111 @@ type builder struct {
 	ongoingNodes map[string]bool
 }
 
-// replacement records a StorageClass whose immutable fields change and says whether the
-// controller replaces it now (policy.ReplacementAllowed, the controller's own rule).
-func (b *builder) replacement(want *storagev1.StorageClass, changes, imm []storageclass.Change) bool {
-	placement := want.Labels[policyv1.LabelPlacement]
-	p := policy.EffectiveReplacement(b.after.places[placement])
-	ci := ClassImpact{Name: want.Name, Placement: placement, Action: ActionReplace, Changes: imm, Replacement: string(p), AllowedKnown: true}
+// report fills the report's objects and storage impact from the plan: what the controller
+// will do, in the controller's own decisions.
+func (b *builder) report(p *plan.Plan) {
+	for i := range p.Classes {
+		b.replacement(&p.Classes[i])
+	}
+	for i := range p.Objects {
+		b.object(&p.Objects[i])
+	}
+	for i := range p.Prunes {
+		b.stale(&p.Prunes[i])
+	}
+}
+
+// object records a rendered object that is not replaced.
+func (b *builder) object(o *plan.Object) {
+	u := o.Object
+	oc := ObjectChange{Kind: u.GetKind(), Name: u.GetName()}
+	if o.KeptImmutable {
+		oc.Reason = "immutable fields kept: replacement not allowed"
+	}
+	switch o.Action {
+	case plan.Rejected:
+		b.ownerViolation(o.Key(), RuleDryRunRejected, fmt.Sprintf("the API server rejects %s: %v", o.Key(), o.DryRunErr))
+		return
+	case plan.Create:
+		oc.Action = ActionCreate
+		if u.GetKind() == "Store" {
+			b.storeAdded(u)
+		}
+	case plan.Change:
+		oc.Action, oc.Fields = ActionChange, o.Fields
+	case plan.Drift:
+		oc.Action, oc.Fields, oc.Reason = ActionDrift, o.Fields, "edited outside Plinth"
+		if o.Drift.Deleted {
+			oc.Reason = "deleted outside Plinth"
+		}
+	default:
+		b.rep.Counts.Unchanged++
+		return
+	}
+	b.rep.Objects = append(b.rep.Objects, oc)
+}
+
+// replacement records a StorageClass whose immutable fields change with the controller's
+// decision (plan.ReplacementAllowed). A replacement the policy forbids stalls the Placement:
+// a violation at the field that asks for it.
+func (b *builder) replacement(cc *plan.ClassChange) {
+	placement := cc.Placement
+	ci := ClassImpact{Name: cc.Desired.Name, Placement: placement, Action: ActionReplace, Changes: cc.Immutable,
+		Replacement: string(cc.Policy), Allowed: cc.Allowed, AllowedKnown: cc.AllowedKnown, Default: cc.WasDefault}
 	b.usage(&ci)
 	pvcs, pvs := len(ci.Claims), len(ci.Volumes)
 	switch {
-	case b.cl == nil && p == policyv1.ReplacementIfUnused:
-		ci.AllowedKnown = false
+	case !cc.AllowedKnown:
 		ci.Outcome = "replacement IfUnused: replaced if no PVC or PV uses it (usage is not known offline); kept otherwise, Placement " + placement + " stalls with ReplacementRequired"
-	case policy.ReplacementAllowed(p, pvcs, pvs):
-		ci.Allowed = true
-		ci.Outcome = fmt.Sprintf("replacement %s: replaced (deleted, then created with the new fields)", p)
+	case cc.Allowed:
+		ci.Outcome = fmt.Sprintf("replacement %s: replaced (deleted, then created with the new fields)", cc.Policy)
 		if pvcs+pvs > 0 {
 			ci.Outcome += "; bound PVs keep working with the policy frozen at their creation"
 		}
-	case p == policyv1.ReplacementIfUnused:
-		ci.Outcome = fmt.Sprintf("not replaced (replacement IfUnused, %s): kept as it is, in-place fields applied; Placement %s stalls with ReplacementRequired", usageText(pvcs, pvs), placement)
+	case cc.Policy == policyv1.ReplacementIfUnused:
+		ci.Outcome = fmt.Sprintf("not replaced (replacement IfUnused, %s): kept as it is, in-place fields applied; Placement %s stalls with ReplacementRequired", plan.UsageText(pvcs, pvs), placement)
 	default:
 		ci.Outcome = fmt.Sprintf("not replaced (replacement Never): kept as it is, in-place fields applied; Placement %s stalls with ReplacementRequired", placement)
 	}
-	b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
-	if !ci.Allowed && ci.AllowedKnown {
-		return false
+	if cc.WasDefault && (cc.Allowed || !cc.AllowedKnown) {
+		ci.Outcome += "; it is the cluster's default StorageClass: PVCs that name no class get none while it is gone"
 	}
-	fields := make([]string, len(changes))
-	for i, ch := range changes {
+	b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+	if !cc.Allowed && cc.AllowedKnown {
+		if bp := b.before.places[placement]; bp != nil && len(specPaths(&bp.Spec, &b.after.places[placement].Spec)) == 0 {
+			return // stalled already before this change: not caused by it
+		}
+		b.violation(RuleReplacementNotAllowed, "Placement", placement, placementField(cc.Immutable),
+			fmt.Sprintf("StorageClass %s needs a replacement (%s) that replacement %s does not allow: the controller keeps the class and Placement %s stalls with ReplacementRequired",
+				cc.Desired.Name, storageclass.Describe(cc.Immutable), cc.Policy, placement))
+		return
+	}
+	fields := make([]string, len(cc.Changes))
+	for i, ch := range cc.Changes {
 		fields[i] = ch.Field
 	}
-	b.rep.Objects = append(b.rep.Objects, ObjectChange{Kind: "StorageClass", Name: want.Name, Action: ActionReplace,
-		Fields: fields, Reason: storageclass.Describe(imm)})
-	return true
+	b.rep.Objects = append(b.rep.Objects, ObjectChange{Kind: "StorageClass", Name: cc.Desired.Name, Action: ActionReplace,
+		Fields: fields, Reason: storageclass.Describe(cc.Immutable)})
+}
+
+// placementField is the Placement field that renders the first immutable StorageClass field
+// in changes (spec.storageClass when none maps).
+func placementField(changes []storageclass.Change) string {
+	for _, ch := range changes {
+		switch ch.Field {
+		case "parameters." + policyv1.ParamFSType:
+			return "spec.filesystem.fsType"
+		case "parameters." + policyv1.ParamPool:
+			return "spec.poolRef.name"
+		case "parameters." + policyv1.ParamProtocol:
+			return "spec.protocolRef.name"
+		case "reclaimPolicy":
+			return "spec.storageClass.reclaimPolicy"
+		case "volumeBindingMode":
+			return "spec.storageClass.volumeBindingMode"
+		}
+	}
+	return "spec.storageClass"
 }
 
 // usage fills the claims and PVs of a class (live only).
@@ -377,29 +353,21 @@ func (b *builder) usage(ci *ClassImpact) {
 	sort.Slice(ci.Volumes, func(i, j int) bool { return ci.Volumes[i].Name < ci.Volumes[j].Name })
 }
 
-func usageText(pvcs, pvs int) string {
-	s := fmt.Sprintf("in use by %d PVCs", pvcs)
-	if pvs > 0 {
-		s += fmt.Sprintf(" and %d PVs", pvs)
-	}
-	return s
-}
-
 func (b *builder) storeAdded(u *unstructured.Unstructured) {
 	pool, _, _ := unstructured.NestedString(u.Object, "spec", "pool")
 	node, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
 	b.added = append(b.added, StoreRef{Name: u.GetName(), Pool: pool, Node: node})
 }
 
-// stale decides for a live object that left the rendered set what the controller's prune
-// step decides (controllers/policy reconcile step 6): an opt-out keeps it, a StorageClass
-// with PVCs is kept, a Store that VolumeStates name is kept draining and so is the Agent of
-// its node; the rest is deleted. Stores come before Agents (inventory.Stale's order).
-func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bool) {
+// stale reports the controller's prune verdict on a live object that left the rendered set
+// (plan.DecidePrune): an opt-out keeps it, a StorageClass with PVCs is kept, a Store that
+// VolumeStates name is kept draining and so is the Agent of its node; the rest is deleted.
+// Stores come before Agents (inventory.Stale's order).
+func (b *builder) stale(pr *plan.Prune) {
 	if b.ongoingNodes == nil {
 		b.ongoingNodes = map[string]bool{}
 	}
-	ongoingNodes := b.ongoingNodes
+	live := pr.Live
 	oc := ObjectChange{Kind: live.GetKind(), Name: live.GetName(), Action: ActionPrune}
 	defer func() { b.rep.Objects = append(b.rep.Objects, oc) }()
 
@@ -407,95 +375,106 @@ func (b *builder) stale(live *unstructured.Unstructured, keptNodes map[string]bo
 	// what usage would change).
 	var ci ClassImpact
 	var r *StoreRemoval
-	pvcs, volumes := 0, 0
 	switch live.GetKind() {
 	case "StorageClass":
-		ci = ClassImpact{Name: live.GetName(), Placement: live.GetLabels()[policyv1.LabelPlacement], Action: ActionPrune, AllowedKnown: true}
+		ci = ClassImpact{Name: live.GetName(), Placement: live.GetLabels()[policyv1.LabelPlacement], Action: ActionPrune, AllowedKnown: true,
+			Default: live.GetAnnotations()[storageclass.DefaultClassAnnotation] == "true"}
 		b.usage(&ci)
-		pvcs = len(ci.Claims)
 	case "Store":
-		pool, _, _ := unstructured.NestedString(live.Object, "spec", "pool")
-		node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
-		r = &StoreRemoval{StoreRef: StoreRef{Name: live.GetName(), Pool: pool, Node: node}}
-		if b.cl != nil {
-			for _, v := range b.cl.volumes[live.GetName()] {
-				r.Volumes = append(r.Volumes, b.volume(&v))
-			}
-			sort.Slice(r.Volumes, func(i, j int) bool { return r.Volumes[i].ID < r.Volumes[j].ID })
-			if s := b.cl.stores[live.GetName()]; s != nil && s.Status.Capacity != nil {
-				r.ProvisionedBytes = s.Status.Capacity.Provisioned
-			}
-		}
-		if b.removed == nil {
-			b.removed = map[string]*StoreRemoval{}
-		}
-		b.removed[r.Name] = r
-		volumes = len(r.Volumes)
+		r = b.storeRemoval(live)
 	}
-
-	switch policy.DecidePrune(live, pvcs, volumes, keptNodes) {
-	case policy.PruneKeepOptedOut:
+	switch pr.Verdict {
+	case plan.PruneKeepOptedOut:
 		oc.Action, oc.Reason = ActionKeep, "pruning disabled on the object: dropped from Plinth's inventory, never deleted"
-		return
-	case policy.PruneKeepInUse:
-		placement := ci.Placement
-		ci.Action = ActionKeep
-		ci.Outcome = fmt.Sprintf("kept: in use by %d PVCs; Placement %s keeps its finalizer and reports InUse until they are gone", pvcs, placement)
-		oc.Action, oc.Reason = ActionKeep, fmt.Sprintf("in use by %d PVCs", pvcs)
-		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
-		if bp := b.before.places[placement]; b.cl != nil && (bp == nil || bp.Spec.StorageClass.Name != live.GetName()) {
-			// The Placement left (or renamed its class) before this change: kept already.
-			oc.Ongoing, oc.Reason = true, oc.Reason+"; kept already"
-			return
-		}
-		field := "spec.storageClass.name"
-		if b.after.places[placement] == nil {
-			field = ""
-		}
-		msg := fmt.Sprintf("StorageClass %s leaves the policy while %d PVCs use it (%s): the controller keeps it and Placement %s stays not Ready; existing volumes keep working, new PVCs and expansion need the class",
-			live.GetName(), pvcs, claimList(ci.Claims, 5), placement)
-		b.violation(RulePrunedClassInUse, "Placement", placement, field, msg)
-		return
-	case policy.PruneDeleteInUse:
-		pending := 0
-		for _, c := range ci.Claims {
-			if c.Phase == string(corev1.ClaimPending) {
-				pending++
-			}
-		}
+	case plan.PruneKeepInUse:
+		b.keptInUse(live, &oc, ci, pr.Usage.PVCs)
+	case plan.PruneDeleteInUse:
 		ci.Outcome = fmt.Sprintf("deleted although %d PVCs use it (%s=%s on the live class): existing PVs keep working, expansion of its PVCs will fail and its %d Pending PVCs will not be provisioned",
-			pvcs, policy.AnnotationPrune, policy.PruneValueForce, pending)
-		oc.Reason = fmt.Sprintf("in use by %d PVCs; deleted by the %s=%s override", pvcs, policy.AnnotationPrune, policy.PruneValueForce)
-		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
-		return
-	case policy.PruneKeepDraining:
+			pr.Usage.PVCs, plan.AnnotationPrune, plan.PruneValueForce, pr.Usage.Pending)
+		oc.Reason = fmt.Sprintf("in use by %d PVCs; deleted by the %s=%s override", pr.Usage.PVCs, plan.AnnotationPrune, plan.PruneValueForce)
+		b.addClass(ci)
+	case plan.PruneKeepDraining:
 		oc.Action = ActionKeep
 		if r == nil { // the Agent of a node that keeps a draining Store
-			node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
-			oc.Reason, oc.Ongoing = "its node keeps a draining Store", ongoingNodes[node]
+			oc.Reason, oc.Ongoing = "its node keeps a draining Store", b.ongoingNodes[pr.Node]
 			return
 		}
 		r.Drains = true
-		keptNodes[r.Node] = true
-		oc.Reason = fmt.Sprintf("holds %d volumes: kept and marked draining until they are gone", volumes)
+		oc.Reason = fmt.Sprintf("holds %d volumes: kept and marked draining until they are gone", pr.Usage.Volumes)
 		if s := b.cl.stores[live.GetName()]; s != nil && s.IsDraining() {
-			ongoingNodes[r.Node] = true
-			oc.Ongoing, oc.Reason = true, fmt.Sprintf("holds %d volumes: draining already", volumes)
+			b.ongoingNodes[r.Node] = true
+			oc.Ongoing, oc.Reason = true, fmt.Sprintf("holds %d volumes: draining already", pr.Usage.Volumes)
 		}
+	default: // plan.PruneDelete
+		b.deleted(live, &oc, ci)
+	}
+}
+
+// storeRemoval records a Store that leaves the policy, with its volumes (live only).
+func (b *builder) storeRemoval(live *unstructured.Unstructured) *StoreRemoval {
+	pool, _, _ := unstructured.NestedString(live.Object, "spec", "pool")
+	node, _, _ := unstructured.NestedString(live.Object, "spec", "nodeName")
+	r := &StoreRemoval{StoreRef: StoreRef{Name: live.GetName(), Pool: pool, Node: node}}
+	if b.cl != nil {
+		for _, v := range b.cl.volumes[live.GetName()] {
+			r.Volumes = append(r.Volumes, b.volume(&v))
+		}
+		sort.Slice(r.Volumes, func(i, j int) bool { return r.Volumes[i].ID < r.Volumes[j].ID })
+		if s := b.cl.stores[live.GetName()]; s != nil && s.Status.Capacity != nil {
+			r.ProvisionedBytes = s.Status.Capacity.Provisioned
+		}
+	}
+	if b.removed == nil {
+		b.removed = map[string]*StoreRemoval{}
+	}
+	b.removed[r.Name] = r
+	return r
+}
+
+// keptInUse records a StorageClass kept because PVCs use it: a violation unless it was kept
+// already before this change.
+func (b *builder) keptInUse(live *unstructured.Unstructured, oc *ObjectChange, ci ClassImpact, pvcs int) {
+	placement := ci.Placement
+	ci.Action = ActionKeep
+	ci.Outcome = fmt.Sprintf("kept: in use by %d PVCs; Placement %s keeps its finalizer and reports InUse until they are gone", pvcs, placement)
+	oc.Action, oc.Reason = ActionKeep, fmt.Sprintf("in use by %d PVCs", pvcs)
+	b.addClass(ci)
+	if bp := b.before.places[placement]; b.cl != nil && (bp == nil || bp.Spec.StorageClass.Name != live.GetName()) {
+		// The Placement left (or renamed its class) before this change: kept already.
+		oc.Ongoing, oc.Reason = true, oc.Reason+"; kept already"
 		return
 	}
-	// policy.PruneDelete.
+	field := "spec.storageClass.name"
+	if b.after.places[placement] == nil {
+		field = ""
+	}
+	msg := fmt.Sprintf("StorageClass %s leaves the policy while %d PVCs use it (%s): the controller keeps it and Placement %s stays not Ready; existing volumes keep working, new PVCs and expansion need the class",
+		live.GetName(), pvcs, claimList(ci.Claims, 5), placement)
+	b.violation(RulePrunedClassInUse, "Placement", placement, field, msg)
+}
+
+// deleted records an object the controller deletes.
+func (b *builder) deleted(live *unstructured.Unstructured, oc *ObjectChange, ci ClassImpact) {
 	switch {
 	case live.GetKind() == "StorageClass" && b.cl == nil:
 		ci.AllowedKnown = false
 		ci.Outcome = "deleted unless PVCs use it (usage is not known offline): then kept, and its Placement stays not Ready"
-		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+		b.addClass(ci)
 	case live.GetKind() == "StorageClass":
 		ci.Outcome = "deleted (no PVC uses it)"
-		b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
+		b.addClass(ci)
 	case live.GetKind() == "Store" && b.cl == nil:
 		oc.Reason = "deleted, or kept draining if it holds volumes (not known offline)"
 	}
+}
+
+// addClass records the impact on a StorageClass that leaves the policy, calling out the
+// cluster's default class.
+func (b *builder) addClass(ci ClassImpact) {
+	if ci.Default && ci.Action != ActionKeep {
+		ci.Outcome += "; it is the cluster's default StorageClass: PVCs that name no class get none once it is gone"
+	}
+	b.rep.Storage.Classes = append(b.rep.Storage.Classes, ci)
 }
 
 func (b *builder) volume(v *storev1.VolumeState) Volume {

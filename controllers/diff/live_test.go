@@ -127,7 +127,8 @@ func TestLive(t *testing.T) {
 					t.Errorf("fast capacity %+v", p)
 				}
 			}}},
-		{"filesystem", want{exit: diff.ExitChanges,
+		{"filesystem", want{exit: diff.ExitViolations,
+			violations: []string{"ReplacementNotAllowed Placement/fast spec.filesystem.fsType testdata/live/filesystem/placements.yaml:13"},
 			check: func(t *testing.T, r *diff.Report) {
 				if len(r.Storage.Classes) != 1 {
 					t.Fatalf("classes: %+v", r.Storage.Classes)

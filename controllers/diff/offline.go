@@ -1,23 +1,26 @@
 package diff
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/fluxcd/pkg/ssa"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/plinth-storage/plinth/controllers/drift"
-	"github.com/plinth-storage/plinth/controllers/render"
-	"github.com/plinth-storage/plinth/controllers/storageclass"
+	"github.com/plinth-storage/plinth/controllers/inventory"
+	"github.com/plinth-storage/plinth/controllers/plan"
 	"github.com/plinth-storage/plinth/schema/vet"
 )
 
 // Offline compares the policy tree at paths with the one at against (for example the merge
 // base and the head of a pull request), both rendered for nodes, without a cluster: the same
 // report as Live minus everything that needs live usage (PVCs, volumes, capacity, and so
-// the violations). Problems of either tree make a report with Problems; the error is for I/O.
+// the violations that need them). The plan is the controller's, made against the old render
+// standing in for the cluster. Problems of either tree make a report with Problems; the error
+// is for I/O.
 func Offline(paths, against []string, nodes []corev1.Node) (*Report, error) {
 	rep := &Report{Mode: ModeOffline, Paths: paths, Against: against}
 	v, err := vet.NewVetter()
@@ -50,58 +53,22 @@ func Offline(paths, against []string, nodes []corev1.Node) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	old := map[string]*unstructured.Unstructured{}
+	src := oldRender{}
+	prev := inventory.New()
 	for _, u := range oldObjs {
-		old[u.GetKind()+"/"+u.GetName()] = u
+		e, err := inventory.EntryOf(u)
+		if err != nil {
+			return nil, err
+		}
+		prev.Put(e)
+		src[u.GetKind()+"/"+u.GetName()] = u
+	}
+	pl, err := plan.Make(context.Background(), plan.Input{Desired: newObjs, Sources: newOut.Sources, Placements: after.places, Pools: after.pools, Previous: prev}, src)
+	if err != nil {
+		return nil, err
 	}
 	b := &builder{rep: rep, before: before, after: after, sources: newOut.Sources, fallback: paths[0]}
-	seen := map[string]bool{}
-	for _, u := range newObjs {
-		key := u.GetKind() + "/" + u.GetName()
-		seen[key] = true
-		o := old[key]
-		if o == nil {
-			rep.Objects = append(rep.Objects, ObjectChange{Kind: u.GetKind(), Name: u.GetName(), Action: ActionCreate})
-			if u.GetKind() == "Store" {
-				b.storeAdded(u)
-			}
-			continue
-		}
-		if u.GetKind() == "StorageClass" {
-			var want, was storagev1.StorageClass
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &want); err != nil {
-				return nil, err
-			}
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &was); err != nil {
-				return nil, err
-			}
-			changes := storageclass.Diff(&was, &want)
-			if imm := storageclass.Immutable(changes); len(imm) > 0 {
-				if b.replacement(&want, changes, imm) {
-					continue
-				}
-				kept, err := render.ToUnstructured(storageclass.KeepImmutable(&want, &was))
-				if err != nil {
-					return nil, err
-				}
-				u = kept
-			}
-		}
-		fields := drift.Paths(o, u)
-		if len(fields) == 0 {
-			rep.Counts.Unchanged++
-			continue
-		}
-		rep.Objects = append(rep.Objects, ObjectChange{Kind: u.GetKind(), Name: u.GetName(), Action: ActionChange, Fields: fields})
-	}
-	// What left the render, in the controller's prune order (Stores, Agents, StorageClasses).
-	for _, kind := range []string{"Store", "Agent", "StorageClass"} {
-		for _, u := range oldObjs {
-			if u.GetKind() == kind && !seen[kind+"/"+u.GetName()] {
-				b.stale(u, map[string]bool{})
-			}
-		}
-	}
+	b.report(pl)
 	rep.Policy = policyChanges(before, after, func(kind, name string) (string, int) {
 		f, l, _ := before.position(kind, name, "", "")
 		return f, l
@@ -109,3 +76,38 @@ func Offline(paths, against []string, nodes []corev1.Node) (*Report, error) {
 	b.finish()
 	return rep, nil
 }
+
+// oldRender is the plan.Source of the offline mode: the old tree's render stands in for the
+// cluster (by "Kind/name"); a "dry-run" compares with it, and usage is not known.
+type oldRender map[string]*unstructured.Unstructured
+
+func (o oldRender) Get(_ context.Context, gvk schema.GroupVersionKind, name string) (*unstructured.Unstructured, error) {
+	if u := o[gvk.Kind+"/"+name]; u != nil {
+		return u.DeepCopy(), nil
+	}
+	return nil, nil
+}
+
+func (oldRender) Unchanged(context.Context, *unstructured.Unstructured) bool { return false }
+
+func (o oldRender) DryRun(_ context.Context, objs []*unstructured.Unstructured) ([]plan.DryRun, error) {
+	out := make([]plan.DryRun, len(objs))
+	for i, u := range objs {
+		old := o[u.GetKind()+"/"+u.GetName()]
+		switch {
+		case old == nil:
+			out[i] = plan.DryRun{Action: ssa.CreatedAction}
+		default:
+			if fields := drift.Paths(old, u); len(fields) > 0 {
+				out[i] = plan.DryRun{Action: ssa.ConfiguredAction, Fields: fields}
+			} else {
+				out[i] = plan.DryRun{Action: ssa.UnchangedAction}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (oldRender) ClassUsage(context.Context, string) (plan.Usage, error) { return plan.Usage{}, nil }
+
+func (oldRender) StoreUsage(context.Context, string) (plan.Usage, error) { return plan.Usage{}, nil }

@@ -59,6 +59,10 @@ const (
 	RuleProtocolChangeExported = "ProtocolChangeWithExports"
 	// RuleDryRunRejected: the API server rejects the server-side dry-run of a rendered object.
 	RuleDryRunRejected = "DryRunRejected"
+	// RuleReplacementNotAllowed: a StorageClass's immutable fields change and the Placement's
+	// replacement policy forbids replacing it now: the controller keeps the class and the
+	// Placement stalls (ReplacementRequired) until the policy or the usage changes.
+	RuleReplacementNotAllowed = "ReplacementNotAllowed"
 )
 
 // Report is what `plinth diff` prints. Byte sizes are int64 bytes.
@@ -153,6 +157,10 @@ type ClassImpact struct {
 	AllowedKnown bool   `json:"allowedKnown"`
 	// Outcome says in words what the controller will do.
 	Outcome string `json:"outcome"`
+	// Default is true when the live class is the cluster's default StorageClass
+	// (storageclass.kubernetes.io/is-default-class: "true"): while it is gone, PVCs that name
+	// no class get none.
+	Default bool `json:"default,omitempty"`
 	// Claims and Volumes are the PVCs and PVs whose storageClassName is this class (live).
 	Claims  []Claim `json:"claims,omitempty"`
 	Volumes []PV    `json:"volumes,omitempty"`

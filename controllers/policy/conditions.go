@@ -1,6 +1,9 @@
 package policy
 
-import storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+import (
+	"github.com/plinth-storage/plinth/controllers/plan"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
 
 // Condition types beyond kstatus's Ready, Reconciling and Stalled (fluxcd/pkg/apis/meta).
 const (
@@ -53,25 +56,17 @@ const (
 // Store type, which the CSI driver and the scheduler plugin read.
 const AnnotationDraining = storev1.AnnotationDraining
 
-// AnnotationPrune on a live object Plinth applied changes what happens when it leaves Git:
-// PruneValueDisabled keeps it (dropped from the inventory, never deleted), PruneValueForce on a
-// StorageClass deletes it even while PVCs use it (the explicit override of field case B39;
-// reported as a PrunedInUse warning saying what will fail).
-const AnnotationPrune = "plinth.dev/prune"
+// AnnotationPrune on a live object Plinth applied changes what happens when it leaves Git
+// (plan.AnnotationPrune: the rule lives with the prune decision).
+const AnnotationPrune = plan.AnnotationPrune
 
-// Values of AnnotationPrune.
+// Values of AnnotationPrune: PruneValueDisabled keeps the object, PruneValueForce deletes a
+// StorageClass in use (plan.PruneValueDisabled, plan.PruneValueForce).
 const (
-	PruneValueDisabled = "disabled"
-	PruneValueForce    = "force"
+	PruneValueDisabled = plan.PruneValueDisabled
+	PruneValueForce    = plan.PruneValueForce
 )
 
 // ReasonPrunedInUse surfaces as a warning event when a StorageClass in use was deleted because
 // an operator set AnnotationPrune to PruneValueForce on it.
 const ReasonPrunedInUse = "PrunedInUse"
-
-// Prune opt-outs honoured on live objects: the object is dropped from the inventory, never
-// deleted (field case B39).
-var pruneDisabled = map[string]string{
-	AnnotationPrune:                     PruneValueDisabled,
-	"kustomize.toolkit.fluxcd.io/prune": "disabled",
-}

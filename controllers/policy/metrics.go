@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/plinth-storage/plinth/internal/driftmetric"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -33,10 +34,8 @@ var (
 	}, []string{"kind"})
 	// DriftObjects is the number of rendered objects that differ from policy, by source
 	// ("api" here; the agents export "kernel") and kind of the drifted object.
-	DriftObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "plinth_drift_objects",
-		Help: "Objects drifted from their declaration, by source and kind.",
-	}, []string{"source", "kind"})
+	// Defined once for the controller and the agent (internal/driftmetric).
+	DriftObjects = driftmetric.Objects
 	// AppliedObjects is the number of objects in the inventory, by kind.
 	AppliedObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "plinth_applied_objects",

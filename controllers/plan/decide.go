@@ -1,4 +1,4 @@
-package policy
+package plan
 
 import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -6,9 +6,35 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
-// The reconciler's decisions about replacing and pruning, as pure functions: the reconciler
-// acts on them and `plinth diff` (controllers/diff) predicts with them, so the prediction and
-// the action cannot drift apart.
+// AnnotationPrune on a live object Plinth applied changes what happens when it leaves Git:
+// PruneValueDisabled keeps it (dropped from the inventory, never deleted), PruneValueForce on a
+// StorageClass deletes it even while PVCs use it (the explicit override of field case B39;
+// reported as a PrunedInUse warning saying what will fail).
+const AnnotationPrune = "plinth.dev/prune"
+
+// Values of AnnotationPrune.
+const (
+	PruneValueDisabled = "disabled"
+	PruneValueForce    = "force"
+)
+
+// pruneDisabled are the prune opt-outs honoured on live objects: the object is dropped from
+// the inventory, never deleted (field case B39). Flux's own opt-out is honoured too, so an
+// object a kustomization marked keeps its meaning when Plinth applies it.
+var pruneDisabled = map[string]string{
+	AnnotationPrune:                     PruneValueDisabled,
+	"kustomize.toolkit.fluxcd.io/prune": "disabled",
+}
+
+// PruneExclusions returns the opt-outs as fluxcd/pkg/ssa DeleteOptions.Exclusions take them
+// (a fresh map: callers may not change the rule).
+func PruneExclusions() map[string]string {
+	out := make(map[string]string, len(pruneDisabled))
+	for k, v := range pruneDisabled {
+		out[k] = v
+	}
+	return out
+}
 
 // EffectiveReplacement is the Placement's spec.storageClass.replacement with its default
 // applied: "" (and a nil Placement) mean Never.

@@ -1,0 +1,421 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/fluxcd/pkg/ssa"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/plinth-storage/plinth/controllers/inventory"
+	"github.com/plinth-storage/plinth/controllers/plan"
+	"github.com/plinth-storage/plinth/controllers/render"
+	"github.com/plinth-storage/plinth/controllers/storageclass"
+	"github.com/plinth-storage/plinth/internal/driftmetric"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/schema/vet"
+)
+
+// ObjectError is a failed write (or a refused dry-run) of one rendered object: the error
+// carries the object, so it is reported on the policy objects that produced it.
+type ObjectError struct {
+	// Op is "dry-run", "apply", "replace" or "prune".
+	Op string
+	// Kind and Name name the rendered object.
+	Kind, Name string
+	Err        error
+}
+
+// Error is "<op> <Kind>/<name>: <error>".
+func (e *ObjectError) Error() string {
+	return e.Op + " " + e.Kind + "/" + e.Name + ": " + e.Err.Error()
+}
+
+// Unwrap returns the API error.
+func (e *ObjectError) Unwrap() error { return e.Err }
+
+// vetSet vets the whole set; an invalid set changes nothing in the cluster. A Placement whose
+// only problem is a reference to a pool or protocol not in the set (yet: both may arrive in
+// the same sync) is recorded as waiting, so its status change is not announced as a warning.
+func (r *Reconciler) vetSet(ctx context.Context, s *scope) (bool, error) {
+	pol, problems := VetObjects(r.vetter, s.pools, s.protos, s.places)
+	if len(problems) == 0 {
+		s.pol = pol
+		return false, nil
+	}
+	s.setInvalid, s.judged = true, true
+	for k, msgs := range problemsByObject(problems) {
+		if k == "" {
+			s.setProblems = append(s.setProblems, msgs...)
+			continue
+		}
+		if kind, _, ok := cutKey(k); ok {
+			ReconcileErrors.WithLabelValues(kind).Inc()
+		}
+		if p := s.owner(k); p != nil {
+			p.out.invalid = msgs
+		}
+	}
+	for _, p := range s.objs {
+		p.out.waitingFor = missingReferences(p, problems, s)
+	}
+	ctrl.LoggerFrom(ctx).Info("policy set is invalid; nothing applied", "problems", len(problems))
+	return true, nil
+}
+
+// missingReferences returns the policy objects p names that are not in the set, when every
+// problem of p is such a reference (nil otherwise).
+func missingReferences(p *policyObject, problems []vet.Problem, s *scope) []string {
+	pl, ok := p.obj.(*policyv1.Placement)
+	if !ok || len(p.out.invalid) == 0 {
+		return nil
+	}
+	has := func(kind, name string) bool { _, ok := s.byKey[kind+"/"+name]; return ok }
+	var missing []string
+	for _, pr := range problems {
+		if pr.Kind != "Placement" || pr.Name != pl.Name {
+			continue
+		}
+		switch {
+		case pr.Field == "spec.poolRef.name" && !has("StoragePool", pl.Spec.PoolRef.Name):
+			missing = append(missing, "StoragePool/"+pl.Spec.PoolRef.Name)
+		case pr.Field == "spec.protocolRef.name" && !has("Protocol", pl.Spec.ProtocolRef.Name):
+			missing = append(missing, "Protocol/"+pl.Spec.ProtocolRef.Name)
+		default:
+			return nil
+		}
+	}
+	return missing
+}
+
+// render renders the vetted set for the Nodes; render errors make the set invalid.
+func (r *Reconciler) render(_ context.Context, s *scope) (bool, error) {
+	rendered, err := render.Render(render.Input{Pools: s.pol.Pools, Protocols: s.pol.Protocols, Placements: s.pol.Placements, Nodes: s.nodes})
+	if err != nil {
+		s.setInvalid, s.judged = true, true
+		for _, e := range render.Errors(err) {
+			var re *render.Error
+			if !errors.As(e, &re) {
+				s.setProblems = append(s.setProblems, e.Error())
+				continue
+			}
+			ReconcileErrors.WithLabelValues(re.Kind).Inc()
+			if p := s.owner(re.Kind + "/" + re.Name); p != nil {
+				p.out.invalid = append(p.out.invalid, re.Error())
+			}
+		}
+		return true, nil
+	}
+	s.rendered = rendered
+	for key, srcs := range rendered.Sources {
+		kind, name, _ := cutKey(key)
+		ref := policyv1.ObjectReference{APIVersion: storev1.GroupVersion.String(), Kind: kind, Name: name}
+		if kind == "StorageClass" {
+			ref.APIVersion = "storage.k8s.io/v1"
+		}
+		s.each(srcs, func(p *policyObject) { p.out.produced = append(p.out.produced, ref) })
+	}
+	return false, nil
+}
+
+// makePlan decides everything the rest of the reconcile does (controllers/plan), and records
+// on the policy objects what needs no write to be known: blocked replacements, refused
+// dry-runs, drift.
+func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
+	desired, err := s.rendered.Unstructured()
+	if err != nil {
+		return false, err
+	}
+	if s.prev, err = r.Inventory.Load(ctx); err != nil {
+		return false, err
+	}
+	var stores storev1.StoreList
+	if err := r.Client.List(ctx, &stores); err != nil {
+		return false, err
+	}
+	s.stores = stores.Items
+	in := plan.Input{Desired: desired, Sources: s.rendered.Sources, Previous: s.prev,
+		Placements: map[string]*policyv1.Placement{}, Pools: map[string]*policyv1.StoragePool{}}
+	for i := range s.pol.Placements {
+		in.Placements[s.pol.Placements[i].Name] = &s.pol.Placements[i]
+	}
+	for i := range s.pol.Pools {
+		in.Pools[s.pol.Pools[i].Name] = &s.pol.Pools[i]
+	}
+	src := &plan.Cluster{Counter: indexedCounter{r.Client}, Reader: r.APIReader, Cache: r.Client, Manager: r.manager, Concurrency: 8}
+	if s.plan, err = plan.Make(ctx, in, src); err != nil {
+		return false, err
+	}
+	s.next = inventory.New()
+	for i := range s.plan.Classes {
+		if cc := &s.plan.Classes[i]; cc.Blocked() != "" {
+			s.each([]string{"Placement/" + cc.Placement}, func(p *policyObject) { p.out.replacementRequired = cc.Blocked() })
+		}
+	}
+	for i := range s.plan.Objects {
+		o := &s.plan.Objects[i]
+		s.next.Put(o.Entry)
+		switch {
+		case o.Action == plan.Rejected:
+			s.fail(&ObjectError{Op: "dry-run", Kind: o.Object.GetKind(), Name: o.Object.GetName(), Err: o.DryRunErr}, o.Owners)
+		case o.Action == plan.Drift && o.Correct:
+			s.each(o.DriftOwners(), func(p *policyObject) { p.out.corrected = append(p.out.corrected, *o.Drift) })
+		case o.Action == plan.Drift:
+			s.driftCount[o.Object.GetKind()]++
+			s.each(o.DriftOwners(), func(p *policyObject) { p.out.drifted = append(p.out.drifted, *o.Drift) })
+		}
+	}
+	return false, nil
+}
+
+// undrain clears the draining mark of a rendered Store: it is rendered again (its node got
+// its label back).
+func (r *Reconciler) undrain(ctx context.Context, s *scope) (bool, error) {
+	rendered := map[string]bool{}
+	for i := range s.plan.Objects {
+		if o := s.plan.Objects[i].Object; o.GetKind() == "Store" {
+			rendered[o.GetName()] = true
+		}
+	}
+	for i := range s.stores {
+		st := &s.stores[i]
+		if !rendered[st.Name] || st.Annotations[AnnotationDraining] == "" {
+			continue
+		}
+		p := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, AnnotationDraining))
+		if err := r.Client.Patch(ctx, st, client.RawPatch(types.MergePatchType, p), client.FieldOwner(r.FieldManager)); err != nil {
+			return false, fmt.Errorf("clear draining mark of Store %s: %w", st.Name, err)
+		}
+	}
+	return false, nil
+}
+
+// apply applies what policy changed and the drift to correct, all in one fluxcd/pkg/ssa
+// ApplyAll (dry-runs in parallel, then the applies). ApplyAll stops at the first failure
+// without saying which object failed in a typed way, so then each object is applied on its
+// own: every error carries its object and is reported on the object's owners.
+func (r *Reconciler) apply(ctx context.Context, s *scope) (bool, error) {
+	byKey := map[string]*plan.Object{}
+	var objs []*unstructured.Unstructured
+	for i := range s.plan.Objects {
+		if o := &s.plan.Objects[i]; o.Apply() {
+			byKey[o.Key()] = o
+			objs = append(objs, o.Object)
+		}
+	}
+	if len(objs) == 0 {
+		return false, nil
+	}
+	applied := func(o *plan.Object, a ssa.Action) {
+		if a == ssa.CreatedAction || a == ssa.ConfiguredAction {
+			s.each(o.Owners, func(p *policyObject) { p.out.applied = append(p.out.applied, o.Key()+" "+string(a)) })
+		}
+	}
+	cs, err := r.manager.ApplyAll(ctx, objs, ssa.DefaultApplyOptions())
+	if err == nil {
+		for _, e := range cs.Entries {
+			if o := byKey[e.ObjMetadata.GroupKind.Kind+"/"+e.ObjMetadata.Name]; o != nil {
+				applied(o, e.Action)
+			}
+		}
+		ctrl.LoggerFrom(ctx).Info("applied", "changes", len(cs.Entries))
+		return false, nil
+	}
+	for _, u := range objs {
+		o := byKey[u.GetKind()+"/"+u.GetName()]
+		e, err := r.manager.Apply(ctx, o.Object, ssa.DefaultApplyOptions())
+		if err != nil {
+			s.fail(&ObjectError{Op: "apply", Kind: u.GetKind(), Name: u.GetName(), Err: err}, o.Owners)
+			continue
+		}
+		applied(o, e.Action)
+	}
+	return false, nil
+}
+
+// replaceClasses replaces the StorageClasses the plan allows to replace; an old class still
+// going away makes the reconcile look again soon.
+func (r *Reconciler) replaceClasses(ctx context.Context, s *scope) (bool, error) {
+	for _, cc := range s.plan.Replacements() {
+		key := "Placement/" + cc.Placement
+		done, err := r.replace(ctx, cc.Desired, cc.Live)
+		if err != nil || !done {
+			if old, ok := s.prev.Get(cc.Entry.ID()); ok {
+				s.next.Put(old) // the old class stays recorded until the new one is applied
+			}
+		}
+		switch {
+		case err != nil:
+			s.fail(&ObjectError{Op: "replace", Kind: "StorageClass", Name: cc.Desired.Name, Err: err}, []string{key})
+		case !done:
+			s.waiting = true
+			s.each([]string{key}, func(p *policyObject) {
+				p.out.replacing = fmt.Sprintf("StorageClass %s deleted for replacement; waiting for the old object to go", cc.Desired.Name)
+			})
+		default:
+			s.next.Put(cc.Entry)
+			s.each([]string{key}, func(p *policyObject) {
+				p.out.replaced = fmt.Sprintf("StorageClass %s replaced: %s", cc.Desired.Name, describeChanges(cc))
+			})
+		}
+	}
+	return false, nil
+}
+
+// prune carries out the plan's prune verdicts: delete, keep in use, keep draining (marking the
+// Store), or drop an opted-out object from the inventory.
+func (r *Reconciler) prune(ctx context.Context, s *scope) (bool, error) {
+	log := ctrl.LoggerFrom(ctx)
+	for i := range s.plan.Prunes {
+		pr := &s.plan.Prunes[i]
+		e, live := pr.Entry, pr.Live
+		switch pr.Verdict {
+		case plan.PruneKeepOptedOut:
+			log.Info("left Git with pruning disabled: dropped from the inventory, kept", "object", klog.KObj(live), "kind", e.Kind)
+			continue
+		case plan.PruneKeepInUse:
+			s.next.Put(e)
+			s.inUse[e.Name] = pr.Usage.PVCs
+			continue
+		case plan.PruneKeepDraining:
+			s.next.Put(e)
+			if err := r.markDraining(ctx, s, pr); err != nil {
+				return false, err
+			}
+			continue
+		case plan.PruneDeleteInUse:
+			msg := forcedPruneMessage(e.Name, pr.Usage.PVCs, pr.Usage.Pending)
+			s.forced[e.Name] = msg
+			log.Info("pruning a StorageClass in use: "+AnnotationPrune+"="+PruneValueForce, "object", klog.KObj(live), "pvcs", pr.Usage.PVCs, "pending", pr.Usage.Pending)
+			if r.Recorder != nil {
+				r.Recorder.Eventf(live, nil, corev1.EventTypeWarning, ReasonPrunedInUse, "Prune", "%s", msg)
+			}
+		}
+		if _, err := r.manager.Delete(ctx, live, ssa.DeleteOptions{PropagationPolicy: "Background", Exclusions: plan.PruneExclusions()}); err != nil {
+			s.fail(&ObjectError{Op: "prune", Kind: e.Kind, Name: e.Name, Err: err}, pr.Owners)
+			s.next.Put(e)
+			continue
+		}
+		log.Info("pruned", "object", klog.KObj(live), "kind", e.Kind)
+		s.each(pr.Owners, func(p *policyObject) { p.out.pruned = append(p.out.pruned, e.String()) })
+	}
+	return false, nil
+}
+
+// markDraining marks a Store kept for its volumes draining, once, and says so on its pools.
+func (r *Reconciler) markDraining(ctx context.Context, s *scope, pr *plan.Prune) error {
+	if pr.Entry.Kind != "Store" || pr.Live.GetAnnotations()[AnnotationDraining] != "" {
+		return nil
+	}
+	p := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, AnnotationDraining))
+	if err := r.Client.Patch(ctx, pr.Live, client.RawPatch(types.MergePatchType, p), client.FieldOwner(r.FieldManager)); err != nil {
+		return fmt.Errorf("mark Store %s draining: %w", pr.Entry.Name, err)
+	}
+	msg := fmt.Sprintf("Store %s left the policy but holds %d volumes: kept and marked draining", pr.Entry.Name, pr.Usage.Volumes)
+	s.each(pr.Owners, func(p *policyObject) { r.event(p, corev1.EventTypeWarning, ReasonDraining, msg) })
+	return nil
+}
+
+// countUsage counts the PVCs of the StorageClasses of the Placements still in Git (the ones
+// that left were counted by prune).
+func (r *Reconciler) countUsage(ctx context.Context, s *scope) (bool, error) {
+	c := indexedCounter{r.Client}
+	for _, pl := range s.pol.Placements {
+		if _, ok := s.inUse[pl.Spec.StorageClass.Name]; ok {
+			continue
+		}
+		u, err := c.ClassUsage(ctx, pl.Spec.StorageClass.Name)
+		if err != nil {
+			return false, err
+		}
+		s.inUse[pl.Spec.StorageClass.Name] = u.PVCs
+	}
+	return false, nil
+}
+
+// saveInventory records the inventory (no write when unchanged) and the object metrics.
+func (r *Reconciler) saveInventory(ctx context.Context, s *scope) (bool, error) {
+	if _, err := r.Inventory.Save(ctx, s.prev, s.next); err != nil {
+		return false, err
+	}
+	applied := map[string]int{"StorageClass": 0, "Agent": 0, "Store": 0}
+	for _, e := range s.next.Entries() {
+		applied[e.Kind]++
+	}
+	for k, n := range applied {
+		AppliedObjects.WithLabelValues(k).Set(float64(n))
+	}
+	for k, n := range s.driftCount {
+		DriftObjects.WithLabelValues(driftmetric.SourceAPI, k).Set(float64(n))
+	}
+	return false, nil
+}
+
+// readRevisions reads the sync revision of every policy object; one that cannot be read keeps
+// the last one.
+func (r *Reconciler) readRevisions(ctx context.Context, s *scope) (bool, error) {
+	rr := &revisionReader{reader: r.APIReader, cache: map[syncSource]string{}}
+	for _, p := range s.objs {
+		rev, ok, err := rr.revision(ctx, p.obj.GetLabels(), p.obj.GetAnnotations(), r.ArgoNamespace)
+		if !ok {
+			ctrl.LoggerFrom(ctx).Info("cannot read the sync revision; keeping the last one", "object", klog.KObj(p.obj), "kind", p.kind, "error", err.Error())
+			rev = p.status.LastAppliedRevision
+		}
+		p.out.revision = rev
+	}
+	return false, nil
+}
+
+// indexedCounter counts usage from the informer cache's field indexes (IndexFields).
+type indexedCounter struct{ c client.Reader }
+
+// ClassUsage implements plan.Counter.
+func (ic indexedCounter) ClassUsage(ctx context.Context, name string) (plan.Usage, error) {
+	var claims corev1.PersistentVolumeClaimList
+	if err := ic.c.List(ctx, &claims, client.MatchingFields{indexPVCClass: name}); err != nil {
+		return plan.Usage{}, fmt.Errorf("list PVCs of StorageClass %s: %w", name, err)
+	}
+	var vols corev1.PersistentVolumeList
+	if err := ic.c.List(ctx, &vols, client.MatchingFields{indexPVClass: name}); err != nil {
+		return plan.Usage{}, fmt.Errorf("list PVs of StorageClass %s: %w", name, err)
+	}
+	u := plan.Usage{PVCs: len(claims.Items), PVs: len(vols.Items), Known: true}
+	for i := range claims.Items {
+		if claims.Items[i].Status.Phase == corev1.ClaimPending {
+			u.Pending++
+		}
+	}
+	return u, nil
+}
+
+// StoreUsage implements plan.Counter.
+func (ic indexedCounter) StoreUsage(ctx context.Context, name string) (plan.Usage, error) {
+	var vols storev1.VolumeStateList
+	if err := ic.c.List(ctx, &vols, client.MatchingFields{indexVolumeStor: name}); err != nil {
+		return plan.Usage{}, fmt.Errorf("list VolumeStates of Store %s: %w", name, err)
+	}
+	return plan.Usage{Volumes: len(vols.Items), Known: true}, nil
+}
+
+// forcedPruneMessage says what deleting an in-use StorageClass leaves behind (field case B39):
+// bound volumes keep working; resizing their claims is refused by admission without the class;
+// Pending claims are never provisioned.
+func forcedPruneMessage(class string, pvcs, pending int) string {
+	return fmt.Sprintf("StorageClass %s deleted while in use by %d PVCs (%s=%s): existing PVs keep working, "+
+		"but expansion of its PVCs will fail and its %d Pending PVCs will not be provisioned until a class of that name exists again",
+		class, pvcs, AnnotationPrune, PruneValueForce, pending)
+}
+
+// cutKey splits "Kind/name".
+func cutKey(key string) (kind, name string, ok bool) { return strings.Cut(key, "/") }
+
+// describeChanges says which immutable fields of a replaced class changed.
+func describeChanges(cc *plan.ClassChange) string { return storageclass.Describe(cc.Immutable) }

@@ -1,0 +1,81 @@
+package v1alpha1
+
+// The conditions of Agent, Store and VolumeState status: the contract between the node agent
+// that writes them and the CSI driver, the scheduler plugin, the policy controller and
+// operators that read them. Types follow kstatus (Ready, Reconciling, Stalled) plus the
+// domain conditions Drifted and Fenced; reasons are PascalCase.
+
+// Condition types.
+const (
+	// ConditionReady surfaces on every Agent, Store and VolumeState: True once the agent
+	// converged the kernel to the spec; False with a reason below while it cannot.
+	ConditionReady = "Ready"
+	// ConditionReconciling surfaces while the agent works toward the spec.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled surfaces when the agent cannot make progress without a change of the
+	// spec or of the node (a declared device that carries data).
+	ConditionStalled = "Stalled"
+	// ConditionDrifted surfaces on Stores and VolumeStates: True while the kernel differs from
+	// the declaration and the driftPolicy is Report.
+	ConditionDrifted = "Drifted"
+	// ConditionFenced surfaces on a VolumeState whose work the agent's fencing mark refused
+	// (the reason is a fencing reason below).
+	ConditionFenced = "Fenced"
+)
+
+// Reasons of an Agent's Ready condition.
+const (
+	// ReasonMissingKernelModules surfaces when a module the node's Agent spec needs (nvmet,
+	// nvmet_tcp for NVMe-oF; dm_thin_pool for thin pools) is not loaded.
+	ReasonMissingKernelModules = "MissingKernelModules"
+	// ReasonNoBindAddress surfaces when no node address is inside spec.nvmeof.bindCIDR.
+	ReasonNoBindAddress = "NoBindAddress"
+)
+
+// Reasons of a Store's and a VolumeState's conditions.
+const (
+	// ReasonSucceeded surfaces with Ready=True: converged.
+	ReasonSucceeded = "Succeeded"
+	// ReasonDeviceNotEmpty surfaces on a Store when a declared device carries data: the agent
+	// never writes to it.
+	ReasonDeviceNotEmpty = "DeviceNotEmpty"
+	// ReasonBackendFailed surfaces on a Store when the backend cannot be built, ensured or
+	// observed for another reason (the message says which).
+	ReasonBackendFailed = "BackendFailed"
+	// ReasonDrifted surfaces with Ready=False when the kernel differs from the declaration and
+	// the driftPolicy is Report.
+	ReasonDrifted = "Drifted"
+	// ReasonNoDrift surfaces with Drifted=False: the kernel matches the declaration.
+	ReasonNoDrift = "NoDrift"
+	// ReasonStoreNotReady surfaces on a VolumeState when its Store is not in this node's
+	// cache yet or its backend is not ready.
+	ReasonStoreNotReady = "StoreNotReady"
+	// ReasonVolumeFailed surfaces on a VolumeState when the backend refused or failed an
+	// operation (the message carries the command and its stderr).
+	ReasonVolumeFailed = "VolumeFailed"
+	// ReasonExportFailed surfaces on a VolumeState when the nvmet export could not be made.
+	ReasonExportFailed = "ExportFailed"
+	// ReasonFenced surfaces on a VolumeState's Ready when fencing refused the work.
+	ReasonFenced = "Fenced"
+	// ReasonDeleting surfaces on a VolumeState's Ready while its export and volume are removed.
+	ReasonDeleting = "Deleting"
+)
+
+// Reasons of a VolumeState's Fenced condition (and the reason label of
+// plinth_agent_fencing_rejections_total).
+const (
+	// ReasonStaleGeneration surfaces when the work's metadata.generation is lower than the
+	// highest one acted on.
+	ReasonStaleGeneration = "StaleGeneration"
+	// ReasonStalePublicationGeneration surfaces when spec.publicationGeneration is lower than
+	// the highest one acted on.
+	ReasonStalePublicationGeneration = "StalePublicationGeneration"
+	// ReasonRetiredLifecycle surfaces when the work belongs to a VolumeState UID whose
+	// lifecycle already ended (volume deleted, mark released).
+	ReasonRetiredLifecycle = "RetiredLifecycle"
+	// ReasonLifecycleConflict surfaces when a new VolumeState UID asks for a volume whose
+	// previous lifecycle never released it: the old data is not handed to the new lifecycle.
+	ReasonLifecycleConflict = "LifecycleConflict"
+	// ReasonCorruptMark surfaces when the fencing mark file does not parse.
+	ReasonCorruptMark = "CorruptMark"
+)
