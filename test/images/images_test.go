@@ -30,6 +30,7 @@ import (
 
 	"github.com/plinth-storage/plinth/internal/imagebuild"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 func repoRoot() string {
@@ -52,10 +53,7 @@ func require(t *testing.T, ok bool, what string) {
 	if ok {
 		return
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("missing prerequisite: %s", what)
-	}
-	t.Skipf("SKIP: %s", what)
+	prereq.Missing(t, "%s", what)
 }
 
 func requireIntegration(t *testing.T) {
@@ -284,7 +282,7 @@ func TestImagesRunInContainerd(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			if refs[tc.image] == "" {
-				t.Skipf("SKIP: no archive of %s", tc.image)
+				prereq.Missing(t, "no archive of %s under bin/images (make images)", tc.image)
 			}
 			out, err := c.run(ctx, refs[tc.image], tc.args...)
 			// resize2fs without arguments prints its usage and exits 1: only the output counts.
@@ -312,7 +310,7 @@ func TestImagesRunInContainerd(t *testing.T) {
 
 	t.Run("pause waits for SIGTERM", func(t *testing.T) {
 		if refs["pause"] == "" {
-			t.Skip("SKIP: no archive of pause")
+			prereq.Missing(t, "no archive of pause under bin/images (make images)")
 		}
 		id := fmt.Sprintf("plinth-images-pause-%d", os.Getpid())
 		if _, err := c.ctr(ctx, "run", "-d", refs["pause"], id); err != nil {
