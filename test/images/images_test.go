@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +27,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/plinth-storage/plinth/internal/cluster"
 	"github.com/plinth-storage/plinth/internal/imagebuild"
+	"github.com/plinth-storage/plinth/internal/process"
 	"github.com/plinth-storage/plinth/test/controlplane"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
@@ -46,7 +47,7 @@ func imagesDir() string {
 	return filepath.Join(repoRoot(), "bin", "images")
 }
 
-// require skips t (or fails it under CI=true) when PLINTH_INTEGRATION is not 1 or a
+// require stops t through test/prereq (a failure under CI=true or PLINTH_INTEGRATION=1) when a
 // prerequisite is missing.
 func require(t *testing.T, ok bool, what string) {
 	t.Helper()
@@ -99,14 +100,12 @@ func archiveRef(t *testing.T, file string) (string, string) {
 	}
 }
 
-// containerd is a containerd of the test's own: socket, root, state and opt folders under a
-// temporary folder, configured like a kubelet node's (restrict_oom_score_adj: root here lacks
-// CAP_SYS_RESOURCE, so nothing may lower an OOM score).
+// containerd is a real containerd of the test's own (internal/cluster's runner, configured as
+// a kubelet node's: its own socket, root and state; restrict_oom_score_adj, since root here
+// lacks CAP_SYS_RESOURCE and nothing may lower an OOM score).
 type containerd struct {
-	dir, sock string
-	cmd       *exec.Cmd
-	log       *os.File
-	ids       atomic.Int32
+	*cluster.Containerd
+	ids atomic.Int32
 }
 
 func startContainerd(t *testing.T) *containerd {
@@ -116,84 +115,33 @@ func startContainerd(t *testing.T) *containerd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &containerd{dir: dir, sock: filepath.Join(dir, "containerd.sock")}
-	config := fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-[grpc]
-  address = %[3]q
-[ttrpc]
-  address = %[4]q
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[5]q
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "registry.k8s.io/pause:3.10"
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = %[6]q
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.sock, c.sock+".ttrpc", filepath.Join(dir, "opt"), filepath.Join(dir, "net.d"))
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cd, err := cluster.StartContainerd(ctx, cluster.ContainerdOptions{Name: "images-test", Dir: dir})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if c.log, err = os.Create(filepath.Join(dir, "containerd.log")); err != nil {
-		t.Fatal(err)
-	}
-	c.cmd = exec.Command("containerd", "--config", cfg)
-	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("start containerd: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- c.cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-exited
+		if err := cd.Stop(); err != nil {
+			t.Errorf("stop containerd: %v", err)
 		}
 		if t.Failed() {
-			data, _ := os.ReadFile(c.log.Name())
-			lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-			if len(lines) > 30 {
-				lines = lines[len(lines)-30:]
-			}
-			t.Logf("containerd log (last lines):\n%s", strings.Join(lines, "\n"))
+			data, _ := os.ReadFile(cd.LogPath())
+			t.Logf("containerd log (last lines):\n%s", process.Tail(data, 30))
 		}
-		c.log.Close()
 		// Snapshot mounts are gone with the containers (ctr run --rm); a leftover mount would
 		// make RemoveAll fail, which is reported, not hidden.
 		if err := os.RemoveAll(dir); err != nil {
 			t.Errorf("remove %s: %v", dir, err)
 		}
 	})
-	controlplane.Eventually(t, 60*time.Second, 200*time.Millisecond, "containerd answers on "+c.sock, func() error {
-		select {
-		case err := <-exited:
-			exited <- err
-			return fmt.Errorf("containerd exited: %v", err)
-		default:
-		}
-		_, err := c.ctr(context.Background(), "version")
-		return err
-	})
-	return c
+	return &containerd{Containerd: cd}
 }
 
 // ctr runs ctr against this containerd in the k8s.io namespace (the kubelet's).
 func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", c.sock, "--namespace", "k8s.io"}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if err != nil {
-		return out.String(), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out.String())
-	}
-	return out.String(), nil
+	out, err := c.Ctr(ctx, args...)
+	return string(out), err
 }
 
 // run runs args in a new container of ref (ctr run --rm; args replace the image's entrypoint
@@ -213,7 +161,7 @@ func TestImagesRunInContainerd(t *testing.T) {
 		file := filepath.Join(dir, im.Name+".tar")
 		if _, err := os.Stat(file); err != nil {
 			// Outside CI an image whose inputs are not built (make testbin) is left out.
-			if os.Getenv("CI") == "true" {
+			if prereq.Strict() {
 				t.Fatalf("missing prerequisite: %s (make images builds it)", file)
 			}
 			t.Logf("SKIP image %s: %v", im.Name, err)
