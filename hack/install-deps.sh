@@ -10,9 +10,12 @@
 # make images / test/images: containerd and runc (the test starts its own containerd on a socket
 # of its own; the package's service is not started, see policy-rc.d below); apt-get download and
 # dpkg-deb fetch and unpack the node image's packages.
+# Real nodes (internal/cluster): containerd (its service is not started: each node runs its own),
+# runc, containernetworking-plugins (bridge, host-local, loopback), iptables (kube-proxy), iproute2.
 set -euo pipefail
 pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux xz-utils binutils coreutils git make
-	gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus containerd runc)
+	gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus
+	containerd runc containernetworking-plugins iptables iproute2)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -145,8 +145,9 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`)
 // clusters at once would tear down each other's.
 const lockPath = "/run/plinth-cluster.lock"
 
-// Start starts kube-proxy (when configured) and every node — containerd,
-// images, kubelet — and waits until each Node is Ready. ctx bounds
+// Start starts every node — containerd, images, kubelet — waits until each
+// Node is Ready, then starts kube-proxy (when configured) and waits until it
+// is healthy. ctx bounds
 // start-up. On error everything started is stopped and cleaned up; the
 // error names the node and ends with the tail of the failing log.
 func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
@@ -205,11 +206,6 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	c.chains = iptablesChains(ctx)
 	t0 := time.Now()
 
-	if opts.KubeProxyKubeconfig != "" {
-		if err := c.startKubeProxy(ctx); err != nil {
-			return nil, err
-		}
-	}
 	for i, no := range opts.Nodes {
 		n := &Node{
 			Name: no.Name, Zone: no.Zone, Dir: filepath.Join(c.Dir, no.Name), logDir: c.logDir, index: i + 1,
@@ -238,6 +234,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if err := c.WaitReady(ctx); err != nil {
 		return nil, err
+	}
+	// After the nodes: kube-proxy waits for its Node object (the first
+	// node's) and reports healthy only once it has it.
+	if opts.KubeProxyKubeconfig != "" {
+		if err := c.startKubeProxy(ctx); err != nil {
+			return nil, err
+		}
 	}
 	c.StartDuration = time.Since(t0)
 	return c, nil
@@ -365,8 +368,10 @@ func (c *Cluster) startKubeProxy(ctx context.Context) error {
 			"--cluster-cidr=" + PodCIDR,
 			fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz),
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mport),
-			"--conntrack-max-per-core=0",           // leave the host's conntrack table size alone
-			"--iptables-localhost-nodeports=false", // and its route_localnet sysctl
+			"--conntrack-max-per-core=0",            // leave the host's conntrack table size alone
+			"--iptables-localhost-nodeports=false",  // and its route_localnet sysctl
+			"--conntrack-tcp-timeout-established=0", // and its conntrack timeouts
+			"--conntrack-tcp-timeout-close-wait=0",
 			"--v=1",
 		},
 		Ready:        process.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/healthz", hz), nil),

@@ -306,6 +306,22 @@ func exercise(t *testing.T, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 		return out.String(), nil
 	}
 
+	// The project's kubectl (a real client-go, dynamically linked) is run
+	// inside the pods from read-only hostPath mounts of its folder and the
+	// host's libc: busybox's wget cannot complete a TLS handshake with
+	// kube-apiserver (alert 40).
+	var hostMounts []corev1.VolumeMount
+	var hostVolumes []corev1.Volume
+	for i, p := range []string{filepath.Dir(kubectl), "/lib64", "/lib/x86_64-linux-gnu"} {
+		name := fmt.Sprintf("host-%d", i)
+		mp := p
+		if i == 0 {
+			mp = "/kbin"
+		}
+		hostMounts = append(hostMounts, corev1.VolumeMount{Name: name, MountPath: mp, ReadOnly: true})
+		hostVolumes = append(hostVolumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: p}}})
+	}
+
 	// One busybox pod per node (nodeName: no scheduler runs here).
 	for _, n := range c.Nodes {
 		createPod(t, cs, &corev1.Pod{
@@ -316,8 +332,13 @@ func exercise(t *testing.T, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 				Containers: []corev1.Container{{
 					Name: "bb", Image: busyboxImage, ImagePullPolicy: corev1.PullNever,
 					Command: []string{"sh", "-c", "echo hello-from-$NODE; exec sleep 3600"},
-					Env:     []corev1.EnvVar{{Name: "NODE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
+					Env: []corev1.EnvVar{
+						{Name: "NODE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+						{Name: "HOME", Value: "/tmp"},
+					},
+					VolumeMounts: hostMounts,
 				}},
+				Volumes: hostVolumes,
 			},
 		})
 	}
@@ -338,21 +359,17 @@ func exercise(t *testing.T, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 	}
 
 	// The kubernetes Service from a pod's network namespace, authenticated by
-	// the pod's ServiceAccount token: SelfSubjectReview answers with the
-	// identity the API server saw.
-	// KUBERNETES_SERVICE_HOST/PORT are the Service's ClusterIP and port
-	// (10.0.0.1:443), which kube-proxy forwards to the API server.
-	probe := `wget -q -O - --no-check-certificate ` +
-		`--header "Authorization: Bearer $(cat /var/run/secrets/kubernetes.io/serviceaccount/token)" ` +
-		`--header "Content-Type: application/json" ` +
-		`--post-data '{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}' ` +
-		`https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/apis/authentication.k8s.io/v1/selfsubjectreviews`
+	// the pod's ServiceAccount token and verified with the mounted
+	// kube-root-ca.crt: kubectl's in-cluster config dials
+	// KUBERNETES_SERVICE_HOST:PORT (10.0.0.1:443, which kube-proxy forwards
+	// to the API server); `auth whoami` is a SelfSubjectReview, answered with
+	// the identity the API server saw.
 	for _, n := range c.Nodes {
-		out, err := kctl("exec", "bb-"+n.Name, "--", "sh", "-c", probe)
+		out, err := kctl("exec", "bb-"+n.Name, "--", "/kbin/kubectl", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
 		if err != nil {
 			t.Errorf("node %s: API server through the kubernetes Service: %v", n.Name, err)
-		} else if !strings.Contains(out, "system:serviceaccount:default:default") {
-			t.Errorf("node %s: SelfSubjectReview from the pod = %q, want the default ServiceAccount", n.Name, out)
+		} else if strings.TrimSpace(out) != "system:serviceaccount:default:default" {
+			t.Errorf("node %s: kubectl auth whoami in the pod = %q, want the default ServiceAccount", n.Name, out)
 		}
 	}
 

@@ -8,8 +8,16 @@
 // # Starting a cluster
 //
 //	cp := controlplane.ForTest(t, controlplane.Options{Nodes: true})
-//	c, err := cluster.Start(ctx, cp.ClusterOptions(...)) // or fill Options by hand
+//	opts, err := cp.ClusterOptions() // API server, CA, admin, node and kube-proxy credentials, binaries
+//	opts.Images = []string{"bin/images/pause.tar", "bin/images/busybox.tar", ...} // `make images`
+//	opts.Nodes = cluster.DefaultNodes(3) // plinth-node-1..3 in zone-a..c; or your own names, zones, labels
+//	c, err := cluster.Start(ctx, opts)
 //	defer c.Stop()
+//
+// Pods then run on c.Nodes[i].Name (a scheduler is the caller's: the control
+// plane runs none, so DaemonSet and Deployment pods stay Pending until one
+// runs); images from the archives are used with imagePullPolicy Never or
+// IfNotPresent; Node.Import or Cluster.Import loads more later.
 //
 // Start checks the host (CheckHost: root, containerd, runc, util-linux,
 // iptables, iproute2, containernetworking-plugins, cgroup v1), starts
@@ -66,7 +74,9 @@
 // (HostIP, a pod's packets to it arrive through the bridge) and one
 // kube-proxy in iptables mode DNATs 10.0.0.1:443 to it. The host address
 // rather than a dummy interface: it exists, needs no clean-up, and kubelets
-// need a non-loopback address anyway. IP forwarding is left as the host has
+// need a non-loopback address anyway. busybox's wget cannot complete a TLS
+// handshake with kube-apiserver; clients in pods are Go programs (Plinth's
+// own, kubectl). IP forwarding is left as the host has
 // it, so pods on different nodes do not reach each other; pods reach the
 // host (API server, kubelets).
 //

@@ -52,9 +52,9 @@ func CheckHost() error {
 			errs = append(errs, fmt.Errorf("CNI plugin %s not in %s (install the Debian package containernetworking-plugins)", p, DefaultCNIBinDir))
 		}
 	}
-	if h, err := cgroupV1Hierarchies(); err != nil {
+	if h, err := cgroupMounts(); err != nil {
 		errs = append(errs, err)
-	} else if len(h) == 0 {
+	} else if !h.v1 {
 		errs = append(errs, errors.New("no cgroup v1 hierarchy mounted: the harness sets kubelet up for cgroup v1 (cgroupfs driver)"))
 	}
 	return errors.Join(errs...)
@@ -185,16 +185,32 @@ func MountsUnder(dir string) ([]string, error) {
 }
 
 // cgroupV1Hierarchies returns the mount points of the cgroup v1 hierarchies
-// (/sys/fs/cgroup/cpu, .../memory, .../systemd ...), one per hierarchy.
+// (/sys/fs/cgroup/cpu, .../memory, .../systemd ...), one per hierarchy, and of
+// a hybrid host's cgroup2 (/sys/fs/cgroup/unified), where kubelet's cgroupfs
+// manager makes its folders too.
 func cgroupV1Hierarchies() ([]string, error) {
+	h, err := cgroupMounts()
+	return h.all, err
+}
+
+type cgroupSet struct {
+	all []string
+	v1  bool
+}
+
+func cgroupMounts() (cgroupSet, error) {
 	ms, err := readMountInfo("/proc/self/mountinfo")
 	if err != nil {
-		return nil, err
+		return cgroupSet{}, err
 	}
-	var out []string
+	var out cgroupSet
 	for _, m := range ms {
-		if m.fsType == "cgroup" {
-			out = append(out, m.mountPoint)
+		switch m.fsType {
+		case "cgroup":
+			out.v1 = true
+			out.all = append(out.all, m.mountPoint)
+		case "cgroup2":
+			out.all = append(out.all, m.mountPoint)
 		}
 	}
 	return out, nil
