@@ -68,6 +68,12 @@ type Options struct {
 	Nodes bool
 	// AdvertiseAddress overrides the host address Nodes advertises.
 	AdvertiseAddress string
+	// Scheduler starts the cluster's own kube-scheduler (default-scheduler:
+	// DaemonSet, Deployment and other pods that name no scheduler), played
+	// by the plinth-scheduler binary with only the stock default profile
+	// (PlinthCapacity registered but not enabled), as the system:kube-scheduler
+	// user of the RBAC bootstrap policy.
+	Scheduler bool
 }
 
 // DefaultControllers are the kube-controller-manager controllers Plinth's
@@ -175,6 +181,9 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		cp.opts = opts
 	}
 	need := []string{BinEtcd, BinKubeAPIServer}
+	if opts.Scheduler {
+		need = append(need, BinPlinthScheduler)
+	}
 	if opts.ControllerManager {
 		need = append(need, BinKubeControllerManager)
 	}
@@ -308,6 +317,11 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 
 	if opts.ControllerManager {
 		if err := cp.startControllerManager(ctx, pki, timeout); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Scheduler {
+		if err := cp.startScheduler(ctx, timeout); err != nil {
 			return nil, err
 		}
 	}
@@ -574,6 +588,40 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, pki map[stri
 		Name:         BinKubeControllerManager,
 		Binary:       BinKubeControllerManager,
 		Args:         args,
+		Ready:        HTTPReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", port), nil),
+		ReadyTimeout: timeout,
+	})
+	return err
+}
+
+// schedulerConfig is the KubeSchedulerConfiguration of the cluster's own
+// kube-scheduler: one default-scheduler profile, no leader election.
+const schedulerConfig = `apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: %q}
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: default-scheduler
+`
+
+func (cp *ControlPlane) startScheduler(ctx context.Context, timeout time.Duration) error {
+	ks, err := cp.AddUser(User{Name: "system:kube-scheduler"})
+	if err != nil {
+		return err
+	}
+	port, err := FreePort()
+	if err != nil {
+		return err
+	}
+	cfg := filepath.Join(cp.Dir, "kube-scheduler.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(schedulerConfig, ks.Kubeconfig)), 0o600); err != nil {
+		return err
+	}
+	_, err = cp.StartProcess(ctx, ProcessSpec{
+		Name:   "kube-scheduler",
+		Binary: BinPlinthScheduler,
+		Args: []string{"--config=" + cfg, "--authentication-kubeconfig=" + ks.Kubeconfig, "--authorization-kubeconfig=" + ks.Kubeconfig,
+			"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port)},
 		Ready:        HTTPReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", port), nil),
 		ReadyTimeout: timeout,
 	})

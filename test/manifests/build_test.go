@@ -54,7 +54,7 @@ func allBuilds(t *testing.T) map[string][]*unstructured.Unstructured {
 func TestEveryKustomizationBuilds(t *testing.T) {
 	b := allBuilds(t)
 	want := []string{"agent", "argocd", "controller", "crd", "csi", "default", "flux", "monitoring",
-		"overlays/with-monitoring", "rbac", "scheduler"}
+		"overlays/dev", "overlays/with-monitoring", "rbac", "scheduler"}
 	var got []string
 	for d, objs := range b {
 		got = append(got, d)
