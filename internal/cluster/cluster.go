@@ -145,9 +145,30 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`)
 // clusters at once would tear down each other's.
 const lockPath = "/run/plinth-cluster.lock"
 
+// waitLock takes the host's cluster lock, waiting while another cluster holds it (tests of
+// several packages that each start a cluster take turns) until ctx ends; the error then says
+// that another cluster still runs.
+func waitLock(ctx context.Context, lock *os.File) error {
+	for {
+		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("lock %s: %w", lockPath, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("another node cluster runs on this host (%s is locked; one at a time): %w", lockPath, context.Cause(ctx))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
 // Start starts every node — containerd, images, kubelet — waits until each
 // Node is Ready, then starts kube-proxy (when configured) and waits until it
-// is healthy. ctx bounds
+// is healthy. Only one cluster runs on a host at a time: Start first waits for
+// the host's lock while another cluster holds it. ctx bounds that wait and
 // start-up. On error everything started is stopped and cleaned up; the
 // error names the node and ends with the tail of the failing log.
 func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
@@ -176,9 +197,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := waitLock(ctx, lock); err != nil {
 		lock.Close()
-		return nil, fmt.Errorf("another node cluster runs on this host (%s is locked): one at a time", lockPath)
+		return nil, err
 	}
 	c.lock = lock
 	if c.Dir = opts.Dir; c.Dir == "" {

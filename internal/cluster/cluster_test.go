@@ -165,7 +165,7 @@ func TestStartFailureNamesNodeAndCleansUp(t *testing.T) {
 	requireHost(t)
 	before := snapshot(t)
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 	// /bin/false as kubelet: containerd, the mount namespace and the cgroups
 	// are made, then kubelet exits at once.

@@ -51,12 +51,9 @@ func imageArchives(t *testing.T) []string {
 // csi.plinth.dev with its topology key, written by kubelet after the node
 // plugin registered itself.
 func TestDeployOnRealNodes(t *testing.T) {
-	// Opt-in: it passes with every image of `make images` (all five workloads
-	// rolled out in 20 s, 103 s in all), but cluster.Start's host lock does not
-	// wait, so under `go test ./...` it would fail whenever internal/cluster's
-	// TestCluster holds the host's nodes at the same moment.
-	if os.Getenv("PLINTH_REALNODES") != "1" {
-		t.Skip("SKIP real-node deploy test: set PLINTH_REALNODES=1 (needs root, containerd, runc, make testbin, make images)")
+	// Real-node tests of several packages take turns: cluster.Start waits for the host's lock.
+	if os.Getenv(controlplane.EnvIntegration) != "1" {
+		t.Skipf("SKIP real-node deploy test: set %s=1 (needs root, containerd, runc, make testbin, make images)", controlplane.EnvIntegration)
 	}
 	if err := cluster.CheckHost(); err != nil {
 		t.Fatalf("node prerequisites: %v", err)
