@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/plinth-storage/plinth/internal/deploy"
 )
 
 // Kustomizations returns the folders under root (the kustomize/ folder) that hold a
@@ -45,29 +45,10 @@ func Kustomizations(root string) ([]string, error) {
 	return dirs, err
 }
 
-// Build runs kustomize (krusty, default options: load restrictions root-only, no plugins) on
-// dir and returns the objects in the order kustomize emits them. Errors are kustomize's.
-func Build(dir string) ([]*unstructured.Unstructured, error) {
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	m, err := k.Run(filesys.MakeFsOnDisk(), dir)
-	if err != nil {
-		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
-	}
-	var objs []*unstructured.Unstructured
-	for _, r := range m.Resources() {
-		// Through JSON: numbers become int64/float64 as unstructured objects need them.
-		data, err := r.MarshalJSON()
-		if err != nil {
-			return nil, fmt.Errorf("kustomize build %s: %s: %w", dir, r.CurId(), err)
-		}
-		obj := &unstructured.Unstructured{}
-		if err := obj.UnmarshalJSON(data); err != nil {
-			return nil, fmt.Errorf("kustomize build %s: %s: %w", dir, r.CurId(), err)
-		}
-		objs = append(objs, obj)
-	}
-	return objs, nil
-}
+// Build runs kustomize on dir the way Plinth's deployer does (internal/deploy.Build: krusty,
+// default options, load restrictions root-only, no plugins) and returns the objects in the
+// order kustomize emits them. Errors are kustomize's.
+func Build(dir string) ([]*unstructured.Unstructured, error) { return deploy.Build(dir) }
 
 // ID names an object as kind/namespace/name (namespace empty for cluster-scoped objects).
 func ID(o *unstructured.Unstructured) string {
