@@ -22,6 +22,7 @@ import (
 
 	"github.com/plinth-storage/plinth/internal/cluster"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // Image references of the archives `make images` writes to bin/images/.
@@ -33,15 +34,11 @@ const (
 
 // strict is true in integration runs (PLINTH_INTEGRATION=1) and in CI, where
 // a missing prerequisite fails instead of skipping.
-func strict() bool {
-	return os.Getenv(controlplane.EnvIntegration) == "1" || os.Getenv("CI") == "true"
-}
+func strict() bool { return prereq.Strict() }
 
 func requireHost(t *testing.T) {
 	t.Helper()
-	if !strict() {
-		t.Skipf("SKIP node integration test: set %s=1 (needs root, containerd, runc, containernetworking-plugins, make testbin, make images)", controlplane.EnvIntegration)
-	}
+	prereq.Env(t, controlplane.EnvIntegration, "a node integration test (root, containerd, runc, containernetworking-plugins, make testbin, make images): make test-integration sets it")
 	if err := cluster.CheckHost(); err != nil {
 		t.Fatalf("node prerequisites: %v", err)
 	}

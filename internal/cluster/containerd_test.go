@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"github.com/plinth-storage/plinth/test/prereq"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,10 +16,7 @@ import (
 // a Debian package.
 func requireNodePrerequisites(t *testing.T) {
 	t.Helper()
-	strict := os.Getenv("PLINTH_INTEGRATION") == "1" || os.Getenv("CI") == "true"
-	if !strict {
-		t.Skip("SKIP node integration test: set PLINTH_INTEGRATION=1 (needs root, containerd, runc, containernetworking-plugins)")
-	}
+	prereq.Env(t, prereq.EnvIntegration, "a node integration test (root, containerd, runc, containernetworking-plugins): make test-integration sets it")
 	if err := CheckHost(); err != nil {
 		t.Fatalf("node prerequisites: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/deploy"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // imageArchives are the archives `make images` writes: every *.tar of
@@ -52,9 +53,7 @@ func imageArchives(t *testing.T) []string {
 // plugin registered itself.
 func TestDeployOnRealNodes(t *testing.T) {
 	// Real-node tests of several packages take turns: cluster.Start waits for the host's lock.
-	if os.Getenv(controlplane.EnvIntegration) != "1" {
-		t.Skipf("SKIP real-node deploy test: set %s=1 (needs root, containerd, runc, make testbin, make images)", controlplane.EnvIntegration)
-	}
+	prereq.Env(t, "PLINTH_INTEGRATION", "an integration test: make test-integration sets it")
 	if err := cluster.CheckHost(); err != nil {
 		t.Fatalf("node prerequisites: %v", err)
 	}

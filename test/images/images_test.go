@@ -59,9 +59,7 @@ func require(t *testing.T, ok bool, what string) {
 
 func requireIntegration(t *testing.T) {
 	t.Helper()
-	if os.Getenv(controlplane.EnvIntegration) != "1" {
-		t.Skipf("SKIP: integration test (set %s=1)", controlplane.EnvIntegration)
-	}
+	prereq.Env(t, "PLINTH_INTEGRATION", "an integration test: make test-integration sets it")
 	require(t, os.Geteuid() == 0, "root (containerd runs containers)")
 	for _, tool := range []string{"containerd", "ctr", "runc"} {
 		_, err := exec.LookPath(tool)
@@ -301,9 +299,7 @@ func TestImagesRunInContainerd(t *testing.T) {
 // TestImagesReproducible builds the whole set twice from the same inputs (the binaries and
 // the .deb cache make images left) and compares the archives byte for byte.
 func TestImagesReproducible(t *testing.T) {
-	if os.Getenv(controlplane.EnvIntegration) != "1" {
-		t.Skipf("SKIP: integration test (set %s=1)", controlplane.EnvIntegration)
-	}
+	prereq.Env(t, "PLINTH_INTEGRATION", "an integration test: make test-integration sets it")
 	dir := imagesDir()
 	binDir := os.Getenv(controlplane.EnvTestBin)
 	if binDir == "" {
@@ -370,9 +366,7 @@ func TestImagesReproducible(t *testing.T) {
 // view, as crane push reads it): the Debian package list is recorded, and there is no
 // documentation, compiler, shell or package manager.
 func TestPlinthImageContents(t *testing.T) {
-	if os.Getenv(controlplane.EnvIntegration) != "1" {
-		t.Skipf("SKIP: integration test (set %s=1)", controlplane.EnvIntegration)
-	}
+	prereq.Env(t, "PLINTH_INTEGRATION", "an integration test: make test-integration sets it")
 	file := filepath.Join(imagesDir(), "plinth.tar")
 	_, err := os.Stat(file)
 	require(t, err == nil, file+" (make images builds it)")
