@@ -32,10 +32,6 @@ const (
 	busyArchive  = "busybox.tar"
 )
 
-// strict is true in integration runs (PLINTH_INTEGRATION=1) and in CI, where
-// a missing prerequisite fails instead of skipping.
-func strict() bool { return prereq.Strict() }
-
 func requireHost(t *testing.T) {
 	t.Helper()
 	prereq.Env(t, controlplane.EnvIntegration, "a node integration test (root, containerd, runc, containernetworking-plugins, make testbin, make images): make test-integration sets it")
