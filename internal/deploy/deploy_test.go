@@ -3,7 +3,6 @@ package deploy
 import (
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -11,8 +10,13 @@ import (
 
 func kustomizeDir(t *testing.T, rel string) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "kustomize", rel)
+	// go test runs in the package folder; runtime.Caller is no use here, since
+	// -trimpath (the Makefile's GOFLAGS) turns it into an import path.
+	dir, err := filepath.Abs(filepath.Join("..", "..", "kustomize", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // The dev overlay changes only what its comments name: the replicas of the three
