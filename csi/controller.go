@@ -62,6 +62,11 @@ func (s *controller) ControllerGetCapabilities(context.Context, *csipb.Controlle
 		csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 		csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		// snapshot.go
+		csipb.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csipb.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csipb.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csipb.ControllerServiceCapability_RPC_CLONE_VOLUME,
 	} {
 		caps = append(caps, &csipb.ControllerServiceCapability{Type: &csipb.ControllerServiceCapability_Rpc{Rpc: &csipb.ControllerServiceCapability_RPC{Type: c}}})
 	}
@@ -181,9 +186,6 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported")
-	}
 	params := req.GetParameters()
 	placementName, poolName, protocolName := params[policyv1.ParamPlacement], params[policyv1.ParamPool], params[policyv1.ParamProtocol]
 	if placementName == "" || poolName == "" || protocolName == "" {
@@ -246,7 +248,17 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if err := s.d.kube.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(poolName)}); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list Stores: %v", err)
 	}
-	store, size, err := chooseStore(stores.Items, protocol.Spec.NVMeoFTCP != nil, placement.Spec.Strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+	var store *storev1.Store
+	var size int64
+	var src *source
+	if cs := req.GetVolumeContentSource(); cs != nil {
+		if src, err = s.contentSource(ctx, cs); err != nil {
+			return nil, err
+		}
+		store, size, err = sourceStore(src, stores.Items, poolName, protocol.Spec.NVMeoFTCP != nil, placement.Spec.Strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+	} else {
+		store, size, err = chooseStore(stores.Items, protocol.Spec.NVMeoFTCP != nil, placement.Spec.Strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -272,6 +284,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 				Filesystem:   fs,
 			},
 		},
+	}
+	if src != nil {
+		vs.Spec.ContentSource = &src.spec
 	}
 	// Subscribe before the create: the agent's answer cannot slip between the create and the
 	// wait, and the created object is the starting state (no read after the write).
@@ -307,6 +322,9 @@ func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolume
 	}
 	if vs.Spec.VolumeMode != mode {
 		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists in %s mode", req.GetName(), vs.Spec.VolumeMode)
+	}
+	if !sameSource(req.GetVolumeContentSource(), vs.Spec.ContentSource) {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with another content source", req.GetName())
 	}
 	if p := req.GetParameters()[policyv1.ParamPool]; p != vs.Spec.Policy.Pool {
 		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists in pool %q", req.GetName(), vs.Spec.Policy.Pool)
@@ -372,6 +390,13 @@ func (s *controller) volume(ctx context.Context, vs *storev1.VolumeState) (*csip
 			ContextMkfsOptions:  string(mkfs),
 			ContextMountOptions: string(mnt),
 		},
+	}
+	if cs := vs.Spec.ContentSource; cs != nil { // CSI: a volume made from a source says so
+		if cs.Snapshot != "" {
+			v.ContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: cs.Snapshot}}}
+		} else {
+			v.ContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Volume{Volume: &csipb.VolumeContentSource_VolumeSource{VolumeId: cs.Volume}}}
+		}
 	}
 	if isNVMe(vs) {
 		var nodes corev1.NodeList

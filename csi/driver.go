@@ -87,6 +87,7 @@ type Driver struct {
 	kube   client.Client // cache-backed reads in controller modes, direct otherwise
 	live   client.Reader // direct reads where freshness matters
 	hub    *hub
+	snaps  *snapHub // snapshot.go
 
 	stages    stage.Dir
 	mounter   *mount.Mounter

@@ -193,50 +193,34 @@ func TestSanityAllMode(t *testing.T) {
 }
 
 // sanitySkipped are the csi-sanity specs (csisanity.Name) that skip against this driver, by
-// design: each needs a capability the driver does not advertise — snapshots, clones, group
-// snapshots, volume attribute classes and ModifyVolume, controller-side volume health,
-// read-only ControllerPublish, a max attach limit (not configured), NodeGetStorageHealth. All
-// others must pass, so a capability that stops being advertised (its specs turn into skips) or
-// a spec that starts skipping fails the test. The driver's capabilities are the same for every
-// backend and protocol, so the host run (file backend) and the guest run (LVM + NVMe-oF) expect
-// the same. Observed on the host with csi-sanity v5.6.0: 59 passed, 43 skipped, 1 pending.
+// design: each needs a capability the driver does not advertise — group snapshots, volume
+// attribute classes and ModifyVolume, controller-side volume health, read-only
+// ControllerPublish, a max attach limit (not configured), NodeGetStorageHealth, and
+// SNAPSHOT_ACCESSIBILITY_CONSTRAINTS: CreateSnapshot returns a local snapshot's node as its
+// accessible topology, which csi-sanity v5.6.0 compares with the topology it sent using
+// reflect.DeepEqual, failing on protobuf's internal size cache of the marshalled request — a
+// driver that returns snapshot topology cannot pass that spec, so the capability is not
+// advertised (Kubernetes does not read it yet). Snapshots, restores and clones
+// (CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, GET_SNAPSHOT, CLONE_VOLUME) run. All others must
+// pass, so a capability that stops being advertised (its specs turn into skips) or a spec that starts skipping fails the test.
+// The driver's capabilities are the same for every backend and protocol, so the host run (file
+// backend) and the guest run (LVM + NVMe-oF) expect the same. Observed on the host with
+// csi-sanity v5.6.0: 81 passed, 21 skipped, 1 pending.
 var sanitySkipped = []string{
 	"Controller Service [Controller Server] ControllerPublishVolume should fail when publishing more volumes than the node max attach limit",
 	"Controller Service [Controller Server] ControllerPublishVolume should fail when the volume is already published but is incompatible",
-	"Controller Service [Controller Server] CreateVolume should create volume from an existing source snapshot",
-	"Controller Service [Controller Server] CreateVolume should create volume from an existing source volume",
 	"Controller Service [Controller Server] CreateVolume should create volume with a volume attribute class",
-	"Controller Service [Controller Server] CreateVolume should fail when the volume source snapshot is not found",
-	"Controller Service [Controller Server] CreateVolume should fail when the volume source volume is not found",
 	"Controller Service [Controller Server] CreateVolume should not create volume with an invalid volume attribute class",
 	"ControllerGetVolumeHealth [Controller Server] should fail when no volume id is provided",
 	"ControllerGetVolumeHealth [Controller Server] should return health for a valid volume",
 	"ControllerListVolumeHealth [Controller Server] should return appropriate response",
-	"CreateSnapshot [Controller Server] should fail when no name is provided",
-	"CreateSnapshot [Controller Server] should fail when no source volume id is provided",
-	"CreateSnapshot [Controller Server] should fail when requesting to create a snapshot with already existing name and different source volume ID",
 	"CreateSnapshot [Controller Server] should succeed when creating a snapshot with accessibility requirements",
-	"CreateSnapshot [Controller Server] should succeed when creating snapshot with maximum-length name",
-	"CreateSnapshot [Controller Server] should succeed when requesting to create a snapshot with already existing name and same source volume ID",
-	"DeleteSnapshot [Controller Server] should fail when no snapshot id is provided",
-	"DeleteSnapshot [Controller Server] should return appropriate values (no optional values added)",
-	"DeleteSnapshot [Controller Server] should succeed when an invalid snapshot id is used",
-	"GetSnapshot [Controller Server] should return an error",
-	"GetSnapshot [Controller Server] should return an error when the specified snapshot id does not exist",
-	"GetSnapshot [Controller Server] should return snapshot that match the specified snapshot id",
 	"GroupController Service [GroupController Server] GroupControllerGetCapabilities should return appropriate capabilities",
 	"GroupController Service [GroupController VolumeGroupSnapshots] CreateVolumeGroupSnapshot should fail when no name is provided",
 	"GroupController Service [GroupController VolumeGroupSnapshots] DeleteVolumeGroupSnapshot should fail when no volume id is provided",
 	"GroupController Service [GroupController VolumeGroupSnapshots] DeleteVolumeGroupSnapshot should succeed when an invalid volume id is used",
 	"GroupController Service [GroupController VolumeGroupSnapshots] GetVolumeGroupSnapshot should fail when an invalid volume id is used",
 	"GroupController Service [GroupController VolumeGroupSnapshots] GetVolumeGroupSnapshot should fail when no volume id is provided",
-	"ListSnapshots [Controller Server] check the presence of new snapshots in the snapshot list",
-	"ListSnapshots [Controller Server] should return appropriate values (no optional values added)",
-	"ListSnapshots [Controller Server] should return empty when the specified snapshot id does not exist",
-	"ListSnapshots [Controller Server] should return empty when the specified source volume id does not exist",
-	"ListSnapshots [Controller Server] should return next token when a limited number of entries are requested",
-	"ListSnapshots [Controller Server] should return snapshots that match the specified snapshot id",
-	"ListSnapshots [Controller Server] should return snapshots that match the specified source volume id",
 	"ModifyVolume [Controller Server] should fail if no volume id is given",
 	"ModifyVolume [Controller Server] should fail if specified mutable parameters are not supported by the volume",
 	"ModifyVolume [Controller Server] should fail if volume does not exist",

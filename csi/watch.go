@@ -95,7 +95,7 @@ func (h *hub) handler() toolscache.ResourceEventHandler {
 // expansion compare-and-swap, deleted by DeleteVolume, watched by waitVolume; the informers of
 // connect on Stores, the policy kinds and Nodes; Nodes read by ControllerPublishVolume.
 //
-// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates;volumesnapshotstates,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=stores,verbs=get;list;watch
 // +kubebuilder:rbac:groups=policy.plinth.dev,resources=storagepools;protocols;placements,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
@@ -124,6 +124,14 @@ func (d *Driver) connect(ctx context.Context) error {
 		return fmt.Errorf("volumestate informer: %w", err)
 	}
 	if _, err := inf.AddEventHandler(d.hub.handler()); err != nil {
+		return err
+	}
+	d.snaps = newSnapHub()
+	sinf, err := ca.GetInformer(ctx, &storev1.VolumeSnapshotState{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return fmt.Errorf("volumesnapshotstate informer: %w", err)
+	}
+	if _, err := sinf.AddEventHandler(d.snaps.handler()); err != nil {
 		return err
 	}
 	for _, obj := range []client.Object{&storev1.Store{}, &policyv1.Placement{}, &policyv1.StoragePool{}, &policyv1.Protocol{}, &corev1.Node{}} {

@@ -69,6 +69,8 @@ func CacheOptions(nodeName string) cache.Options {
 		&storev1.Agent{}:       {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
 		&storev1.Store{}:       {Label: byNode},
 		&storev1.VolumeState{}: {Label: byNode},
+		// snapshots carry the node label of their source volume's Store
+		&storev1.VolumeSnapshotState{}: {Label: byNode},
 	}}
 }
 
@@ -76,9 +78,9 @@ func CacheOptions(nodeName string) cache.Options {
 // VolumeState finalizer.
 //
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents;stores,verbs=get;list;watch
-// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates,verbs=get;list;watch;update
-// +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status;volumestates/status,verbs=get;patch;update
-// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers,verbs=update
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates;volumesnapshotstates,verbs=get;list;watch;update
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status;volumestates/status;volumesnapshotstates/status,verbs=get;patch;update
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers;volumesnapshotstates/finalizers,verbs=update
 
 // NewManager builds the agent's manager for cfg: cache scoped to the node,
 // /metrics on Options.MetricsAddr, /healthz and /readyz (caches synced) on
@@ -131,6 +133,9 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		return nil, err
 	}
 	if err := (&volumeReconciler{n}).setup(mgr); err != nil {
+		return nil, err
+	}
+	if err := (&snapshotReconciler{n}).setup(mgr); err != nil {
 		return nil, err
 	}
 	return mgr, nil

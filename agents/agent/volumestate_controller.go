@@ -139,7 +139,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			}
 			before = vs.DeepCopy()
 		}
-		vol, err = r.timed("create", func() (backend.Volume, error) { return be.Create(ctx, vs.Name, vs.Spec.CapacityBytes) })
+		vol, err = r.timed("create", func() (backend.Volume, error) { return createVolume(ctx, be, vs) })
 		if errors.Is(err, backend.ErrAlreadyExists) {
 			// a smaller volume of ours under this id: an expansion cut short
 			vol, err = r.timed("expand", func() (backend.Volume, error) { return be.Expand(ctx, vs.Name, vs.Spec.CapacityBytes) })

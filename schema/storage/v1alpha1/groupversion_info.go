@@ -21,6 +21,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&Agent{}, &AgentList{},
 		&Store{}, &StoreList{},
 		&VolumeState{}, &VolumeStateList{},
+		&VolumeSnapshotState{}, &VolumeSnapshotStateList{},
 	)
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil

@@ -76,6 +76,12 @@ type VolumeStateSpec struct {
 	// export ACL changes older than the highest it acted on (fencing).
 	// +optional
 	PublicationGeneration int64 `json:"publicationGeneration,omitempty"`
+	// ContentSource is the snapshot or volume the new volume's data is copied from (CSI
+	// CreateVolume volume_content_source), on the same Store; unset for an empty volume. It
+	// never changes after creation.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="contentSource is immutable"
+	ContentSource *ContentSource `json:"contentSource,omitempty"`
 }
 
 // Export is where an NVMe-oF volume is served.
