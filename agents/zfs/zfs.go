@@ -492,6 +492,9 @@ func (z *ZFS) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if err := z.releaseSnapshots(ctx, d.Name); err != nil { // snapshot.go
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
 	if _, err := z.run(ctx, "zfs", "destroy", d.Name); err != nil {
 		if errors.Is(err, backend.ErrNotFound) {
 			return nil

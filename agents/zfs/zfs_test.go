@@ -22,6 +22,7 @@ type fakeZFS struct {
 	vols      map[string]*Dataset
 	calls     []string
 	fail      map[string]string // "zfs create" / "zfs set" ... → stderr, exit 1
+	snaps     *fakeSnapshots    // snapshot_test.go; nil: no snapshots
 }
 
 func newFake(parent string, avail int64) *fakeZFS {
@@ -57,6 +58,9 @@ func (f *fakeZFS) run(_ context.Context, name string, args ...string) ([]byte, [
 		if se, ok := f.fail[name+" "+args[0]]; ok {
 			return nil, []byte(se), 1, nil
 		}
+	}
+	if out, se, code, ok := f.snapshotCommand(name, args); ok {
+		return out, se, code, nil
 	}
 	target := args[len(args)-1]
 	switch name + " " + args[0] {
