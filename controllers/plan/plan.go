@@ -376,8 +376,9 @@ func decide(o *Object, r DryRun, sameDigest bool, in Input) {
 	o.Correct = CorrectDrift(u, in.Placements, in.Pools)
 }
 
-// CorrectDrift says whether drift of u is corrected: a StorageClass follows the driftPolicy of
-// its Placement's pool, a Store its own (the pool's), and Agents are always corrected.
+// CorrectDrift says whether drift of u is corrected: a StorageClass (and a VolumeSnapshotClass)
+// follows the driftPolicy of its Placement's pool, a Store its own (the pool's), and Agents are
+// always corrected.
 func CorrectDrift(u *unstructured.Unstructured, places map[string]*policyv1.Placement, pools map[string]*policyv1.StoragePool) bool {
 	switch u.GetKind() {
 	case "Agent":
@@ -385,7 +386,7 @@ func CorrectDrift(u *unstructured.Unstructured, places map[string]*policyv1.Plac
 	case "Store":
 		dp, _, _ := unstructured.NestedString(u.Object, "spec", "driftPolicy")
 		return dp == string(policyv1.DriftPolicyCorrect)
-	case "StorageClass":
+	case "StorageClass", policyv1.SnapshotClassKind:
 		pl := places[u.GetLabels()[policyv1.LabelPlacement]]
 		if pl == nil {
 			return false

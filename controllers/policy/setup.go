@@ -56,6 +56,7 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents;stores,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates,verbs=get;list;watch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch;create;patch;update;delete
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups="",resources=nodes;persistentvolumeclaims;persistentvolumes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=plinth-system,resources=configmaps,verbs=get;create;patch;update
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=plinth-system,resources=leases,verbs=get;create;update

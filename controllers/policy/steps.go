@@ -118,8 +118,11 @@ func (r *Reconciler) render(_ context.Context, s *scope) (bool, error) {
 	for key, srcs := range rendered.Sources {
 		kind, name, _ := cutKey(key)
 		ref := policyv1.ObjectReference{APIVersion: storev1.GroupVersion.String(), Kind: kind, Name: name}
-		if kind == "StorageClass" {
+		switch kind {
+		case "StorageClass":
 			ref.APIVersion = "storage.k8s.io/v1"
+		case policyv1.SnapshotClassKind:
+			ref.APIVersion = policyv1.SnapshotClassAPIVersion
 		}
 		s.each(srcs, func(p *policyObject) { p.out.produced = append(p.out.produced, ref) })
 	}

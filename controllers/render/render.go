@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -34,8 +35,12 @@ type Input struct {
 // Output is what render produces, each slice sorted by name.
 type Output struct {
 	StorageClasses []storagev1.StorageClass
-	Agents         []storev1.Agent
-	Stores         []storev1.Store
+	// VolumeSnapshotClasses are the classes of the Placements that ask for one
+	// (spec.snapshotClass): snapshot.storage.k8s.io/v1 objects, unstructured because their
+	// types belong to external-snapshotter (snapshotclass.go).
+	VolumeSnapshotClasses []unstructured.Unstructured
+	Agents                []storev1.Agent
+	Stores                []storev1.Store
 	// Sources maps "<Kind>/<name>" of each produced object to the policy objects that produced
 	// it, as "<Kind>/<name>" strings, sorted.
 	Sources map[string][]string
@@ -118,6 +123,11 @@ func Render(in Input) (*Output, error) {
 		out.StorageClasses = append(out.StorageClasses, sc)
 		out.Sources["StorageClass/"+sc.Name] = sortedUnique([]string{
 			"Placement/" + pl.Name, "StoragePool/" + pl.Spec.PoolRef.Name, "Protocol/" + pl.Spec.ProtocolRef.Name})
+		if pl.Spec.SnapshotClass != nil {
+			vsc := snapshotClass(pl)
+			out.VolumeSnapshotClasses = append(out.VolumeSnapshotClasses, vsc)
+			out.Sources[policyv1.SnapshotClassKind+"/"+vsc.GetName()] = []string{"Placement/" + pl.Name}
+		}
 	}
 
 	// Stores and Agents.
@@ -178,6 +188,9 @@ func Render(in Input) (*Output, error) {
 	}
 
 	sort.Slice(out.StorageClasses, func(i, j int) bool { return out.StorageClasses[i].Name < out.StorageClasses[j].Name })
+	sort.Slice(out.VolumeSnapshotClasses, func(i, j int) bool {
+		return out.VolumeSnapshotClasses[i].GetName() < out.VolumeSnapshotClasses[j].GetName()
+	})
 	sort.Slice(out.Stores, func(i, j int) bool { return out.Stores[i].Name < out.Stores[j].Name })
 	if len(errs) > 0 {
 		return out, joinErrors(errs)

@@ -34,6 +34,8 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 	}
 	classes := map[string]*vetted{}
 	var defaultClass *vetted
+	snapClasses := map[string]*vetted{}
+	var defaultSnapClass *vetted
 	for _, vd := range placements {
 		pl := vd.obj.(*policyv1.Placement)
 		if _, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; !ok && !invalid["StoragePool/"+pl.Spec.PoolRef.Name] {
@@ -64,6 +66,30 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 		if pl.Spec.SpreadAcross != "" {
 			ps = append(ps, at(vd.doc, []string{"spec", "spreadAcross"},
 				fmt.Sprintf("spreadAcross is not implemented yet: volumes would not be spread across %s; remove the field", pl.Spec.SpreadAcross)))
+		}
+		if sc := pl.Spec.SnapshotClass; sc != nil {
+			if first, dup := snapClasses[sc.Name]; dup {
+				ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass", "name"},
+					fmt.Sprintf("VolumeSnapshotClass %q is also rendered by Placement %q at %s", sc.Name, first.doc.Name, where(first.doc))))
+			} else {
+				snapClasses[sc.Name] = vd
+			}
+			if sc.IsDefault {
+				if defaultSnapClass != nil {
+					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass", "isDefault"},
+						fmt.Sprintf("Placement %q at %s is already the default VolumeSnapshotClass; at most one may be", defaultSnapClass.doc.Name, where(defaultSnapClass.doc))))
+				} else {
+					defaultSnapClass = vd
+				}
+			}
+			// Thick LVM LVs have no snapshots (the CSI driver refuses them): a class for them
+			// would only produce VolumeSnapshots that never become ready.
+			if pool, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; ok {
+				if lvm := pool.obj.(*policyv1.StoragePool).Spec.Backend.LVM; lvm != nil && lvm.ThinPool == nil {
+					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
+						fmt.Sprintf("StoragePool %q is LVM without a thin pool: its volumes take no snapshots; declare lvm.thinPool or remove snapshotClass", pl.Spec.PoolRef.Name)))
+				}
+			}
 		}
 		if pl.Spec.StorageClass.IsDefault {
 			if defaultClass != nil {

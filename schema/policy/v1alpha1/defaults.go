@@ -55,4 +55,7 @@ func (in *Placement) Default() {
 	if in.Spec.Strategy == "" {
 		in.Spec.Strategy = StrategyBinpack
 	}
+	if s := in.Spec.SnapshotClass; s != nil && s.DeletionPolicy == "" {
+		s.DeletionPolicy = DefaultReclaimPolicy // Delete, like reclaimPolicy
+	}
 }

@@ -52,6 +52,36 @@ type PlacementSpec struct {
 	// +kubebuilder:validation:MaxLength=316
 	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`
 	SpreadAcross string `json:"spreadAcross,omitempty"`
+	// SnapshotClass, when set, renders a VolumeSnapshotClass (snapshot.storage.k8s.io/v1,
+	// driver csi.plinth.dev) for the volumes of this Placement. The pool's backend must take
+	// snapshots (file, ZFS, LVM with a thin pool).
+	// +optional
+	SnapshotClass *SnapshotClassTemplate `json:"snapshotClass,omitempty"`
+}
+
+// SnapshotClassTemplate is the VolumeSnapshotClass a Placement renders (driver csi.plinth.dev).
+type SnapshotClassTemplate struct {
+	// Name of the VolumeSnapshotClass (DNS-1123 subdomain, at most 253 bytes).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+	// DeletionPolicy is Delete (default: deleting a VolumeSnapshot deletes the snapshot) or
+	// Retain.
+	// +optional
+	// +kubebuilder:validation:Enum=Delete;Retain
+	// +kubebuilder:default=Delete
+	DeletionPolicy string `json:"deletionPolicy,omitempty"`
+	// IsDefault marks the class as the default for the driver
+	// (snapshot.storage.kubernetes.io/is-default-class). At most one placement may set it.
+	// +optional
+	// +kubebuilder:default=false
+	IsDefault bool `json:"isDefault,omitempty"`
+	// Velero labels the class velero.io/csi-volumesnapshot-class=true, the label Velero's CSI
+	// support looks for to pick the class of a driver. Default false.
+	// +optional
+	// +kubebuilder:default=false
+	Velero bool `json:"velero,omitempty"`
 }
 
 // StorageClassTemplate is the StorageClass a Placement renders (provisioner csi.plinth.dev).

@@ -1,0 +1,17 @@
+package v1alpha1
+
+// Names of the VolumeSnapshotClass a Placement renders (spec.snapshotClass). The kind belongs to
+// the external-snapshotter project (kubernetes-csi/external-snapshotter, CRDs installed with
+// its snapshot-controller), so Plinth renders it as an unstructured object of this group.
+const (
+	// SnapshotClassAPIVersion is the apiVersion of VolumeSnapshotClass.
+	SnapshotClassAPIVersion = "snapshot.storage.k8s.io/v1"
+	// SnapshotClassKind is its kind.
+	SnapshotClassKind = "VolumeSnapshotClass"
+	// AnnotationDefaultSnapshotClass marks the default VolumeSnapshotClass of a driver
+	// (external-snapshotter's snapshot-controller reads it).
+	AnnotationDefaultSnapshotClass = "snapshot.storage.kubernetes.io/is-default-class"
+	// LabelVeleroSnapshotClass (value "true") is the label Velero's CSI support looks for to
+	// choose a driver's VolumeSnapshotClass.
+	LabelVeleroSnapshotClass = "velero.io/csi-volumesnapshot-class"
+)
