@@ -7,11 +7,13 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -316,11 +318,19 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapsh
 		return nil, err
 	}
 	defer release()
+	var store string
+	if ss := (&storev1.VolumeSnapshotState{}); s.d.live.Get(ctx, client.ObjectKey{Name: id}, ss) == nil {
+		store = ss.Spec.StoreName
+	}
 	if err := s.d.kube.Delete(ctx, &storev1.VolumeSnapshotState{ObjectMeta: metav1.ObjectMeta{Name: id}}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return &csipb.DeleteSnapshotResponse{}, nil
 		}
 		return nil, status.Errorf(codes.Unavailable, "delete VolumeSnapshotState %s: %v", id, err)
+	}
+	// As DeleteVolume: an agent that cannot answer would keep this call for the whole wait.
+	if why := s.storeAgentAbsent(ctx, store); why != "" {
+		return nil, status.Errorf(codes.Unavailable, "delete snapshot %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
 	if err := s.d.waitSnapshot(ctx, id, nil, nil, func(ss *storev1.VolumeSnapshotState) (bool, error) { return ss == nil, nil }); err != nil {
 		return nil, waitError("delete snapshot "+id, err)
@@ -496,4 +506,25 @@ func sameSource(cs *csipb.VolumeContentSource, spec *storev1.ContentSource) bool
 		have = *spec
 	}
 	return want == have
+}
+
+// storeAgentAbsent is agentAbsent for the agent of a Store: why it cannot answer now (its Node
+// is gone, or its heartbeat is older than agentSilentAfter), "" when it may or that cannot be
+// told.
+func (s *controller) storeAgentAbsent(ctx context.Context, store string) string {
+	if store == "" {
+		return ""
+	}
+	var st storev1.Store
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: store}, &st); err != nil {
+		return ""
+	}
+	var n corev1.Node
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: st.Spec.NodeName}, &n); apierrors.IsNotFound(err) {
+		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name)
+	}
+	if hb := st.Status.LastHeartbeatTime; hb != nil && time.Since(hb.Time) > agentSilentAfter {
+		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339))
+	}
+	return ""
 }
