@@ -5,6 +5,7 @@ PEERS=(
 	"csi-provisioner github.com/kubernetes-csi/external-provisioner/v6 CSI_PROVISIONER_VERSION github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
 	"csi-attacher github.com/kubernetes-csi/external-attacher/v4 CSI_ATTACHER_VERSION github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher"
 	"csi-resizer github.com/kubernetes-csi/external-resizer/v2 CSI_RESIZER_VERSION github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer"
+	"csi-snapshotter github.com/kubernetes-csi/external-snapshotter/v8 CSI_SNAPSHOTTER_VERSION github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"
 	"csi-sanity github.com/kubernetes-csi/csi-test/v5 CSI_SANITY_VERSION github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity"
 	"flux-source-controller github.com/fluxcd/source-controller FLUX_SOURCE_CONTROLLER_VERSION github.com/fluxcd/source-controller"
 	"flux-kustomize-controller github.com/fluxcd/kustomize-controller FLUX_KUSTOMIZE_CONTROLLER_VERSION github.com/fluxcd/kustomize-controller"
