@@ -124,7 +124,7 @@ vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth
 	$(CUE) vet -c -d '#Placement' schema/cue/policy.cue examples/quickstart/placement.yaml
 
 ##@ Run
-dev: build testbin ## The whole GitOps storage loop on this machine: Git + Flux, control plane, controller, agent, CSI, scheduler, a PVC (plinth dev up).
+dev: build testbin images ## The whole GitOps storage loop on this machine: 3 real nodes, Plinth deployed as pods, Git + Flux, a PVC and a pod (plinth dev up).
 	$(BIN)/plinth dev up
 
 dev-flux: dev ## Alias of dev (Flux is the default).
