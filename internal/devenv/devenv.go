@@ -54,7 +54,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/deploy"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/internal/controlplane"
 )
 
 // Names of the dev fleet.

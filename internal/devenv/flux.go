@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/internal/controlplane"
 )
 
 // Flux peers (test/tools/flux-*; versions in test/tools/versions.env).

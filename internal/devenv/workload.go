@@ -167,6 +167,26 @@ func (e *Walk) workloadClass(ctx context.Context, _ *WorkloadSummary) error {
 	})
 }
 
+// volumeOf returns the PV name and the CSI volume handle (the VolumeState's
+// name) of the bound PVC name.
+func (e *Walk) volumeOf(ctx context.Context, name string) (pv, id string, err error) {
+	var pvc corev1.PersistentVolumeClaim
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: name}, &pvc); err != nil {
+		return "", "", err
+	}
+	if pvc.Status.Phase != corev1.ClaimBound {
+		return "", "", fmt.Errorf("PVC %s is %s", name, pvc.Status.Phase)
+	}
+	var v corev1.PersistentVolume
+	if err := e.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &v); err != nil {
+		return "", "", err
+	}
+	if v.Spec.CSI == nil {
+		return "", "", fmt.Errorf("PV %s of PVC %s is not a CSI volume", v.Name, name)
+	}
+	return v.Name, v.Spec.CSI.VolumeHandle, nil
+}
+
 // workloadPods returns the StatefulSet's pods by name.
 func (e *Walk) workloadPods(ctx context.Context) (map[string]corev1.Pod, error) {
 	var pods corev1.PodList
@@ -233,12 +253,9 @@ func (e *Walk) workloadUp(ctx context.Context, ws *WorkloadSummary) error {
 			if err != nil {
 				return "", err
 			}
-			var pvc corev1.PersistentVolumeClaim
-			if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: workloadPVC(i)}, &pvc); err != nil {
+			pv, id, err := e.volumeOf(ctx, workloadPVC(i))
+			if err != nil {
 				return "", err
-			}
-			if pvc.Status.Phase != corev1.ClaimBound {
-				return "", fmt.Errorf("PVC %s %s while its pod runs", pvc.Name, pvc.Status.Phase)
 			}
 			mounts, err := e.podVolumeMounts(pod)
 			if err != nil {
@@ -247,10 +264,10 @@ func (e *Walk) workloadUp(ctx context.Context, ws *WorkloadSummary) error {
 			if len(mounts) != 1 {
 				return "", fmt.Errorf("pod %s: mounts of its CSI volumes on %s: %v, want one", pod.Name, pod.Spec.NodeName, mounts)
 			}
-			if _, err := e.waitVolumeReady(ctx, pvc.Spec.VolumeName); err != nil {
+			if _, err := e.waitVolumeReady(ctx, id); err != nil {
 				return "", err
 			}
-			lines = append(lines, fmt.Sprintf("%s Running on %s, PVC %s Bound to %s, published at %s", pod.Name, pod.Spec.NodeName, pvc.Name, pvc.Spec.VolumeName, mounts[0]))
+			lines = append(lines, fmt.Sprintf("%s Running on %s, PVC %s Bound to %s (VolumeState %s Ready), published at %s", pod.Name, pod.Spec.NodeName, workloadPVC(i), pv, id, mounts[0]))
 		}
 		ws.AllRunning = time.Since(start)
 		for i := range WorkloadReplicas {
@@ -558,17 +575,16 @@ func (e *Walk) workloadDrain(ctx context.Context, ws *WorkloadSummary) error {
 				return "", err
 			}
 			node := pod.Spec.NodeName
-			var pvc corev1.PersistentVolumeClaim
-			if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: workloadPVC(0)}, &pvc); err != nil {
+			pvName, id, err := e.volumeOf(ctx, workloadPVC(0))
+			if err != nil {
 				return "", err
 			}
-			id := pvc.Spec.VolumeName
 			// Only the workload's pods are evicted: Plinth's own Deployments stay where they run.
 			if _, err := e.KubectlRun(ctx, "drain", node, "--pod-selector", "app="+WorkloadName, "--ignore-daemonsets", "--timeout", "50s"); err != nil {
 				return "", err
 			}
 			var reason string
-			err := poll(ctx, 2*time.Minute, func() error {
+			err = poll(ctx, 2*time.Minute, func() error {
 				var p corev1.Pod
 				if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: name}, &p); err != nil {
 					return err
@@ -591,9 +607,8 @@ func (e *Walk) workloadDrain(ctx context.Context, ws *WorkloadSummary) error {
 				return "", err
 			}
 			// Nothing of the volume went away.
-			var pv corev1.PersistentVolume
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &pv); err != nil {
-				return "", fmt.Errorf("PV %s during the drain: %w", id, err)
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: pvName}, &corev1.PersistentVolume{}); err != nil {
+				return "", fmt.Errorf("PV %s during the drain: %w", pvName, err)
 			}
 			if _, err := e.waitVolumeReady(ctx, id); err != nil {
 				return "", err
@@ -617,20 +632,20 @@ func (e *Walk) workloadDrain(ctx context.Context, ws *WorkloadSummary) error {
 			if err != nil {
 				return "", err
 			}
-			return fmt.Sprintf("%s drained: %s Pending — %s\nPV %s, VolumeState and file kept\nuncordon → %s Running on %s after %.1fs: %s",
-				node, name, reason, id, name, node, ws.Uncordoned.Seconds(), out), nil
+			return fmt.Sprintf("%s drained: %s Pending — %s\nPV %s, VolumeState %s and its file kept\nuncordon → %s Running on %s after %.1fs: %s",
+				node, name, reason, pvName, id, name, node, ws.Uncordoned.Seconds(), out), nil
 		})
 }
 
 func (e *Walk) workloadRelease(ctx context.Context, ws *WorkloadSummary) error {
 	return e.step("scale "+WorkloadName+" to 0 and delete its PVCs → PVs, VolumeStates, files and loop devices gone on every node", agentAndCSI, func() (string, error) {
-		var ids []string
+		var pvs, ids []string
 		for i := range WorkloadReplicas {
-			var pvc corev1.PersistentVolumeClaim
-			if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: workloadPVC(i)}, &pvc); err != nil {
+			pv, id, err := e.volumeOf(ctx, workloadPVC(i))
+			if err != nil {
 				return "", err
 			}
-			ids = append(ids, pvc.Spec.VolumeName)
+			pvs, ids = append(pvs, pv), append(ids, id)
 		}
 		start := time.Now()
 		var sts appsv1.StatefulSet
@@ -661,9 +676,9 @@ func (e *Walk) workloadRelease(ctx context.Context, ws *WorkloadSummary) error {
 			}
 		}
 		err := poll(ctx, 3*time.Minute, func() error {
-			for _, id := range ids {
-				if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &corev1.PersistentVolume{}); !apierrors.IsNotFound(err) {
-					return fmt.Errorf("PV %s still there (%v)", id, err)
+			for i, id := range ids {
+				if err := e.Client.Get(ctx, client.ObjectKey{Name: pvs[i]}, &corev1.PersistentVolume{}); !apierrors.IsNotFound(err) {
+					return fmt.Errorf("PV %s still there (%v)", pvs[i], err)
 				}
 				if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{}); !apierrors.IsNotFound(err) {
 					return fmt.Errorf("VolumeState %s still there (%v)", id, err)

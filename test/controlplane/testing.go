@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plinth-storage/plinth/internal/process"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
@@ -50,10 +51,9 @@ func ForTest(t testing.TB, opts Options) *ControlPlane {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, p := range cp.Processes() {
-				t.Logf("--- %s (pid %d) log %s, last lines:\n%s", p.Name, p.PID(), p.LogPath, indent(p.Tail(40)))
+				t.Logf("--- %s (pid %d) log %s, last lines:\n%s", p.Name, p.PID(), p.LogPath, process.Indent(p.Tail(40)))
 			}
-			if cp.tmpDir {
-				cp.opts.KeepDir = true
+			if cp.KeepDir() {
 				t.Logf("control plane folder kept: %s", cp.Dir)
 			}
 		}
