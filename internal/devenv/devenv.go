@@ -51,10 +51,10 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/plinth-storage/plinth/internal/cluster"
+	"github.com/plinth-storage/plinth/internal/controlplane"
 	"github.com/plinth-storage/plinth/internal/deploy"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/internal/controlplane"
 )
 
 // Names of the dev fleet.

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/internal/controlplane"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
 // The policy changes the scenario commits.
