@@ -80,26 +80,66 @@ func (f *File) path(id string) (string, error) {
 	return filepath.Join(f.cfg.Directory, id+suffix), nil
 }
 
-// attached returns the loop devices (e.g. /dev/loop3) whose backing file is
-// path, from /sys/block/loop*/loop/backing_file.
-func (f *File) attached(path string) ([]string, error) {
+// fileKey identifies a file by its device and inode numbers.
+type fileKey struct{ dev, ino uint64 }
+
+// loops maps each bound loop device's backing file to its devices (e.g.
+// /dev/loop3), in one pass over /sys/block/loop*. Devices match files by the
+// backing file's device and inode numbers (LOOP_GET_STATUS64), not by the path
+// in /sys/block/loop*/loop/backing_file: the kernel renders that path against
+// the mount namespace of whoever attached the file, so after the agent
+// restarts in a new container (new mounts) it no longer reads as the path
+// this agent uses, and a path match would attach the file a second time. A
+// device whose node cannot be opened is listed under byPath by that path, the
+// only thing left to go on.
+func (f *File) loops() (byFile map[fileKey][]string, byPath map[string][]string, err error) {
 	m, err := filepath.Glob(filepath.Join(f.cfg.SysDir, "block", "loop*", "loop", "backing_file"))
+	if err != nil {
+		return nil, nil, err
+	}
+	sort.Strings(m)
+	byFile, byPath = map[fileKey][]string{}, map[string][]string{}
+	for _, bf := range m {
+		dev := filepath.Join(f.cfg.DevDir, filepath.Base(filepath.Dir(filepath.Dir(bf))))
+		info, err := loopStatus(dev)
+		switch {
+		case err == nil:
+			k := fileKey{info.Device, info.Inode}
+			byFile[k] = append(byFile[k], dev)
+		case errors.Is(err, unix.ENXIO):
+			// detached meanwhile
+		default:
+			if b, err := os.ReadFile(bf); err == nil {
+				p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+				byPath[p] = append(byPath[p], dev)
+			}
+		}
+	}
+	return byFile, byPath, nil
+}
+
+// devicesOf returns the loop devices bound to the file at path, given the
+// index of loops.
+func devicesOf(path string, byFile map[fileKey][]string, byPath map[string][]string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	out := append(append([]string(nil), byFile[fileKey{uint64(st.Dev), st.Ino}]...), byPath[path]...)
+	sort.Strings(out)
+	return out, nil
+}
+
+// attached returns the loop devices bound to the file at path (see loops).
+func (f *File) attached(path string) ([]string, error) {
+	byFile, byPath, err := f.loops()
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, bf := range m {
-		b, err := os.ReadFile(bf)
-		if err != nil {
-			continue // detached meanwhile
-		}
-		if strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == path {
-			name := filepath.Base(filepath.Dir(filepath.Dir(bf)))
-			out = append(out, filepath.Join(f.cfg.DevDir, name))
-		}
-	}
-	sort.Strings(out)
-	return out, nil
+	return devicesOf(path, byFile, byPath)
 }
 
 func (f *File) volume(id, path string, size int64) (backend.Volume, error) {
@@ -264,6 +304,8 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 		return nil, err
 	}
 	var out []backend.Volume
+	var byFile map[fileKey][]string
+	var byPath map[string][]string
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), suffix)
 		if !ok || !e.Type().IsRegular() || backend.ValidateVolumeID(id) != nil {
@@ -273,9 +315,20 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 		if err != nil {
 			continue
 		}
-		v, err := f.volume(id, filepath.Join(f.cfg.Directory, e.Name()), info.Size())
+		path := filepath.Join(f.cfg.Directory, e.Name())
+		v := backend.Volume{ID: id, Name: e.Name(), SizeBytes: info.Size(), Thin: true}
+		if byFile == nil {
+			// One scan of the loop devices for the whole list.
+			if byFile, byPath, err = f.loops(); err != nil {
+				return nil, err
+			}
+		}
+		devs, err := devicesOf(path, byFile, byPath)
 		if err != nil {
 			return nil, err
+		}
+		if len(devs) > 0 {
+			v.DevicePath = devs[0]
 		}
 		out = append(out, v)
 	}

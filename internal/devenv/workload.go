@@ -417,7 +417,7 @@ func (e *Walk) workloadPluginRestart(ctx context.Context, ws *WorkloadSummary) e
 				return "", fmt.Errorf("pod %s volume mounts after the plugins restarted: %v %v (before %v)", name, after, err, before)
 			}
 			out, err := e.KubectlRun(ctx, "exec", "-n", QuickstartNamespace, name, "--", "sh", "-c",
-				"dd if=/dev/urandom of=/data/after-restart.bin bs=1M count=1 2>/dev/null && sync && sha256sum -c /data/data.sha256")
+				"cd /data && dd if=/dev/urandom of=after-restart.bin bs=1M count=1 2>/dev/null && sync && sha256sum -c data.sha256")
 			if err != nil {
 				return "", err
 			}
@@ -596,7 +596,7 @@ func (e *Walk) workloadDrain(ctx context.Context, ws *WorkloadSummary) error {
 					return fmt.Errorf("pod %s %s on %q, want Pending and unscheduled", name, p.Status.Phase, p.Spec.NodeName)
 				}
 				for _, c := range p.Status.Conditions {
-					if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "volume node affinity conflict") {
+					if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && volumeCannotMove(c.Message) {
 						reason = c.Reason + ": " + c.Message
 						return nil
 					}
@@ -635,6 +635,12 @@ func (e *Walk) workloadDrain(ctx context.Context, ws *WorkloadSummary) error {
 			return fmt.Sprintf("%s drained: %s Pending — %s\nPV %s, VolumeState %s and its file kept\nuncordon → %s Running on %s after %.1fs: %s",
 				node, name, reason, pvName, id, name, node, ws.Uncordoned.Seconds(), out), nil
 		})
+}
+
+// volumeCannotMove reports whether a PodScheduled message says the pod's
+// volume pins it to a node it cannot go to (the VolumeBinding plugin's words).
+func volumeCannotMove(msg string) bool {
+	return strings.Contains(msg, "didn't match PersistentVolume's node affinity") || strings.Contains(msg, "volume node affinity conflict")
 }
 
 func (e *Walk) workloadRelease(ctx context.Context, ws *WorkloadSummary) error {
