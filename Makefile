@@ -110,8 +110,9 @@ test: lint verify-generate ## Everything CI runs; ends with the count of skipped
 	$(MAKE) test-integration test-scheduler test-kernel vet-policies
 	$(MAKE) test-skips
 
-bench: ## Benchmarks (vet/render at fleet scale, parsers, CSI CreateVolume overhead and PVC→Bound on the real control plane and sidecars, scheduler scoring).
-	go test -run '^$$' -bench . -benchmem $$(go list ./... | grep -v '/csi$$')
+bench: ## Benchmarks (vet/render at fleet scale, parsers, CSI CreateVolume overhead and PVC→Bound on the real control plane and sidecars, PVC→pod Running on real nodes, scheduler scoring).
+	go test -run '^$$' -bench . -benchmem $$(go list ./... | grep -v '/csi$$' | grep -v '/test/e2e$$')
+	PLINTH_TESTBIN=$(BIN) PLINTH_E2E=1 go test -run '^$$' -bench PodWithVolumeRunning -benchtime 30x -timeout 60m ./test/e2e/
 	PLINTH_TESTBIN=$(BIN) go test -run '^$$' -bench 'CreateVolume|PVCBound' -benchtime 200x -benchmem -timeout 30m ./csi/
 	cd scheduler && go test -run '^$$' -bench . -benchmem ./plugin/capacity/
 

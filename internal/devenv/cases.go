@@ -424,3 +424,29 @@ func (e *Walk) checkNoOrphans(ctx context.Context, claim, id, node string) (stri
 	}
 	return fmt.Sprintf("1 PV, 1 VolumeState %s (Ready), files under %s: %v, loop device %s: no orphan, no duplicate", id, dir, files, devs[0]), nil
 }
+
+// PodWithVolume creates PVC name (1Gi of class) and a busybox pod using it,
+// waits until the PVC is Bound and the pod Running with the volume, then
+// deletes both and waits until the PV, the VolumeState and its file are
+// gone. It returns the time from the PVC's creation to the pod Running (the
+// figure users feel: scheduling, provisioning, attach, stage, publish and
+// the container's start).
+func (e *Walk) PodWithVolume(ctx context.Context, name, class string) (time.Duration, error) {
+	start := time.Now()
+	if _, err := e.claim(ctx, name, class); err != nil {
+		return 0, err
+	}
+	pvc, err := e.waitBound(ctx, name, 3*time.Minute)
+	took := time.Since(start)
+	if err != nil {
+		return took, err
+	}
+	var pv corev1.PersistentVolume
+	if err := e.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
+		return took, err
+	}
+	if pv.Spec.CSI == nil {
+		return took, fmt.Errorf("PV %s is not a CSI volume", pv.Name)
+	}
+	return took, e.unclaim(ctx, name, pv.Spec.CSI.VolumeHandle)
+}

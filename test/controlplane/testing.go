@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -80,4 +82,32 @@ func Eventually(t testing.TB, timeout, interval time.Duration, what string, f fu
 		}
 		time.Sleep(interval)
 	}
+}
+
+// EnvImages names the folder of the image archives of `make images` when they
+// are not under <test bin>/images.
+const EnvImages = "PLINTH_IMAGES"
+
+// ImageArchives returns the paths of the named archives of `make images`
+// (<name>.tar) in $PLINTH_IMAGES, or <test bin>/images when it is unset; a
+// missing archive fails t with how to build it.
+func ImageArchives(t testing.TB, names ...string) []string {
+	t.Helper()
+	dir := os.Getenv(EnvImages)
+	if dir == "" {
+		bin, err := TestBinDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join(bin, "images")
+	}
+	var out []string
+	for _, name := range names {
+		p := filepath.Join(dir, name+".tar")
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("image archive %s missing (run `make images`, or set %s): %v", p, EnvImages, err)
+		}
+		out = append(out, p)
+	}
+	return out
 }

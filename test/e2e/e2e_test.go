@@ -28,7 +28,7 @@ import (
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
-func gate(t *testing.T, bins ...string) {
+func gate(t testing.TB, bins ...string) {
 	t.Helper()
 	if os.Getenv("PLINTH_E2E") != "1" && os.Getenv(controlplane.EnvIntegration) != "1" {
 		t.Skip("SKIP: end-to-end suite; set PLINTH_E2E=1 (make test-e2e)")
