@@ -73,7 +73,8 @@ func Capacity() Spec {
 				{Title: "Available by failure domain", Kind: TimeSeries, Unit: "bytes",
 					Queries: []Query{{Expr: `sum by (cluster, zone) (` + capacity("available") + storeZone + `)`, Legend: "{{cluster}} {{zone}}"}}},
 				{Title: "Available in 7 days (predict_linear)", Kind: TimeSeries, Unit: "bytes",
-					Queries: []Query{{Expr: `predict_linear(max by (cluster, pool, store) (` + capacity("available") + `)[6h:5m], 7 * 86400)`, Legend: "{{cluster}} {{store}}"}}},
+					Description: "predict_linear over each Store's raw samples of the last 6 h (no subquery: it works from the second scrape on).",
+					Queries:     []Query{{Expr: `max by (cluster, pool, store) (predict_linear(` + capacity("available") + `[6h], 7 * 86400))`, Legend: "{{cluster}} {{store}}"}}},
 			}},
 			{Title: "Volumes", Panels: []Panel{
 				{Title: "Volumes by phase", Kind: TimeSeries, W: 8,
