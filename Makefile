@@ -106,6 +106,10 @@ test-skips: skipcheck ## Print every test the last test phases skipped and fail 
 test-e2e: testbin ## End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
+dashboards-png: testbin ## Draw docs/dashboards/*.png: the dashboards' main panels from test/observability's real Prometheus data (needs root, loop devices, /usr/bin/prometheus).
+	mkdir -p docs/dashboards
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 15m -run TestDashboardsAndAlertsOnRealData ./test/observability/
+
 test: lint verify-generate ## Everything CI runs; ends with the count of skipped tests (test-skips).
 	rm -rf $(SKIPS)
 	$(MAKE) test-integration test-scheduler test-kernel vet-policies
@@ -133,4 +137,4 @@ dev-flux: dev ## Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

@@ -38,6 +38,10 @@ const (
 	prometheusRule = root + "/kustomize/monitoring/prometheusrule.yaml"
 )
 
+// EnvPNGDir, when set, is the folder where the test draws each dashboard's main panels from
+// the scenario's data (make dashboards-png writes docs/dashboards/).
+const EnvPNGDir = "PLINTH_DASHBOARD_PNG_DIR"
+
 // Cluster is the cluster label the harness puts on every target, as a fleet's Prometheus
 // carries it as external label (seen through Thanos or Mimir).
 const Cluster = "observability-test"
@@ -353,6 +357,14 @@ func checkPanels(t *testing.T, ctx context.Context, api promv1.API, start, end t
 			continue
 		}
 		t.Logf("%s: variables %v", d.File, vals)
+		if out := os.Getenv(EnvPNGDir); out != "" {
+			file := filepath.Join(out, strings.TrimSuffix(d.File, ".json")+".png")
+			if err := RenderPNG(ctx, api, d, vals, start, end, scrapeEvery, 10*time.Second, file); err != nil {
+				t.Errorf("render %s: %v", file, err)
+			} else {
+				t.Logf("rendered %s", file)
+			}
+		}
 		seen := map[string]bool{}
 		for _, q := range d.Queries {
 			queries++

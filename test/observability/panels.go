@@ -24,6 +24,8 @@ type PanelQuery struct {
 	// Instant is true for targets Grafana runs as instant queries (tables, stats, bar gauges);
 	// the others are range queries over the dashboard's time range.
 	Instant bool
+	// Legend is the target's legend format ("{{pool}}"), Unit the panel's unit ("bytes").
+	Legend, Unit string
 }
 
 // Variable is a dashboard's query template variable: label_values(Selector, Label).
@@ -97,7 +99,13 @@ func (d *Dashboard) walk(panels []json.RawMessage) error {
 				RefID   string `json:"refId"`
 				Expr    string `json:"expr"`
 				Instant bool   `json:"instant"`
+				Legend  string `json:"legendFormat"`
 			} `json:"targets"`
+			FieldConfig struct {
+				Defaults struct {
+					Unit string `json:"unit"`
+				} `json:"defaults"`
+			} `json:"fieldConfig"`
 			Panels []json.RawMessage `json:"panels"`
 		}
 		if err := json.Unmarshal(raw, &p); err != nil {
@@ -106,7 +114,8 @@ func (d *Dashboard) walk(panels []json.RawMessage) error {
 		if p.Type != "row" {
 			d.Panels = append(d.Panels, p.Title)
 			for _, t := range p.Targets {
-				d.Queries = append(d.Queries, PanelQuery{Dashboard: d.File, Panel: p.Title, Type: p.Type, RefID: t.RefID, Expr: t.Expr, Instant: t.Instant})
+				d.Queries = append(d.Queries, PanelQuery{Dashboard: d.File, Panel: p.Title, Type: p.Type, RefID: t.RefID, Expr: t.Expr, Instant: t.Instant,
+					Legend: t.Legend, Unit: p.FieldConfig.Defaults.Unit})
 			}
 		}
 		if err := d.walk(p.Panels); err != nil {
