@@ -137,10 +137,12 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 	}); err != nil {
 		return nil, nil, err
 	}
-	if err := metrics.Registry.Register(&HeartbeatCollector{Reader: mgr.GetClient()}); err != nil {
-		var dup prometheus.AlreadyRegisteredError
-		if !errors.As(err, &dup) { // a second manager in one process (tests) keeps the first
-			return nil, nil, err
+	for _, col := range []prometheus.Collector{&HeartbeatCollector{Reader: mgr.GetClient()}, &VolumeCollector{Reader: mgr.GetClient()}} {
+		if err := metrics.Registry.Register(col); err != nil {
+			var dup prometheus.AlreadyRegisteredError
+			if !errors.As(err, &dup) { // a second manager in one process (tests) keeps the first
+				return nil, nil, err
+			}
 		}
 	}
 	return mgr, r, nil
