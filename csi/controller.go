@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -661,6 +662,7 @@ func (s *controller) updatePublications(ctx context.Context, vs *storev1.VolumeS
 		}
 		vs.Spec.Publications = pubs
 		vs.Spec.PublicationGeneration++
+		failpoint.Hit(failpoint.CSIPublishBeforeUpdate)
 		err = s.d.kube.Update(ctx, vs) // carries metadata.resourceVersion: the CAS
 		if err == nil {
 			return vs.Spec.PublicationGeneration, nil

@@ -112,3 +112,8 @@ func (o *Options) defaults() error {
 
 // MarksDir is where the fencing marks live.
 func (o *Options) MarksDir() string { return filepath.Join(o.StateDir, "agent", "marks") }
+
+// FailpointsDir records which "once" crash points this node already hit
+// (internal/failpoint): it lives in StateDir so that a restarted agent, armed
+// by the same environment, runs through.
+func (o *Options) FailpointsDir() string { return filepath.Join(o.StateDir, "agent", "failpoints") }
