@@ -184,6 +184,55 @@ func TestHostFaults(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("StalePublicationRefused", func(t *testing.T) {
+		// The node already acted on publicationGeneration 5 of this lifecycle
+		// (its mark says so); the VolumeState it now reads carries 2: a
+		// publication list an older controller wrote. The agent refuses it.
+		vs := newVolumeState("pvc-stale-pub", node, pool, storeName, 4*mib, local, backendDecl)
+		vs.Spec.PublicationGeneration = 2
+		if err := e.c.Create(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+		marks, err := fencing.Open(opts.MarksDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := marks.Save(vs.Name, fencing.Mark{UID: string(vs.UID), Generation: vs.Generation, PublicationGeneration: 5}); err != nil {
+			t.Fatal(err)
+		}
+		before := counter(agent.FencingRejections, fencing.ReasonStalePublicationGeneration)
+		inProcess := agent.Options{
+			NodeName: node, StateDir: state, RefreshInterval: time.Second, MetricsAddr: "0", ProbeAddr: "0",
+			HostNQNFile: nqnFile, SysRoot: sys, NVMetRoot: spec.NVMetRoot,
+		}
+		r := &runner{t: t, cfg: e.cfg}
+		r.start(inProcess)
+		defer r.stop()
+		eventually(t, 60*time.Second, "Fenced StalePublicationGeneration", func() error {
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(vs), vs); err != nil {
+				return err
+			}
+			c := apimeta.FindStatusCondition(vs.Status.Conditions, agent.CondFenced)
+			if c == nil || c.Status != "True" || c.Reason != fencing.ReasonStalePublicationGeneration {
+				return fmt.Errorf("Fenced %+v", c)
+			}
+			return nil
+		})
+		if after := counter(agent.FencingRejections, fencing.ReasonStalePublicationGeneration); after != before+1 {
+			t.Errorf("plinth_agent_fencing_rejections_total{reason=StalePublicationGeneration} %v → %v, want +1", before, after)
+		}
+		if _, err := os.Stat(filepath.Join(dir, vs.Name+".img")); !os.IsNotExist(err) {
+			t.Errorf("stale publication work created a volume: %v", err)
+		}
+		if m, _, err := marks.Load(vs.Name); err != nil || m.PublicationGeneration != 5 {
+			t.Errorf("mark moved back: %+v %v", m, err)
+		}
+		if err := e.c.Delete(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "deleted", func() error { return gone(ctx, e.c, vs) })
+	})
 }
 
 // waitExitOrStop stops a process still running and returns its exit code.
