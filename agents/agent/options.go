@@ -23,7 +23,7 @@ const (
 
 // FinalizerVolume keeps a VolumeState until the agent removed its export and
 // its volume.
-const FinalizerVolume = "plinth.dev/volume"
+const FinalizerVolume = storev1.FinalizerVolume
 
 // Options configure the agent. The zero value of every field but NodeName
 // takes the default noted.
