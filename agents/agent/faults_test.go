@@ -185,6 +185,73 @@ func TestHostFaults(t *testing.T) {
 		})
 	}
 
+	t.Run("DrainingStoreTakesNoNewVolume", func(t *testing.T) {
+		r := &runner{t: t, cfg: e.cfg}
+		r.start(agent.Options{
+			NodeName: node, StateDir: state, RefreshInterval: time.Second, MetricsAddr: "0", ProbeAddr: "0",
+			HostNQNFile: nqnFile, SysRoot: sys, NVMetRoot: spec.NVMetRoot,
+		})
+		defer r.stop()
+		held := newVolumeState("pvc-held", node, pool, storeName, 4*mib, local, backendDecl)
+		if err := e.c.Create(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "held volume Ready", func() error { _, err := readyVS(ctx, e.c, held.Name); return err })
+		setDraining := func(on bool) {
+			t.Helper()
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+				t.Fatal(err)
+			}
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
+			}
+			if on {
+				s.Annotations[storev1.AnnotationDraining] = "true"
+			} else {
+				delete(s.Annotations, storev1.AnnotationDraining)
+			}
+			if err := e.c.Update(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setDraining(true)
+		vs := newVolumeState("pvc-draining", node, pool, storeName, 4*mib, local, backendDecl)
+		if err := e.c.Create(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "Ready=False StoreDraining", func() error {
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(vs), vs); err != nil {
+				return err
+			}
+			c := apimeta.FindStatusCondition(vs.Status.Conditions, agent.CondReady)
+			if c == nil || c.Status != "False" || c.Reason != storev1.ReasonStoreDraining {
+				return fmt.Errorf("Ready %+v", c)
+			}
+			return nil
+		})
+		if _, err := os.Stat(filepath.Join(dir, vs.Name+".img")); !os.IsNotExist(err) {
+			t.Errorf("a draining store made a new volume: %v", err)
+		}
+		if vs.Status.ActualBytes != 0 || vs.Status.Phase == storev1.VolumeReady {
+			t.Errorf("status of the refused volume: %+v", vs.Status)
+		}
+		// the volume it holds is still served, and deleted when asked
+		if _, err := readyVS(ctx, e.c, held.Name); err != nil {
+			t.Errorf("held volume on the draining store: %v", err)
+		}
+		if err := e.c.Delete(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "held volume deleted", func() error { return gone(ctx, e.c, held) })
+		// the mark lifted, the waiting volume is made at the next retry
+		setDraining(false)
+		eventually(t, 60*time.Second, "Ready once the store no longer drains", func() error { _, err := readyVS(ctx, e.c, vs.Name); return err })
+		if err := e.c.Delete(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "deleted", func() error { return gone(ctx, e.c, vs) })
+	})
+
 	t.Run("StalePublicationRefused", func(t *testing.T) {
 		// The node already acted on publicationGeneration 5 of this lifecycle
 		// (its mark says so); the VolumeState it now reads carries 2: a

@@ -132,6 +132,14 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	var drift []storev1.DriftItem
 	var vol backend.Volume
 
+	if vs.Status.ActualBytes == 0 && store.IsDraining() {
+		// a volume of a crash before the status said so is adopted; no new one is made
+		if _, err := be.Get(ctx, vs.Name); errors.Is(err, backend.ErrNotFound) {
+			r.fail(vs, storev1.ReasonStoreDraining, fmt.Sprintf("store %s is draining (%s): it keeps the volumes it holds and takes no new one",
+				store.Name, storev1.AnnotationDraining))
+			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+		}
+	}
 	if vs.Status.ActualBytes == 0 {
 		// not created yet (or a crash before the status said so: Create adopts)
 		if vs.Status.Phase == "" || vs.Status.Phase == storev1.VolumePending {

@@ -79,3 +79,9 @@ const (
 	// ReasonCorruptMark surfaces when the fencing mark file does not parse.
 	ReasonCorruptMark = "CorruptMark"
 )
+
+// ReasonStoreDraining surfaces on a VolumeState's Ready when its Store carries
+// plinth.dev/draining and the volume does not exist yet: a draining Store keeps serving the
+// volumes it holds and takes no new one (the agent retries at its refresh interval, in case
+// the mark is lifted).
+const ReasonStoreDraining = "StoreDraining"
