@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/agents/agent"
+	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/fencing"
 	"github.com/plinth-storage/plinth/agents/file"
 	"github.com/plinth-storage/plinth/internal/failpoint"
@@ -250,6 +251,100 @@ func TestHostFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, 60*time.Second, "deleted", func() error { return gone(ctx, e.c, vs) })
+	})
+
+	t.Run("OrphanDeletedUnderCorrectAfterGrace", func(t *testing.T) {
+		// a volume whose VolumeState went while the node was away (its fencing mark never
+		// released), under a Store with driftPolicy Correct
+		setPolicy := func(p policyv1.DriftPolicy) {
+			t.Helper()
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+				t.Fatal(err)
+			}
+			s.Spec.DriftPolicy = p
+			if err := e.c.Update(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setPolicy(policyv1.DriftPolicyCorrect)
+		defer setPolicy(policyv1.DriftPolicyReport)
+		fb, err := file.New(file.Config{Directory: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := storev1.VolumeID("left-while-away")
+		if _, err := fb.Create(ctx, id, mib); err != nil {
+			t.Fatal(err)
+		}
+		marks, err := fencing.Open(opts.MarksDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := marks.Save(id, fencing.Mark{UID: "uid-of-a-deleted-volumestate", Generation: 1}); err != nil {
+			t.Fatal(err)
+		}
+		orphanItem := func() (*storev1.DriftItem, error) {
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+				return nil, err
+			}
+			for i, d := range s.Status.Drift {
+				if d.Name == id && d.Reason == agent.DriftOrphan {
+					return &s.Status.Drift[i], nil
+				}
+			}
+			return nil, nil
+		}
+		in := agent.Options{
+			NodeName: node, StateDir: state, RefreshInterval: time.Second, MetricsAddr: "0", ProbeAddr: "0",
+			HostNQNFile: nqnFile, SysRoot: sys, NVMetRoot: spec.NVMetRoot, OrphanGracePeriod: time.Hour,
+		}
+		r := &runner{t: t, cfg: e.cfg}
+		r.start(in)
+		// within the grace period: reported with the time it goes, over three refreshes
+		beats := map[string]bool{}
+		eventually(t, 60*time.Second, "orphan reported over three refreshes", func() error {
+			d, err := orphanItem()
+			if err != nil {
+				return err
+			}
+			if d == nil || !strings.Contains(d.Message, "driftPolicy Correct deletes it if it is still so at") {
+				return fmt.Errorf("orphan item %+v", d)
+			}
+			beats[s.Status.LastHeartbeatTime.String()] = true
+			if len(beats) < 3 {
+				return fmt.Errorf("%d refreshes seen", len(beats))
+			}
+			return nil
+		})
+		if _, err := fb.Get(ctx, id); err != nil {
+			t.Fatalf("orphan deleted within its grace period: %v", err)
+		}
+		r.stop()
+
+		// past the grace period: deleted, the mark released, no more drift
+		in.OrphanGracePeriod = time.Nanosecond
+		r = &runner{t: t, cfg: e.cfg}
+		r.start(in)
+		defer r.stop()
+		eventually(t, 60*time.Second, "orphan deleted", func() error {
+			if _, err := fb.Get(ctx, id); !errors.Is(err, backend.ErrNotFound) {
+				return fmt.Errorf("orphan still there: %v", err)
+			}
+			d, err := orphanItem()
+			if err != nil {
+				return err
+			}
+			if d != nil {
+				return fmt.Errorf("still reported: %+v", d)
+			}
+			return nil
+		})
+		if l := loopsOf(t, filepath.Join(dir, id+".img")); len(l) != 0 {
+			t.Errorf("loop devices of the deleted orphan: %v", l)
+		}
+		if m, found, err := marks.Load(id); err != nil || !found || !m.Released {
+			t.Errorf("mark of the deleted orphan: %+v found=%v %v; want released", m, found, err)
+		}
 	})
 
 	t.Run("StalePublicationRefused", func(t *testing.T) {

@@ -41,6 +41,9 @@ type node struct {
 
 	mu     sync.Mutex
 	stores map[string]*storeRuntime
+	// orphanSince is when this process first saw each orphan volume, per Store
+	// (orphans.go); guarded by mu.
+	orphanSince map[string]map[string]time.Time
 }
 
 // storeRuntime is a Store's backend instance and what the last refresh saw.
@@ -112,6 +115,8 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		target: nvmet.New(opts.NVMetRoot),
 		wake:   make(chan event.GenericEvent, 1024),
 		stores: map[string]*storeRuntime{},
+
+		orphanSince: map[string]map[string]time.Time{},
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, err
