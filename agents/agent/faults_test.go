@@ -53,7 +53,7 @@ func TestHostFaults(t *testing.T) {
 		Kubeconfig: e.kubeconfig, NodeName: node, StateDir: state, HostNQNFile: nqnFile,
 		SysRoot: sys, NVMetRoot: filepath.Join(state, "no-nvmet"), RefreshInterval: time.Second,
 	}
-	opts := agent.Options{StateDir: state}
+	opts := agent.Options{NodeName: node, StateDir: state}
 	t.Cleanup(func() {
 		if fb, err := file.New(file.Config{Directory: dir}); err == nil {
 			vols, _ := fb.List(context.Background())

@@ -127,5 +127,8 @@ func (o *Options) MarksDir() string { return filepath.Join(o.StateDir, "agent", 
 
 // FailpointsDir records which "once" crash points this node already hit
 // (internal/failpoint): it lives in StateDir so that a restarted agent, armed
-// by the same environment, runs through.
-func (o *Options) FailpointsDir() string { return filepath.Join(o.StateDir, "agent", "failpoints") }
+// by the same environment, runs through; per node, since nodes played by one
+// machine share its StateDir.
+func (o *Options) FailpointsDir() string {
+	return filepath.Join(o.StateDir, "agent", "failpoints", o.NodeName)
+}
