@@ -2,6 +2,7 @@ package csi_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -14,6 +15,20 @@ import (
 	"github.com/plinth-storage/plinth/internal/failpoint"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
+
+// fresh returns prefix with a number unique in this process: the shared control plane keeps
+// the objects of an earlier run (go test -count N).
+func fresh(prefix string) string {
+	freshN.Lock()
+	defer freshN.Unlock()
+	freshN.n++
+	return fmt.Sprintf("%s%d", prefix, freshN.n)
+}
+
+var freshN struct {
+	sync.Mutex
+	n int
+}
 
 // barrier returns a failpoint function that holds the first n callers until
 // all n arrived, then lets every caller through: n publishers that read the
@@ -56,15 +71,16 @@ func nvmeVolume(t *testing.T, e *env, name string) string {
 // compare-and-swap together. Exactly one wins; the other's update conflicts,
 // it rereads, sees the winner and answers FAILED_PRECONDITION.
 func TestPublishRaceRWOTwoNodes(t *testing.T) {
-	e := controllerEnv(t, "race", map[string]int64{"race-a": 10 * gib, "race-b": 10 * gib})
+	pool := fresh("race")
+	e := controllerEnv(t, pool, map[string]int64{pool + "-a": 10 * gib, pool + "-b": 10 * gib})
 	cp := sharedControlPlane(t)
 	second := csipb.NewControllerClient(startDriver(t, csi.Options{Mode: csi.ModeController, Config: cp.Admin.Config}))
 	ctx := t.Context()
-	id := nvmeVolume(t, e, "race")
+	id := nvmeVolume(t, e, pool)
 
 	fn, hits := barrier(2)
 	defer failpoint.Enable(failpoint.CSIPublishBeforeUpdate, fn)()
-	nodes := []string{"race-a", "race-b"}
+	nodes := []string{pool + "-a", pool + "-b"}
 	clients := []csipb.ControllerClient{e.ctrl, second}
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -109,7 +125,9 @@ func TestPublishRaceRWOTwoNodes(t *testing.T) {
 // publish retries on the newer version and wins), once publishing the volume
 // to another node (the publish rereads and answers FAILED_PRECONDITION).
 func TestPublishConflictInjected(t *testing.T) {
-	e := controllerEnv(t, "cas", map[string]int64{"cas-a": 10 * gib, "cas-b": 10 * gib})
+	pool := fresh("cas")
+	a, b := pool+"-a", pool+"-b"
+	e := controllerEnv(t, pool, map[string]int64{a: 10 * gib, b: 10 * gib})
 	ctx := t.Context()
 	pub := func(id, node string) error {
 		_, err := e.ctrl.ControllerPublishVolume(ctx, &csipb.ControllerPublishVolumeRequest{VolumeId: id, NodeId: node, VolumeCapability: mountCap(rwo)[0]})
@@ -144,7 +162,7 @@ func TestPublishConflictInjected(t *testing.T) {
 	}
 
 	t.Run("UnrelatedChangeRetried", func(t *testing.T) {
-		id := nvmeVolume(t, e, "cas-retry")
+		id := nvmeVolume(t, e, pool+"-retry")
 		fn, hits := interfere(id, func(vs *storev1.VolumeState) {
 			if vs.Annotations == nil {
 				vs.Annotations = map[string]string{}
@@ -152,7 +170,7 @@ func TestPublishConflictInjected(t *testing.T) {
 			vs.Annotations["test.plinth.dev/touched"] = "yes"
 		})
 		disable := failpoint.Enable(failpoint.CSIPublishBeforeUpdate, fn)
-		err := pub(id, "cas-a")
+		err := pub(id, a)
 		disable()
 		if err != nil {
 			t.Fatalf("publish after a conflicting unrelated write: %v", err)
@@ -164,33 +182,33 @@ func TestPublishConflictInjected(t *testing.T) {
 		if err := e.c.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
 			t.Fatal(err)
 		}
-		if len(vs.Spec.Publications) != 1 || vs.Spec.Publications[0].NodeName != "cas-a" || vs.Spec.PublicationGeneration != 1 ||
+		if len(vs.Spec.Publications) != 1 || vs.Spec.Publications[0].NodeName != a || vs.Spec.PublicationGeneration != 1 ||
 			vs.Annotations["test.plinth.dev/touched"] != "yes" {
 			t.Errorf("publications %+v generation %d annotations %v", vs.Spec.Publications, vs.Spec.PublicationGeneration, vs.Annotations)
 		}
 	})
 
 	t.Run("OtherNodeWins", func(t *testing.T) {
-		id := nvmeVolume(t, e, "cas-lose")
+		id := nvmeVolume(t, e, pool+"-lose")
 		fn, hits := interfere(id, func(vs *storev1.VolumeState) {
-			vs.Spec.Publications = []storev1.Publication{{NodeName: "cas-b", HostNQN: "nqn.2014-08.org.nvmexpress:uuid:cas-b", AccessMode: rwo.String()}}
+			vs.Spec.Publications = []storev1.Publication{{NodeName: b, HostNQN: "nqn.2014-08.org.nvmexpress:uuid:" + b, AccessMode: rwo.String()}}
 			vs.Spec.PublicationGeneration++
 		})
 		disable := failpoint.Enable(failpoint.CSIPublishBeforeUpdate, fn)
-		err := pub(id, "cas-a")
+		err := pub(id, a)
 		disable()
 		if status.Code(err) != codes.FailedPrecondition {
-			t.Fatalf("publish to cas-a after cas-b won: %v, want FAILED_PRECONDITION", err)
+			t.Fatalf("publish to %s after %s won: %v, want FAILED_PRECONDITION", a, b, err)
 		}
 		if n := hits(); n != 1 {
-			t.Errorf("%d compare-and-swap attempts, want 1 (the reread sees cas-b and stops)", n)
+			t.Errorf("%d compare-and-swap attempts, want 1 (the reread sees %s and stops)", n, b)
 		}
 		vs := &storev1.VolumeState{}
 		if err := e.c.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
 			t.Fatal(err)
 		}
-		if len(vs.Spec.Publications) != 1 || vs.Spec.Publications[0].NodeName != "cas-b" || vs.Spec.PublicationGeneration != 1 {
-			t.Errorf("publications %+v generation %d; want only cas-b at 1", vs.Spec.Publications, vs.Spec.PublicationGeneration)
+		if len(vs.Spec.Publications) != 1 || vs.Spec.Publications[0].NodeName != b || vs.Spec.PublicationGeneration != 1 {
+			t.Errorf("publications %+v generation %d; want only %s at 1", vs.Spec.Publications, vs.Spec.PublicationGeneration, b)
 		}
 	})
 }
