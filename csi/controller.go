@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -404,27 +405,49 @@ func (s *controller) storeNode(ctx context.Context, vs *storev1.VolumeState) (st
 const agentSilentAfter = 2 * time.Minute
 
 // agentAbsent says why the agent that must finish the VolumeState id cannot answer now: the
-// Node of its Store no longer exists, or the Store's heartbeat is older than agentSilentAfter.
-// "" means it may answer, also when that cannot be told (no Store, no heartbeat yet): then
-// callers wait as before.
-func (s *controller) agentAbsent(ctx context.Context, id string) string {
+// Node of its Store no longer exists (nodeGone), or the Store's heartbeat is older than
+// agentSilentAfter. "" means it may answer, also when that cannot be told (no Store, no
+// heartbeat yet): then callers wait as before.
+func (s *controller) agentAbsent(ctx context.Context, id string) (why string, nodeGone bool) {
 	var vs storev1.VolumeState
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-		return ""
+		return "", false
 	}
 	// Direct reads: an informer a moment behind would see a deleted Node still there.
 	var st storev1.Store
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
-		return ""
+		return "", false
 	}
 	var n corev1.Node
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: st.Spec.NodeName}, &n); apierrors.IsNotFound(err) {
-		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name)
+		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name), true
 	}
 	if hb := st.Status.LastHeartbeatTime; hb != nil && time.Since(hb.Time) > agentSilentAfter {
-		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339))
+		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339)), false
 	}
-	return ""
+	return "", false
+}
+
+// releaseOfGoneNode removes the agent's finalizer from the VolumeState id, marked for deletion,
+// whose node left the cluster: no agent will ever remove it, and the volume left with the node.
+// A conflict (the object moved meanwhile) is UNAVAILABLE: the provisioner retries.
+func (s *controller) releaseOfGoneNode(ctx context.Context, id, why string) error {
+	var vs storev1.VolumeState
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
+	}
+	if !slices.Contains(vs.Finalizers, storev1.FinalizerVolume) {
+		return nil
+	}
+	vs.Finalizers = slices.DeleteFunc(vs.Finalizers, func(f string) bool { return f == storev1.FinalizerVolume })
+	if err := s.d.kube.Update(ctx, &vs); err != nil && !apierrors.IsNotFound(err) {
+		return status.Errorf(codes.Unavailable, "delete volume %s: %s; release finalizer %s: %v", id, why, storev1.FinalizerVolume, err)
+	}
+	s.d.log.Info("released the finalizer of a volume whose node left the cluster", "volume", id, "reason", why)
+	return nil
 }
 
 func topologyNodes(ts []*csipb.Topology) []string {
@@ -527,7 +550,13 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 	}
 	// An agent that cannot answer (its node deleted, or silent) would keep this call waiting for
 	// the whole wait timeout: say so at once; the provisioner retries with backoff.
-	if why := s.agentAbsent(ctx, id); why != "" {
+	if why, nodeGone := s.agentAbsent(ctx, id); why != "" {
+		if nodeGone {
+			if err := s.releaseOfGoneNode(ctx, id, why); err != nil {
+				return nil, err
+			}
+			return &csipb.DeleteVolumeResponse{}, nil
+		}
 		return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
 	// Gone means the agent removed export and volume and released its finalizer.
@@ -661,6 +690,7 @@ func (s *controller) updatePublications(ctx context.Context, vs *storev1.VolumeS
 		}
 		vs.Spec.Publications = pubs
 		vs.Spec.PublicationGeneration++
+		failpoint.Hit(failpoint.CSIPublishBeforeUpdate)
 		err = s.d.kube.Update(ctx, vs) // carries metadata.resourceVersion: the CAS
 		if err == nil {
 			return vs.Spec.PublicationGeneration, nil

@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 )
 
 // UnitBytes is the allocation unit sizes are rounded up to (B01): loop
@@ -142,6 +144,11 @@ func (f *File) attached(path string) ([]string, error) {
 	return devicesOf(path, byFile, byPath)
 }
 
+// volume describes the volume file at path of size bytes. Its SizeBytes is
+// what a consumer sees: the loop device's size when that is smaller than the
+// file (a crash between the file's truncate and LOOP_SET_CAPACITY leaves
+// that), so that the agent expands again instead of reporting a size the
+// device does not have.
 func (f *File) volume(id, path string, size int64) (backend.Volume, error) {
 	v := backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}
 	devs, err := f.attached(path)
@@ -150,8 +157,26 @@ func (f *File) volume(id, path string, size int64) (backend.Volume, error) {
 	}
 	if len(devs) > 0 {
 		v.DevicePath = devs[0]
+		if n, err := f.deviceBytes(devs[0]); err == nil && n < size {
+			v.SizeBytes = n
+		}
 	}
 	return v, nil
+}
+
+// deviceBytes is the size of a loop device from /sys/block/<dev>/size
+// (512-byte sectors whatever the logical block size, per the block layer's
+// sysfs ABI).
+func (f *File) deviceBytes(dev string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(f.cfg.SysDir, "block", filepath.Base(dev), "size"))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s size %q: %w", dev, b, err)
+	}
+	return n * 512, nil
 }
 
 // Create makes a sparse file of sizeBytes rounded up to UnitBytes and
@@ -197,6 +222,9 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 	if err == nil {
 		err = fh.Sync()
 	}
+	if err == nil {
+		failpoint.Hit(failpoint.FileCreateSized)
+	}
 	if cerr := fh.Close(); err == nil {
 		err = cerr
 	}
@@ -207,6 +235,7 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 		os.Remove(tmp)
 		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
 	}
+	failpoint.Hit(failpoint.FileCreateRenamed)
 	if _, err := f.attach(path); err != nil {
 		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
 	}
@@ -233,23 +262,30 @@ func (f *File) Expand(ctx context.Context, id string, sizeBytes int64) (backend.
 		return backend.Volume{}, err
 	}
 	if st.Size() >= size {
-		return f.volume(id, path, st.Size())
-	}
-	c, err := f.capacity()
-	if err != nil {
-		return backend.Volume{}, err
-	}
-	if grow, avail := size-st.Size(), c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); grow > avail {
-		return backend.Volume{}, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		return backend.Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
+		// the file is big enough; a loop device may still show less (a crash
+		// after the truncate below): tell it
+		size = st.Size()
+	} else {
+		c, err := f.capacity()
+		if err != nil {
+			return backend.Volume{}, err
+		}
+		if grow, avail := size-st.Size(), c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); grow > avail {
+			return backend.Volume{}, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
+		}
+		if err := os.Truncate(path, size); err != nil {
+			return backend.Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
+		}
+		failpoint.Hit(failpoint.FileExpandTruncated)
 	}
 	devs, err := f.attached(path)
 	if err != nil {
 		return backend.Volume{}, err
 	}
 	for _, d := range devs {
+		if n, err := f.deviceBytes(d); err == nil && n >= size {
+			continue
+		}
 		if err := setCapacity(d); err != nil {
 			return backend.Volume{}, fmt.Errorf("expand volume %s: %s: %w", id, d, err)
 		}
@@ -275,6 +311,7 @@ func (f *File) Delete(ctx context.Context, id string) error {
 			return fmt.Errorf("delete volume %s: %w", id, err)
 		}
 	}
+	failpoint.Hit(failpoint.FileDeleteDetached)
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}

@@ -20,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/plinth-storage/plinth/controllers/inventory"
+	"github.com/plinth-storage/plinth/controllers/liveness"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -125,6 +126,9 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 	r.SkipNameValidation = o.SkipNameValidation
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return nil, nil, fmt.Errorf("set up policy controller: %w", err)
+	}
+	if err := (&liveness.Reconciler{Client: mgr.GetClient(), SkipNameValidation: o.SkipNameValidation}).SetupWithManager(mgr); err != nil {
+		return nil, nil, fmt.Errorf("set up liveness controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err
