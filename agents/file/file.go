@@ -150,18 +150,24 @@ func (f *File) attached(path string) ([]string, error) {
 // that), so that the agent expands again instead of reporting a size the
 // device does not have.
 func (f *File) volume(id, path string, size int64) (backend.Volume, error) {
-	v := backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}
 	devs, err := f.attached(path)
 	if err != nil {
-		return v, err
+		return backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}, err
 	}
+	return f.volumeOn(id, path, size, devs), nil
+}
+
+// volumeOn is the volume of the file at path given its loop devices: its
+// size is the smaller of the file's and the device's.
+func (f *File) volumeOn(id, path string, size int64, devs []string) backend.Volume {
+	v := backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}
 	if len(devs) > 0 {
 		v.DevicePath = devs[0]
 		if n, err := f.deviceBytes(devs[0]); err == nil && n < size {
 			v.SizeBytes = n
 		}
 	}
-	return v, nil
+	return v
 }
 
 // deviceBytes is the size of a loop device from /sys/block/<dev>/size
@@ -353,7 +359,6 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 			continue
 		}
 		path := filepath.Join(f.cfg.Directory, e.Name())
-		v := backend.Volume{ID: id, Name: e.Name(), SizeBytes: info.Size(), Thin: true}
 		if byFile == nil {
 			// One scan of the loop devices for the whole list.
 			if byFile, byPath, err = f.loops(); err != nil {
@@ -364,10 +369,7 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(devs) > 0 {
-			v.DevicePath = devs[0]
-		}
-		out = append(out, v)
+		out = append(out, f.volumeOn(id, path, info.Size(), devs))
 	}
 	return out, nil // ReadDir is sorted by name = id
 }
