@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/plinth-storage/plinth/internal/cluster"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -198,177 +197,161 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
-// agentProcess is the agent container of a node: its pod, container id,
-// restart count and host PID (from the node's containerd).
-type agentProcess struct {
-	pod      string
-	node     string
-	restarts int32
-	pid      int
-}
+// AgentCrashPoints are the named crash points (internal/failpoint) that
+// AgentRestartMidProvisioning arms in the agent DaemonSet, in the order one
+// provisioning meets them: the volume's file sized but not yet renamed into
+// place, then the volume made and attached but not yet reported in status.
+var AgentCrashPoints = []string{failpoint.FileCreateSized, failpoint.AgentVolumeCreated}
 
-// taskPID returns the host PID of container id's task in c (`ctr task ls`).
-func taskPID(ctx context.Context, c *cluster.Containerd, id string) (int, error) {
-	out, err := c.Ctr(ctx, "task", "ls")
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == id {
-			return strconv.Atoi(f[1])
-		}
-	}
-	return 0, fmt.Errorf("node %s: no task for container %s", c.Name, id)
-}
-
-// agents returns the running agent container of every node.
-func (e *Walk) agents(ctx context.Context) (map[string]agentProcess, error) {
-	var pods corev1.PodList
-	if err := e.Client.List(ctx, &pods, client.InNamespace(ControllerNamespace), client.MatchingLabels{"app.kubernetes.io/component": "agent"}); err != nil {
-		return nil, err
-	}
-	out := map[string]agentProcess{}
-	for _, p := range pods.Items {
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.Name != "agent" || cs.State.Running == nil || !cs.Ready {
-				continue
-			}
-			n := e.Nodes.Node(p.Spec.NodeName)
-			if n == nil {
-				continue
-			}
-			id := strings.TrimPrefix(cs.ContainerID, "containerd://")
-			pid, err := taskPID(ctx, n.Containerd, id)
-			if err != nil {
-				return nil, fmt.Errorf("agent %s on %s: %w", p.Name, n.Name, err)
-			}
-			out[n.Name] = agentProcess{pod: p.Name, node: n.Name, restarts: cs.RestartCount, pid: pid}
-		}
-	}
-	if len(out) != len(e.Nodes.Nodes) {
-		return nil, fmt.Errorf("%d agents running and ready, want one per node (%d)", len(out), len(e.Nodes.Nodes))
-	}
-	return out, nil
-}
-
-// AgentRestartMidProvisioning kills the agent (SIGKILL of its container's
-// process, as a crash would; kubelet restarts the container) while it
-// provisions a volume: every node's agent is frozen (SIGSTOP) before the PVC
-// is created (the scheduler picks the node); once CreateVolume has created
-// the VolumeState the other agents are resumed, and the volume's agent is
-// resumed and killed at the first sign of work on the volume (its file or
-// temp file on disk, or phase Creating) — or, if none shows before the
-// VolumeState is Ready, the window is reported as missed in the returned
-// detail. After kubelet restarted it the PVC binds exactly once: one PV, one
-// VolumeState, one file with one loop device, no temp file, and no other
-// volume file than those of live VolumeStates. The PVC is then deleted and
-// everything of it is gone.
+// AgentRestartMidProvisioning arms AgentCrashPoints in the agent DaemonSet
+// (PLINTH_FAILPOINTS, each point "once" per node: the agent exits with
+// failpoint.ExitCode there the first time only), claims a PVC, and checks
+// that the agent of the volume's node crashed exactly once at each point
+// (kubelet restarted it each time), that the PVC came out Bound once with one
+// PV, one VolumeState, one file and one loop device and no orphan, and that
+// no other node's agent crashed. The DaemonSet is restored afterwards.
 func (e *Walk) AgentRestartMidProvisioning(ctx context.Context) error {
 	const name = "restart-data"
-	return e.step("kill the agent mid-provisioning, kubelet restarts it → PVC "+name+" Bound once, no orphan, no duplicate",
+	armed := make([]string, len(AgentCrashPoints))
+	for i, p := range AgentCrashPoints {
+		armed[i] = p + "=" + string(failpoint.Once)
+	}
+	spec := strings.Join(armed, ",")
+	return e.step("the agent crashes at "+strings.Join(AgentCrashPoints, ", then ")+" while provisioning PVC "+name+"; kubelet restarts it each time → Bound once, no orphan, no duplicate",
 		[]string{"agent", "csi-controller"}, func() (string, error) {
-			agents, err := e.agents(ctx)
-			if err != nil {
+			if err := e.setAgentEnv(ctx, failpoint.Env, spec); err != nil {
 				return "", err
-			}
-			frozen := map[int]bool{}
-			defer func() {
-				for pid := range frozen {
-					_ = syscall.Kill(pid, syscall.SIGCONT)
-				}
-			}()
-			for _, a := range agents {
-				if err := syscall.Kill(a.pid, syscall.SIGSTOP); err != nil {
-					return "", fmt.Errorf("freeze agent pid %d on %s: %w", a.pid, a.node, err)
-				}
-				frozen[a.pid] = true
 			}
 			pvc, err := e.claim(ctx, name, QuickstartClass)
 			if err != nil {
 				return "", err
 			}
-			// pvc.UID is set by Create; the CSI name is the PV name pvc-<uid>.
-			id := storev1.VolumeID("pvc-" + string(pvc.UID))
-			var vs storev1.VolumeState
-			if err := poll(ctx, 3*time.Minute, func() error {
-				return e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs)
-			}); err != nil {
-				return "", fmt.Errorf("VolumeState of %s never created by CreateVolume: %w", name, err)
-			}
-			node := vs.Labels[policyv1.LabelNode]
-			target, ok := agents[node]
-			if !ok {
-				return "", fmt.Errorf("VolumeState %s names node %q, which has no agent", id, node)
-			}
-			for _, a := range agents {
-				if a.node != node {
-					_ = syscall.Kill(a.pid, syscall.SIGCONT)
-					delete(frozen, a.pid)
-				}
-			}
-			created := vs.Status.Phase
-			file := filepath.Join(e.VolumeDir(node), id+".img")
-			// Resume and kill at the first sign of work: stat in a tight loop, the API
-			// between stats every few milliseconds.
-			caught := ""
-			if err := syscall.Kill(target.pid, syscall.SIGCONT); err != nil {
-				return "", err
-			}
-			delete(frozen, target.pid)
-			deadline := time.Now().Add(time.Minute)
-			for i := 0; caught == "" && time.Now().Before(deadline); i++ {
-				if _, err := os.Stat(file + ".tmp"); err == nil {
-					caught = "temp file " + file + ".tmp on disk"
-				} else if _, err := os.Stat(file); err == nil {
-					caught = "file " + file + " on disk"
-				} else if i%2000 == 0 {
-					if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err == nil && vs.Status.Phase != created {
-						caught = "VolumeState phase " + string(vs.Status.Phase)
-					}
-				}
-			}
-			_ = syscall.Kill(target.pid, syscall.SIGKILL)
-			if caught == "" {
-				return "", fmt.Errorf("the agent showed no work on %s within a minute of resuming", id)
-			}
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-				return "", err
-			}
-			atKill := fmt.Sprintf("killed agent pid %d (pod %s on %s) at: %s (VolumeState phase %q)", target.pid, target.pod, node, caught, vs.Status.Phase)
-			if vs.Status.Phase == storev1.VolumeReady {
-				atKill += " — the agent had already finished: the window was missed this time"
-			}
-			var restarted agentProcess
-			if err := poll(ctx, 3*time.Minute, func() error {
-				now, err := e.agents(ctx)
-				if err != nil {
-					return err
-				}
-				if restarted = now[node]; restarted.restarts <= target.restarts {
-					return fmt.Errorf("agent on %s: restart count %d", node, restarted.restarts)
-				}
-				return nil
-			}); err != nil {
-				return "", err
-			}
 			start := time.Now()
-			if _, err := e.waitBound(ctx, name, 3*time.Minute); err != nil {
+			if _, err := e.waitBound(ctx, name, 4*time.Minute); err != nil {
 				return "", err
 			}
 			bound := time.Since(start)
-			if _, err := e.waitVolumeReady(ctx, id); err != nil {
+			id := storev1.VolumeID("pvc-" + string(pvc.UID))
+			vs, err := e.waitVolumeReady(ctx, id)
+			if err != nil {
 				return "", err
+			}
+			node := vs.Labels[policyv1.LabelNode]
+			var lines []string
+			pods, err := e.agentPods(ctx)
+			if err != nil {
+				return "", err
+			}
+			for n, p := range pods {
+				cs := agentStatus(p)
+				if cs == nil {
+					return "", fmt.Errorf("agent pod %s on %s has no agent container status", p.Name, n)
+				}
+				want := int32(0)
+				if n == node {
+					want = int32(len(AgentCrashPoints))
+				}
+				if cs.RestartCount != want {
+					return "", fmt.Errorf("agent on %s restarted %d times, want %d (one per armed point on the volume's node, none elsewhere)", n, cs.RestartCount, want)
+				}
+				if n != node {
+					continue
+				}
+				last := cs.LastTerminationState.Terminated
+				if last == nil || last.ExitCode != failpoint.ExitCode {
+					return "", fmt.Errorf("agent on %s: last termination %+v, want exit code %d (a crash point)", n, last, failpoint.ExitCode)
+				}
+				lines = append(lines, fmt.Sprintf("agent %s on %s exited %d times with code %d (the armed points) and was restarted by kubelet; PVC Bound, pod Running %.1fs after the claim",
+					p.Name, n, cs.RestartCount, last.ExitCode, bound.Seconds()))
 			}
 			check, err := e.checkNoOrphans(ctx, name, id, node)
 			if err != nil {
 				return "", err
 			}
+			lines = append(lines, check)
 			if err := e.unclaim(ctx, name, id); err != nil {
 				return "", err
 			}
-			return fmt.Sprintf("%s\nkubelet restarted the agent container (restart %d, pid %d); PVC Bound, pod Running %.1fs later\n%s\nPVC deleted → PV, VolumeState, file and loop device gone",
-				atKill, restarted.restarts, restarted.pid, bound.Seconds(), check), nil
+			lines = append(lines, "PVC deleted → PV, VolumeState, file and loop device gone")
+			if err := e.setAgentEnv(ctx, failpoint.Env, ""); err != nil {
+				return "", err
+			}
+			lines = append(lines, "agent DaemonSet restored (no crash point armed) and rolled out")
+			return strings.Join(lines, "\n"), nil
 		})
+}
+
+// agentPods returns the agent pod of every node, by node.
+func (e *Walk) agentPods(ctx context.Context) (map[string]*corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := e.Client.List(ctx, &pods, client.InNamespace(ControllerNamespace), client.MatchingLabels{"app.kubernetes.io/component": "agent"}); err != nil {
+		return nil, err
+	}
+	out := map[string]*corev1.Pod{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp == nil && p.Spec.NodeName != "" {
+			out[p.Spec.NodeName] = p
+		}
+	}
+	return out, nil
+}
+
+// agentStatus is the status of pod's agent container.
+func agentStatus(p *corev1.Pod) *corev1.ContainerStatus {
+	for i := range p.Status.ContainerStatuses {
+		if p.Status.ContainerStatuses[i].Name == "agent" {
+			return &p.Status.ContainerStatuses[i]
+		}
+	}
+	return nil
+}
+
+// setAgentEnv sets (value "" removes) environment variable name on the agent
+// DaemonSet's agent container and waits until the DaemonSet has rolled out:
+// every node runs a new agent pod, ready.
+func (e *Walk) setAgentEnv(ctx context.Context, name, value string) error {
+	var ds appsv1.DaemonSet
+	key := client.ObjectKey{Namespace: ControllerNamespace, Name: "plinth-agent"}
+	if err := e.Client.Get(ctx, key, &ds); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(ds.DeepCopy())
+	found := false
+	for i := range ds.Spec.Template.Spec.Containers {
+		c := &ds.Spec.Template.Spec.Containers[i]
+		if c.Name != "agent" {
+			continue
+		}
+		found = true
+		env := c.Env[:0]
+		for _, v := range c.Env {
+			if v.Name != name {
+				env = append(env, v)
+			}
+		}
+		if value != "" {
+			env = append(env, corev1.EnvVar{Name: name, Value: value})
+		}
+		c.Env = env
+	}
+	if !found {
+		return fmt.Errorf("DaemonSet %s has no agent container", key)
+	}
+	if err := e.Client.Patch(ctx, &ds, patch); err != nil {
+		return err
+	}
+	return poll(ctx, 3*time.Minute, func() error {
+		if err := e.Client.Get(ctx, key, &ds); err != nil {
+			return err
+		}
+		st := ds.Status
+		if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberReady != st.DesiredNumberScheduled || st.NumberUnavailable > 0 {
+			return fmt.Errorf("DaemonSet %s rolling out: %d/%d updated, %d ready (generation %d, observed %d)",
+				key, st.UpdatedNumberScheduled, st.DesiredNumberScheduled, st.NumberReady, ds.Generation, st.ObservedGeneration)
+		}
+		return nil
+	})
 }
 
 // checkNoOrphans asserts one PV for claim, one VolumeState for it (id), its
