@@ -203,6 +203,7 @@ func TestAPIServer(t *testing.T) {
 	t.Run("CSI node start-up under its RBAC", func(t *testing.T) { testCSINodeStartup(t, c) })
 	t.Run("node-scoped agent and CSI node", func(t *testing.T) { testNodeScope(t, c) })
 	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
+	t.Run("Helm chart server-side dry-run", func(t *testing.T) { testHelmChartDryRun(t, c) })
 }
 
 // Every object of every kustomization is accepted by the real API server (server-side apply,
