@@ -579,17 +579,13 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{req.GetVolumeCapability()}); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	release, err := s.d.locks.acquire(id)
+	vs, release, err := s.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	if vs == nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
 	var node corev1.Node
 	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: nodeID}, &node); err != nil {
@@ -712,19 +708,12 @@ func (s *controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.C
 	if !storev1.IsVolumeID(id) {
 		return &csipb.ControllerUnpublishVolumeResponse{}, nil
 	}
-	release, err := s.d.locks.acquire(id)
+	vs, release, err := s.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return &csipb.ControllerUnpublishVolumeResponse{}, nil
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
-	}
-	if !isNVMe(vs) {
+	if vs == nil || !isNVMe(vs) {
 		return &csipb.ControllerUnpublishVolumeResponse{}, nil
 	}
 	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
@@ -749,12 +738,12 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
 	}
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: req.GetVolumeId()}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	vs, err := s.readVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if vs == nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
 	}
 	mode, _, err := checkCapabilities(req.GetVolumeCapabilities())
 	if err == nil && mode != vs.Spec.VolumeMode {
@@ -851,17 +840,13 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 	if req.GetCapacityRange() == nil {
 		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
 	}
-	release, err := s.d.locks.acquire(id)
+	vs, release, err := s.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	if vs == nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
 	block := vs.Spec.VolumeMode == "Block" || req.GetVolumeCapability().GetBlock() != nil
 	var st storev1.Store
@@ -905,4 +890,33 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, waitError("expand volume "+id, err)
 	}
 	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: done.Status.ActualBytes, NodeExpansionRequired: !block}, nil
+}
+
+// lockVolume takes volume id's lock (Aborted while another call holds it) and reads its
+// VolumeState from the API server (readVolume). vs is nil when the volume does not exist:
+// what that means is each RPC's to say. release is set whenever err is nil.
+func (s *controller) lockVolume(ctx context.Context, id string) (vs *storev1.VolumeState, release func(), err error) {
+	release, err = s.d.locks.acquire(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if vs, err = s.readVolume(ctx, id); err != nil {
+		release()
+		return nil, nil, err
+	}
+	return vs, release, nil
+}
+
+// readVolume reads the VolumeState of volume id from the API server (not the cache: the
+// publication CAS and size checks need the latest); nil when it does not exist, Unavailable
+// when the API server cannot answer.
+func (s *controller) readVolume(ctx context.Context, id string) (*storev1.VolumeState, error) {
+	vs := &storev1.VolumeState{}
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	}
+	return vs, nil
 }
