@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -429,27 +430,49 @@ func (s *controller) storeNode(ctx context.Context, vs *storev1.VolumeState) (st
 const agentSilentAfter = 2 * time.Minute
 
 // agentAbsent says why the agent that must finish the VolumeState id cannot answer now: the
-// Node of its Store no longer exists, or the Store's heartbeat is older than agentSilentAfter.
-// "" means it may answer, also when that cannot be told (no Store, no heartbeat yet): then
-// callers wait as before.
-func (s *controller) agentAbsent(ctx context.Context, id string) string {
+// Node of its Store no longer exists (nodeGone), or the Store's heartbeat is older than
+// agentSilentAfter. "" means it may answer, also when that cannot be told (no Store, no
+// heartbeat yet): then callers wait as before.
+func (s *controller) agentAbsent(ctx context.Context, id string) (why string, nodeGone bool) {
 	var vs storev1.VolumeState
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-		return ""
+		return "", false
 	}
 	// Direct reads: an informer a moment behind would see a deleted Node still there.
 	var st storev1.Store
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
-		return ""
+		return "", false
 	}
 	var n corev1.Node
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: st.Spec.NodeName}, &n); apierrors.IsNotFound(err) {
-		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name)
+		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name), true
 	}
 	if hb := st.Status.LastHeartbeatTime; hb != nil && time.Since(hb.Time) > agentSilentAfter {
-		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339))
+		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339)), false
 	}
-	return ""
+	return "", false
+}
+
+// releaseOfGoneNode removes the agent's finalizer from the VolumeState id, marked for deletion,
+// whose node left the cluster: no agent will ever remove it, and the volume left with the node.
+// A conflict (the object moved meanwhile) is UNAVAILABLE: the provisioner retries.
+func (s *controller) releaseOfGoneNode(ctx context.Context, id, why string) error {
+	var vs storev1.VolumeState
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
+	}
+	if !slices.Contains(vs.Finalizers, storev1.FinalizerVolume) {
+		return nil
+	}
+	vs.Finalizers = slices.DeleteFunc(vs.Finalizers, func(f string) bool { return f == storev1.FinalizerVolume })
+	if err := s.d.kube.Update(ctx, &vs); err != nil && !apierrors.IsNotFound(err) {
+		return status.Errorf(codes.Unavailable, "delete volume %s: %s; release finalizer %s: %v", id, why, storev1.FinalizerVolume, err)
+	}
+	s.d.log.Info("released the finalizer of a volume whose node left the cluster", "volume", id, "reason", why)
+	return nil
 }
 
 func topologyNodes(ts []*csipb.Topology) []string {
@@ -552,7 +575,13 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 	}
 	// An agent that cannot answer (its node deleted, or silent) would keep this call waiting for
 	// the whole wait timeout: say so at once; the provisioner retries with backoff.
-	if why := s.agentAbsent(ctx, id); why != "" {
+	if why, nodeGone := s.agentAbsent(ctx, id); why != "" {
+		if nodeGone {
+			if err := s.releaseOfGoneNode(ctx, id, why); err != nil {
+				return nil, err
+			}
+			return &csipb.DeleteVolumeResponse{}, nil
+		}
 		return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
 	// Gone means the agent removed export and volume and released its finalizer.
@@ -575,17 +604,13 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{req.GetVolumeCapability()}); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	release, err := s.d.locks.acquire(id)
+	vs, release, err := s.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	if vs == nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
 	var node corev1.Node
 	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: nodeID}, &node); err != nil {
@@ -686,6 +711,7 @@ func (s *controller) updatePublications(ctx context.Context, vs *storev1.VolumeS
 		}
 		vs.Spec.Publications = pubs
 		vs.Spec.PublicationGeneration++
+		failpoint.Hit(failpoint.CSIPublishBeforeUpdate)
 		err = s.d.kube.Update(ctx, vs) // carries metadata.resourceVersion: the CAS
 		if err == nil {
 			return vs.Spec.PublicationGeneration, nil
@@ -707,19 +733,12 @@ func (s *controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.C
 	if !storev1.IsVolumeID(id) {
 		return &csipb.ControllerUnpublishVolumeResponse{}, nil
 	}
-	release, err := s.d.locks.acquire(id)
+	vs, release, err := s.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return &csipb.ControllerUnpublishVolumeResponse{}, nil
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
-	}
-	if !isNVMe(vs) {
+	if vs == nil || !isNVMe(vs) {
 		return &csipb.ControllerUnpublishVolumeResponse{}, nil
 	}
 	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
@@ -744,12 +763,12 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
 	}
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: req.GetVolumeId()}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	vs, err := s.readVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if vs == nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
 	}
 	mode, _, err := checkCapabilities(req.GetVolumeCapabilities())
 	if err == nil && mode != vs.Spec.VolumeMode {
@@ -846,17 +865,13 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 	if req.GetCapacityRange() == nil {
 		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
 	}
-	release, err := s.d.locks.acquire(id)
+	vs, release, err := s.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	if vs == nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
 	block := vs.Spec.VolumeMode == "Block" || req.GetVolumeCapability().GetBlock() != nil
 	var st storev1.Store
@@ -900,4 +915,33 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		return nil, waitError("expand volume "+id, err)
 	}
 	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: done.Status.ActualBytes, NodeExpansionRequired: !block}, nil
+}
+
+// lockVolume takes volume id's lock (Aborted while another call holds it) and reads its
+// VolumeState from the API server (readVolume). vs is nil when the volume does not exist:
+// what that means is each RPC's to say. release is set whenever err is nil.
+func (s *controller) lockVolume(ctx context.Context, id string) (vs *storev1.VolumeState, release func(), err error) {
+	release, err = s.d.locks.acquire(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if vs, err = s.readVolume(ctx, id); err != nil {
+		release()
+		return nil, nil, err
+	}
+	return vs, release, nil
+}
+
+// readVolume reads the VolumeState of volume id from the API server (not the cache: the
+// publication CAS and size checks need the latest); nil when it does not exist, Unavailable
+// when the API server cannot answer.
+func (s *controller) readVolume(ctx context.Context, id string) (*storev1.VolumeState, error) {
+	vs := &storev1.VolumeState{}
+	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
+	}
+	return vs, nil
 }

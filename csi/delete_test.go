@@ -8,6 +8,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -16,11 +17,14 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// DeleteVolume of a volume whose agent cannot answer — its Store's heartbeat is an hour old,
-// or its Node was deleted — is UNAVAILABLE at once (the provisioner retries), not a wait for the
-// whole wait timeout: the driver waits up to an hour here, so a wait would end in
-// DEADLINE_EXCEEDED from the call's own 2-minute deadline. The VolumeState stays marked for
-// deletion, its finalizer held, for the agent to finish when it reports again.
+// DeleteVolume of a volume whose agent cannot answer is answered at once, not after the whole
+// wait timeout (the driver waits up to an hour here, so a wait would end in DEADLINE_EXCEEDED
+// from the call's own 2-minute deadline):
+//   - its Store's heartbeat is an hour old (the agent is silent, the node may come back):
+//     UNAVAILABLE, the provisioner retries with backoff; the VolumeState stays marked for
+//     deletion, the agent's finalizer held, for the agent to finish when it reports again;
+//   - its Node was deleted (the volume left with the node): the agent's finalizer is released,
+//     the VolumeState goes, DeleteVolume is OK.
 func TestDeleteVolumeAgentGone(t *testing.T) {
 	cp := sharedControlPlane(t)
 	c := kubeClient(t, cp.Admin.Config)
@@ -48,7 +52,7 @@ func TestDeleteVolumeAgentGone(t *testing.T) {
 	}
 	for node, st := range e.storeFor {
 		id := storev1.VolumeID("gone-" + node)
-		vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{fakeIgnore: "true"}, Finalizers: []string{fakeFinalizer}},
+		vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{fakeIgnore: "true"}, Finalizers: []string{storev1.FinalizerVolume}},
 			Spec: storev1.VolumeStateSpec{CSIName: "gone-" + node, StoreName: st, CapacityBytes: mib, VolumeMode: "Filesystem",
 				Policy: storev1.FrozenPolicy{Backend: policyv1.Backend{File: &policyv1.FileBackend{Directory: "/x"}}, ProtocolSpec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}}}}
 		create(t, c, vs)
@@ -62,10 +66,24 @@ func TestDeleteVolumeAgentGone(t *testing.T) {
 		callCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		_, err := ctrl.DeleteVolume(callCtx, &csipb.DeleteVolumeRequest{VolumeId: id})
 		cancel()
-		wantCode(t, "DeleteVolume with the agent of "+node+" gone", err, codes.Unavailable)
 		var got storev1.VolumeState
-		if err := c.Get(ctx, client.ObjectKey{Name: id}, &got); err != nil || got.DeletionTimestamp == nil {
-			t.Errorf("VolumeState of %s after DeleteVolume: deletion %v, %v; want kept, marked for deletion", node, got.DeletionTimestamp, err)
+		if node == "gone-deleted" {
+			if err != nil {
+				t.Errorf("DeleteVolume with the Node of %s deleted: %v, want OK", node, err)
+			}
+			if err := c.Get(ctx, client.ObjectKey{Name: id}, &got); !apierrors.IsNotFound(err) {
+				t.Errorf("VolumeState of deleted node %s after DeleteVolume: %v, finalizers %v; want gone", node, err, got.Finalizers)
+			}
+			continue
 		}
+		wantCode(t, "DeleteVolume with the agent of "+node+" silent", err, codes.Unavailable)
+		if err := c.Get(ctx, client.ObjectKey{Name: id}, &got); err != nil || got.DeletionTimestamp == nil || len(got.Finalizers) != 1 {
+			t.Errorf("VolumeState of %s after DeleteVolume: deletion %v, finalizers %v, %v; want kept, marked for deletion", node, got.DeletionTimestamp, got.Finalizers, err)
+		}
+		// the provisioner's retry gets the same answer, and nothing else changes
+		callCtx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+		_, err = ctrl.DeleteVolume(callCtx, &csipb.DeleteVolumeRequest{VolumeId: id})
+		cancel()
+		wantCode(t, "DeleteVolume retried with the agent of "+node+" silent", err, codes.Unavailable)
 	}
 }

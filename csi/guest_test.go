@@ -175,7 +175,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	g.sh(time.Minute, fmt.Sprintf("/tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/agent-state --refresh-interval 10s "+
 		"--metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >/tmp/agent.log 2>&1 &", csiGuestNode, share))
 	g.sh(time.Minute, fmt.Sprintf("mkdir -p /tmp/csi && /tmp/plinth csi --mode all --endpoint unix://%s --node-name %s --kubeconfig %s/kubeconfig "+
-		"--state-dir %s --wait-timeout 3m -v 2 --registration-dir= >/tmp/csi.log 2>&1 &", guestSocket, csiGuestNode, share, guestStateDir))
+		"--state-dir %s --wait-timeout 3m --registration-dir= -v 2 >/tmp/csi.log 2>&1 &", guestSocket, csiGuestNode, share, guestStateDir))
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := g.try(time.Minute, "tail -n 60 /tmp/agent.log; echo ---- csi; tail -n 120 /tmp/csi.log; echo ----; cat /tmp/apimux.log; lvs -a; "+

@@ -6,7 +6,7 @@
 # test/kernel/zfs.sh (zfs/spl modules for the guest kernel from Debian contrib's zfs-dkms):
 # gcc-12 (Debian's kernel headers set CC=gcc-12), make, libc6-dev, libelf1 + libssl3
 # (linux-kbuild tools); the ZFS userland copied into the guest needs libtirpc3, libudev1.
-# test/manifests: prometheus (for promtool check rules; its service is not started).
+# test/manifests, test/observability: prometheus (promtool check/test rules; /usr/bin/prometheus run by the real-data test; its service is not started).
 # make images / test/images: apt-get download and dpkg-deb fetch and unpack the node image's packages.
 # Real nodes (internal/cluster) and test/images: containerd (its service is not started, see
 # policy-rc.d below: each node runs its own), runc, containernetworking-plugins (bridge,

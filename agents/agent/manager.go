@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/fencing"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -39,6 +41,9 @@ type node struct {
 
 	mu     sync.Mutex
 	stores map[string]*storeRuntime
+	// orphanSince is when this process first saw each orphan volume, per Store
+	// (orphans.go); guarded by mu.
+	orphanSince map[string]map[string]time.Time
 }
 
 // storeRuntime is a Store's backend instance and what the last refresh saw.
@@ -112,6 +117,8 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		target: nvmet.New(opts.NVMetRoot),
 		wake:   make(chan event.GenericEvent, 1024),
 		stores: map[string]*storeRuntime{},
+
+		orphanSince: map[string]map[string]time.Time{},
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, err
@@ -141,8 +148,21 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	return mgr, nil
 }
 
-// Run runs the agent until ctx is done.
+// Run runs the agent until ctx is done. It first arms the crash points named
+// in $PLINTH_FAILPOINTS (internal/failpoint; empty in production), "once"
+// points recorded under Options.FailpointsDir, so that a fault test can stop
+// this process at an exact step.
 func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
+	if err := opts.defaults(); err != nil {
+		return err
+	}
+	armed, err := failpoint.Configure(os.Getenv(failpoint.Env), opts.FailpointsDir())
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if len(armed) > 0 {
+		ctrl.Log.WithName("agent").Info("crash points armed: this process exits on purpose at them", "failpoints", armed, "exitCode", failpoint.ExitCode)
+	}
 	mgr, err := NewManager(cfg, opts)
 	if err != nil {
 		return err

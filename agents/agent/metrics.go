@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/plinth-storage/plinth/agents/fencing"
 	"github.com/plinth-storage/plinth/internal/driftmetric"
 )
 
@@ -48,4 +49,10 @@ var (
 func init() {
 	metrics.Registry.MustRegister(StoreCapacityBytes, StoreThinUsedRatio, OperationDuration,
 		BackendCommands, FencingRejections, DriftObjects)
+	// Every reason starts at 0: a series born at 1 has no increase() over its first sample,
+	// so the first rejection after a start would never reach the PlinthFencingRejections alert.
+	for _, r := range []string{fencing.ReasonStaleGeneration, fencing.ReasonStalePublicationGeneration,
+		fencing.ReasonRetiredLifecycle, fencing.ReasonLifecycleConflict, fencing.ReasonCorruptMark} {
+		FencingRejections.WithLabelValues(r)
+	}
 }

@@ -19,11 +19,14 @@ const (
 	DefaultRefreshInterval = 30 * time.Second
 	DefaultMetricsAddr     = ":8080"
 	DefaultProbeAddr       = ":8081"
+	// DefaultOrphanGracePeriod is how long a volume no VolumeState names must stay so before
+	// a Store under driftPolicy Correct deletes it.
+	DefaultOrphanGracePeriod = 10 * time.Minute
 )
 
 // FinalizerVolume keeps a VolumeState until the agent removed its export and
 // its volume.
-const FinalizerVolume = "plinth.dev/volume"
+const FinalizerVolume = storev1.FinalizerVolume
 
 // Options configure the agent. The zero value of every field but NodeName
 // takes the default noted.
@@ -58,6 +61,12 @@ type Options struct {
 	// reserve resolved against its physical size; onCommand counts commands.
 	NewBackend func(s *storev1.Store, reserveBytes int64, onCommand func(name string, args []string, d time.Duration, err error)) (backend.Backend, error)
 
+	// OrphanGracePeriod is how long a volume that carries Plinth's name but that no
+	// VolumeState of this node names must be seen so, on consecutive refreshes of this
+	// process, before a Store under driftPolicy Correct deletes it (default
+	// DefaultOrphanGracePeriod). Under Report orphans are only reported.
+	OrphanGracePeriod time.Duration
+
 	// AfterVolumeCreate, when set, runs right after the backend created (or
 	// adopted) a volume and before anything else; a non-nil error aborts the
 	// reconcile there. Tests use it to crash the agent at that point.
@@ -79,6 +88,9 @@ func (o *Options) defaults() error {
 	}
 	if o.ProbeAddr == "" {
 		o.ProbeAddr = DefaultProbeAddr
+	}
+	if o.OrphanGracePeriod <= 0 {
+		o.OrphanGracePeriod = DefaultOrphanGracePeriod
 	}
 	if o.Version == "" {
 		o.Version = "dev"
@@ -112,3 +124,11 @@ func (o *Options) defaults() error {
 
 // MarksDir is where the fencing marks live.
 func (o *Options) MarksDir() string { return filepath.Join(o.StateDir, "agent", "marks") }
+
+// FailpointsDir records which "once" crash points this node already hit
+// (internal/failpoint): it lives in StateDir so that a restarted agent, armed
+// by the same environment, runs through; per node, since nodes played by one
+// machine share its StateDir.
+func (o *Options) FailpointsDir() string {
+	return filepath.Join(o.StateDir, "agent", "failpoints", o.NodeName)
+}

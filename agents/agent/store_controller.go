@@ -95,7 +95,7 @@ func (r *storeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 
 	var wake []string
 	if capErr == nil {
-		wake = r.volumeDrift(ctx, &s, vols, &st.Drift)
+		wake = r.volumeDrift(ctx, &s, rt, vols, &st.Drift)
 	}
 	setDriftGauge(&s, st.Drift)
 
@@ -206,7 +206,7 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 // volumeDrift compares the volumes and exports of the kernel with the
 // store's VolumeStates, appends what differs (and orphans) to drift, and
 // returns the VolumeStates whose Drifted condition is out of date.
-func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, vols []backend.Volume, drift *[]storev1.DriftItem) []string {
+func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, rt *storeRuntime, vols []backend.Volume, drift *[]storev1.DriftItem) []string {
 	var list storev1.VolumeStateList
 	if err := r.client.List(ctx, &list); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "list volume states")
@@ -221,10 +221,12 @@ func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, vol
 	var wake []string
 	for i := range list.Items {
 		vs := &list.Items[i]
+		// any VolumeState of this node owns its volume: two Stores that share a directory or
+		// VG by mistake must not see each other's volumes as orphans (Correct deletes them)
+		known[vs.Name] = true
 		if vs.Spec.StoreName != s.Name {
 			continue
 		}
-		known[vs.Name] = true
 		if !vs.DeletionTimestamp.IsZero() {
 			continue
 		}
@@ -250,12 +252,7 @@ func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, vol
 			wake = append(wake, vs.Name)
 		}
 	}
-	for _, v := range vols {
-		if !known[v.ID] {
-			*drift = append(*drift, storev1.DriftItem{Kind: KindLogicalVolume, Name: v.ID, Reason: DriftOrphan,
-				Message: fmt.Sprintf("volume %s carries Plinth's mark but no VolumeState names it (reported, never deleted)", v.ID)})
-		}
-	}
+	*drift = append(*drift, r.orphans(ctx, s, rt, vols, known)...)
 	return wake
 }
 

@@ -33,8 +33,9 @@ const hostNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000
 
 // env is one control plane with the CRDs and a client for a test.
 type env struct {
-	cfg *rest.Config
-	c   client.Client
+	cfg        *rest.Config
+	c          client.Client
+	kubeconfig string // the admin's, for agents run as processes
 }
 
 func requireLoop(t *testing.T) {
@@ -63,7 +64,11 @@ func newEnvFor(t *testing.T, cp *controlplane.ControlPlane) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{cfg: cp.Admin.Config, c: c}
+	kc, err := cp.Kubeconfig("admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{cfg: cp.Admin.Config, c: c, kubeconfig: kc}
 }
 
 // runner runs one agent instance at a time and can crash it.

@@ -20,6 +20,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/fencing"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -96,6 +97,7 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		if err := r.marks.Save(vs.Name, next); err != nil {
 			return ctrl.Result{}, err
 		}
+		failpoint.Hit(failpoint.AgentMarkSaved)
 	}
 
 	be, err := r.backend(ctx, store, r.runtime(store))
@@ -130,6 +132,14 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	var drift []storev1.DriftItem
 	var vol backend.Volume
 
+	if vs.Status.ActualBytes == 0 && store.IsDraining() {
+		// a volume of a crash before the status said so is adopted; no new one is made
+		if _, err := be.Get(ctx, vs.Name); errors.Is(err, backend.ErrNotFound) {
+			r.fail(vs, storev1.ReasonStoreDraining, fmt.Sprintf("store %s is draining (%s): it keeps the volumes it holds and takes no new one",
+				store.Name, storev1.AnnotationDraining))
+			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+		}
+	}
 	if vs.Status.ActualBytes == 0 {
 		// not created yet (or a crash before the status said so: Create adopts)
 		if vs.Status.Phase == "" || vs.Status.Phase == storev1.VolumePending {
@@ -147,6 +157,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 		if err != nil {
 			return r.backendFailed(vs, err), nil
 		}
+		failpoint.Hit(failpoint.AgentVolumeCreated)
 		if r.opts.AfterVolumeCreate != nil {
 			if err := r.opts.AfterVolumeCreate(vs.Name); err != nil {
 				return ctrl.Result{}, err
@@ -181,6 +192,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			if err != nil {
 				return r.backendFailed(vs, err), nil
 			}
+			failpoint.Hit(failpoint.AgentVolumeExpanded)
 		}
 	}
 	grew := vs.Status.ActualBytes != 0 && vol.SizeBytes > vs.Status.ActualBytes
@@ -219,6 +231,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 				r.fail(vs, ReasonExportFailed, err.Error())
 				return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 			}
+			failpoint.Hit(failpoint.AgentExportCreated)
 		} else if grew {
 			if err := r.target.RevalidateSize(ctx, want.spec.NQN); err != nil {
 				ctrl.LoggerFrom(ctx).Error(err, "revalidate namespace size", "nqn", want.spec.NQN)
@@ -260,6 +273,7 @@ func (r *volumeReconciler) delete(ctx context.Context, vs *storev1.VolumeState, 
 		if err != nil {
 			return ctrl.Result{}, fmt.Errorf("unexport %s: %w", nqn, err)
 		}
+		failpoint.Hit(failpoint.AgentDeleteUnexported)
 	}
 	start := time.Now()
 	err := be.Delete(ctx, vs.Name)
@@ -267,11 +281,13 @@ func (r *volumeReconciler) delete(ctx context.Context, vs *storev1.VolumeState, 
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("delete volume %s: %w", vs.Name, err)
 	}
+	failpoint.Hit(failpoint.AgentDeleteVolumeRemoved)
 	if !mark.Released {
 		mark.Released = true
 		if err := r.marks.Save(vs.Name, mark); err != nil {
 			return ctrl.Result{}, err
 		}
+		failpoint.Hit(failpoint.AgentDeleteMarkReleased)
 	}
 	controllerutil.RemoveFinalizer(vs, FinalizerVolume)
 	if err := r.client.Update(ctx, vs); err != nil && !apierrors.IsNotFound(err) {

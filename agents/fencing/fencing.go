@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"sync"
 
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -228,7 +229,16 @@ func (s *Store) Save(id string, m Mark) error {
 	}
 	name := tmp.Name()
 	defer os.Remove(name) // no-op after the rename
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
+	// two writes so that a fault test can stop the process between them
+	// (failpoint.FencingMarkTorn): a torn temp file, as a crash mid-write leaves
+	body := append(data, '\n')
+	half := len(body) / 2
+	if _, err := tmp.Write(body[:half]); err != nil {
+		tmp.Close()
+		return fmt.Errorf("fencing mark %s: %w", id, err)
+	}
+	failpoint.Hit(failpoint.FencingMarkTorn)
+	if _, err := tmp.Write(body[half:]); err != nil {
 		tmp.Close()
 		return fmt.Errorf("fencing mark %s: %w", id, err)
 	}

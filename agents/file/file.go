@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 )
 
 // UnitBytes is the allocation unit sizes are rounded up to (B01): loop
@@ -80,38 +82,107 @@ func (f *File) path(id string) (string, error) {
 	return filepath.Join(f.cfg.Directory, id+suffix), nil
 }
 
-// attached returns the loop devices (e.g. /dev/loop3) whose backing file is
-// path, from /sys/block/loop*/loop/backing_file.
-func (f *File) attached(path string) ([]string, error) {
+// fileKey identifies a file by its device and inode numbers.
+type fileKey struct{ dev, ino uint64 }
+
+// loops maps each bound loop device's backing file to its devices (e.g.
+// /dev/loop3), in one pass over /sys/block/loop*. Devices match files by the
+// backing file's device and inode numbers (LOOP_GET_STATUS64), not by the path
+// in /sys/block/loop*/loop/backing_file: the kernel renders that path against
+// the mount namespace of whoever attached the file, so after the agent
+// restarts in a new container (new mounts) it no longer reads as the path
+// this agent uses, and a path match would attach the file a second time. A
+// device whose node cannot be opened is listed under byPath by that path, the
+// only thing left to go on.
+func (f *File) loops() (byFile map[fileKey][]string, byPath map[string][]string, err error) {
 	m, err := filepath.Glob(filepath.Join(f.cfg.SysDir, "block", "loop*", "loop", "backing_file"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []string
+	sort.Strings(m)
+	byFile, byPath = map[fileKey][]string{}, map[string][]string{}
 	for _, bf := range m {
-		b, err := os.ReadFile(bf)
-		if err != nil {
-			continue // detached meanwhile
-		}
-		if strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == path {
-			name := filepath.Base(filepath.Dir(filepath.Dir(bf)))
-			out = append(out, filepath.Join(f.cfg.DevDir, name))
+		dev := filepath.Join(f.cfg.DevDir, filepath.Base(filepath.Dir(filepath.Dir(bf))))
+		info, err := loopStatus(dev)
+		switch {
+		case err == nil:
+			k := fileKey{info.Device, info.Inode}
+			byFile[k] = append(byFile[k], dev)
+		case errors.Is(err, unix.ENXIO):
+			// detached meanwhile
+		default:
+			if b, err := os.ReadFile(bf); err == nil {
+				p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+				byPath[p] = append(byPath[p], dev)
+			}
 		}
 	}
+	return byFile, byPath, nil
+}
+
+// devicesOf returns the loop devices bound to the file at path, given the
+// index of loops.
+func devicesOf(path string, byFile map[fileKey][]string, byPath map[string][]string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	out := append(append([]string(nil), byFile[fileKey{uint64(st.Dev), st.Ino}]...), byPath[path]...)
 	sort.Strings(out)
 	return out, nil
 }
 
+// attached returns the loop devices bound to the file at path (see loops).
+func (f *File) attached(path string) ([]string, error) {
+	byFile, byPath, err := f.loops()
+	if err != nil {
+		return nil, err
+	}
+	return devicesOf(path, byFile, byPath)
+}
+
+// volume describes the volume file at path of size bytes. Its SizeBytes is
+// what a consumer sees: the loop device's size when that is smaller than the
+// file (a crash between the file's truncate and LOOP_SET_CAPACITY leaves
+// that), so that the agent expands again instead of reporting a size the
+// device does not have.
 func (f *File) volume(id, path string, size int64) (backend.Volume, error) {
-	v := backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}
 	devs, err := f.attached(path)
 	if err != nil {
-		return v, err
+		return backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}, err
 	}
+	return f.volumeOn(id, path, size, devs), nil
+}
+
+// volumeOn is the volume of the file at path given its loop devices: its
+// size is the smaller of the file's and the device's.
+func (f *File) volumeOn(id, path string, size int64, devs []string) backend.Volume {
+	v := backend.Volume{ID: id, Name: filepath.Base(path), SizeBytes: size, Thin: true}
 	if len(devs) > 0 {
 		v.DevicePath = devs[0]
+		if n, err := f.deviceBytes(devs[0]); err == nil && n < size {
+			v.SizeBytes = n
+		}
 	}
-	return v, nil
+	return v
+}
+
+// deviceBytes is the size of a loop device from /sys/block/<dev>/size
+// (512-byte sectors whatever the logical block size, per the block layer's
+// sysfs ABI).
+func (f *File) deviceBytes(dev string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(f.cfg.SysDir, "block", filepath.Base(dev), "size"))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s size %q: %w", dev, b, err)
+	}
+	return n * 512, nil
 }
 
 // Create makes a sparse file of sizeBytes rounded up to UnitBytes and
@@ -157,6 +228,9 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 	if err == nil {
 		err = fh.Sync()
 	}
+	if err == nil {
+		failpoint.Hit(failpoint.FileCreateSized)
+	}
 	if cerr := fh.Close(); err == nil {
 		err = cerr
 	}
@@ -167,6 +241,7 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 		os.Remove(tmp)
 		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
 	}
+	failpoint.Hit(failpoint.FileCreateRenamed)
 	if _, err := f.attach(path); err != nil {
 		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
 	}
@@ -193,23 +268,30 @@ func (f *File) Expand(ctx context.Context, id string, sizeBytes int64) (backend.
 		return backend.Volume{}, err
 	}
 	if st.Size() >= size {
-		return f.volume(id, path, st.Size())
-	}
-	c, err := f.capacity()
-	if err != nil {
-		return backend.Volume{}, err
-	}
-	if grow, avail := size-st.Size(), c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); grow > avail {
-		return backend.Volume{}, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		return backend.Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
+		// the file is big enough; a loop device may still show less (a crash
+		// after the truncate below): tell it
+		size = st.Size()
+	} else {
+		c, err := f.capacity()
+		if err != nil {
+			return backend.Volume{}, err
+		}
+		if grow, avail := size-st.Size(), c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); grow > avail {
+			return backend.Volume{}, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
+		}
+		if err := os.Truncate(path, size); err != nil {
+			return backend.Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
+		}
+		failpoint.Hit(failpoint.FileExpandTruncated)
 	}
 	devs, err := f.attached(path)
 	if err != nil {
 		return backend.Volume{}, err
 	}
 	for _, d := range devs {
+		if n, err := f.deviceBytes(d); err == nil && n >= size {
+			continue
+		}
 		if err := setCapacity(d); err != nil {
 			return backend.Volume{}, fmt.Errorf("expand volume %s: %s: %w", id, d, err)
 		}
@@ -235,6 +317,7 @@ func (f *File) Delete(ctx context.Context, id string) error {
 			return fmt.Errorf("delete volume %s: %w", id, err)
 		}
 	}
+	failpoint.Hit(failpoint.FileDeleteDetached)
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
@@ -264,6 +347,8 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 		return nil, err
 	}
 	var out []backend.Volume
+	var byFile map[fileKey][]string
+	var byPath map[string][]string
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), suffix)
 		if !ok || !e.Type().IsRegular() || backend.ValidateVolumeID(id) != nil {
@@ -273,11 +358,18 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 		if err != nil {
 			continue
 		}
-		v, err := f.volume(id, filepath.Join(f.cfg.Directory, e.Name()), info.Size())
+		path := filepath.Join(f.cfg.Directory, e.Name())
+		if byFile == nil {
+			// One scan of the loop devices for the whole list.
+			if byFile, byPath, err = f.loops(); err != nil {
+				return nil, err
+			}
+		}
+		devs, err := devicesOf(path, byFile, byPath)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, v)
+		out = append(out, f.volumeOn(id, path, info.Size(), devs))
 	}
 	return out, nil // ReadDir is sorted by name = id
 }

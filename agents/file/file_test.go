@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -228,5 +230,55 @@ func TestInvalidIDs(t *testing.T) {
 	}
 	if _, err := New(Config{}); !errors.Is(err, backend.ErrInvalidArgument) {
 		t.Errorf("empty dir: %v", err)
+	}
+}
+
+// A file attached by an agent in another mount namespace (the agent's
+// previous container, since gone) through another path is found as attached
+// by the path this agent uses: re-creating or staging it reuses that loop
+// device instead of attaching the file a second time.
+func TestAttachedFromAnotherMountNamespace(t *testing.T) {
+	requireLoop(t)
+	bins := prereq.Commands(t, "unshare", "losetup", "mount", "sh")
+	ctx := context.Background()
+	f := newBackend(t, Config{})
+	id := backend.VolumeID("other-ns")
+	path := filepath.Join(f.cfg.Directory, id+suffix)
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	// The previous container: its own mount namespace, where the volume
+	// directory is mounted at another path; it attaches and exits.
+	other := t.TempDir()
+	out, err := exec.Command(bins[0], "--mount", "--propagation", "private", bins[3], "-c",
+		`"$1" --bind "$2" "$3" && "$4" --find --show "$3/$5"`, "sh", bins[2], f.cfg.Directory, other, bins[1], id+suffix).CombinedOutput()
+	if err != nil {
+		t.Fatalf("attach in another mount namespace: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command(bins[1], "--detach", dev).Run() })
+	bf, _ := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+	t.Logf("%s attached in another mount namespace; its backing_file reads %q here, the agent's path is %q", dev, strings.TrimSpace(string(bf)), path)
+
+	devs, err := f.attached(path)
+	if err != nil || len(devs) != 1 || devs[0] != dev {
+		t.Fatalf("attached(%s) = %v, %v; want [%s]", path, devs, err, dev)
+	}
+	v, err := f.Create(ctx, id, 1<<20)
+	if err != nil || v.DevicePath != dev {
+		t.Fatalf("re-create: %+v, %v; want device %s", v, err, dev)
+	}
+	if got, err := f.DevicePath(ctx, id); err != nil || got != dev {
+		t.Fatalf("DevicePath: %s, %v; want %s", got, err, dev)
+	}
+	vols, err := f.List(ctx)
+	if err != nil || len(vols) != 1 || vols[0].DevicePath != dev {
+		t.Fatalf("List: %+v, %v", vols, err)
+	}
+	if devs, _ := f.attached(path); len(devs) != 1 {
+		t.Fatalf("%s attached to %v after re-create and stage, want only %s", path, devs, dev)
 	}
 }

@@ -69,6 +69,18 @@ func attachLoop(devDir, path string) (string, error) {
 	return "", fmt.Errorf("attach %s: no free loop device after retries: %w", path, backend.ErrInUse)
 }
 
+// loopStatus returns the status of loop device dev (LOOP_GET_STATUS64): the
+// backing file's device and inode numbers among others. An unbound device
+// answers ENXIO.
+func loopStatus(dev string) (*unix.LoopInfo64, error) {
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return unix.IoctlLoopGetStatus64(fd)
+}
+
 // detach unbinds a loop device. The kernel would only mark an open device
 // for auto-clear and report success, so an exclusive open checks first that
 // nothing (a mount, a holder) uses it: EBUSY → backend.ErrInUse.

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
+
+	"github.com/plinth-storage/plinth/internal/failpoint"
 )
 
 // DefaultRoot is where the kernel mounts the nvmet configfs tree.
@@ -257,6 +259,7 @@ func (t *Target) export(spec ExportSpec, family string, c *changes) (Result, err
 	if err := t.reconcileNamespace(spec.NQN, spec.DevicePath, id, c); err != nil {
 		return Result{}, err
 	}
+	failpoint.Hit(failpoint.NVMetSubsystemCreated)
 	port, err := t.linkPort(spec.NQN, Port{
 		ID:        spec.Endpoint.PortID,
 		Transport: TransportTCP,

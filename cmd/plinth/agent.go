@@ -39,7 +39,11 @@ the Agent named NAME, and the Stores and VolumeStates labelled plinth.dev/node=N
 
 The API server is found from --kubeconfig, $KUBECONFIG, or the in-cluster config.
 Metrics (plinth_store_capacity_bytes, plinth_agent_* ...) are served at --metrics-bind-address
-/metrics, probes at --health-probe-bind-address /healthz and /readyz.`,
+/metrics, probes at --health-probe-bind-address /healthz and /readyz.
+
+Fault tests only: $PLINTH_FAILPOINTS (e.g. agent.volume.created=once) makes the process exit
+with code 86 at the named crash points (internal/failpoint; "once": the first hit on this node,
+recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.NodeName == "" {

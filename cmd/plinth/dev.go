@@ -16,20 +16,22 @@ func init() { subcommands = append(subcommands, newDevCommand) }
 func newDevCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev up|down",
-		Short: "Run the whole GitOps storage loop on this machine: control plane, Flux, Plinth, CSI sidecars, the quickstart",
-		Long: `dev runs Plinth on this machine with no cluster and no Docker, on real parts: etcd,
-kube-apiserver, kube-controller-manager and plinth-scheduler from bin/ (make testbin), Plinth's
-controller, agent (file backend on loop devices under --dir) and CSI driver, and the real
-csi-provisioner, csi-attacher and csi-resizer, and Flux's source-controller and kustomize-controller
-with a Git repository served on loopback. No kubelet runs: plinth dev registers the Nodes and
-CSINodes and calls NodeStage/NodePublish on the node plugin's socket as kubelet would.
+		Short: "Run the whole GitOps storage loop on this machine: control plane, 3 real nodes, Plinth deployed as pods, Flux, the quickstart",
+		Long: `dev runs Plinth on this machine with no cloud and no Docker, on real parts: etcd,
+kube-apiserver, kube-controller-manager and kube-scheduler from bin/ (make testbin), three real
+nodes (a kubelet, containerd and CNI bridge each, one kube-proxy) with the images of make images,
+Plinth deployed as users deploy it (kustomize build kustomize/overlays/dev, server-side apply:
+controller, agent DaemonSet with the file backend on loop devices, CSI controller with
+csi-provisioner, csi-attacher and csi-resizer, CSI node DaemonSet, plinth-scheduler), and Flux's
+source-controller and kustomize-controller with a Git repository served on loopback.
 
 "dev up" walks the quickstart (examples/quickstart) step by step: the policy is committed to the
 local Git repository and synced by Flux through the GitRepository + Kustomization of
-kustomize/flux (--no-flux applies it directly instead); the rendered objects; a PVC and a pod
-bound to a real volume; a hand edit shown Drifted and corrected; a committed change reconciled;
-an invalid policy rejected. It prints a summary with timings, then stops everything, or stays up
-with --keep until Ctrl-C or "plinth dev down". It needs root (loop devices, mounts).`,
+kustomize/flux (--no-flux applies it directly instead); the rendered objects; a PVC and a busybox
+pod whose volume the real kubelet stages and mounts, written and read through kubectl exec; a
+hand edit shown Drifted and corrected; a committed change reconciled; an invalid policy rejected.
+It prints a summary with timings, then stops everything, or stays up with --keep until Ctrl-C or
+"plinth dev down". It needs root (containerd, loop devices, mounts).`,
 	}
 	cmd.AddCommand(newDevUpCommand(), newDevDownCommand())
 	return cmd
@@ -62,7 +64,7 @@ func newDevUpCommand() *cobra.Command {
 					fmt.Fprintln(cmd.ErrOrStderr(), "plinth dev down:", err)
 				}
 			}()
-			if _, err := env.Scenario(ctx); err != nil {
+			if _, err := devenv.NewWalk(env).Scenario(ctx); err != nil {
 				return fmt.Errorf("plinth dev up: %w (logs under %s)", err, env.Dir)
 			}
 			if keep {
@@ -75,6 +77,8 @@ func newDevUpCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&opts.Dir, "dir", devenv.DefaultDir, "work directory (logs, kubeconfig, volumes); recreated")
 	f.StringVar(&opts.BinDir, "bin", "", "folder of the test peers (default $PLINTH_TESTBIN, then <checkout>/bin)")
+	f.StringVar(&opts.Images, "images", "", "folder of the image archives of make images (default <bin>/images)")
+	f.IntVar(&opts.Nodes, "nodes", 3, "number of real nodes")
 	f.BoolVar(&opts.Flux, "flux", true, "deliver the policy through a local Git repository synced by Flux (the default; needs the Flux peers of make testbin)")
 	f.BoolVar(&noFlux, "no-flux", false, "apply the policy directly instead of through Git and Flux (no Flux binaries needed)")
 	f.BoolVar(&keep, "keep", false, "stay up after the scenario until Ctrl-C or plinth dev down")

@@ -239,7 +239,7 @@ func (b *builder) object(o *plan.Object) {
 	}
 	switch o.Action {
 	case plan.Rejected:
-		b.ownerViolation(o.Key(), RuleDryRunRejected, fmt.Sprintf("the API server rejects %s: %v", o.Key(), o.DryRunErr))
+		b.rejected(o)
 		return
 	case plan.Create:
 		oc.Action = ActionCreate

@@ -19,6 +19,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -91,6 +93,8 @@ func TestLive(t *testing.T) {
 	volume(t, c, "db-1", "plinth-fast", "fast", "local", "fast.node-b", 40*gi, false)
 	volume(t, c, "shared-0", "plinth-shared", "shared", "nvme", "thin.node-c", 150*gi, true)
 
+	refuseVolumeGroup(t, c, "vg-refused")
+
 	opts := diff.LiveOptions{Client: c, Namespace: namespace}
 	type want struct {
 		exit       int
@@ -155,6 +159,9 @@ func TestLive(t *testing.T) {
 		{"protocol", want{exit: diff.ExitViolations,
 			objects:    []string{"change Agent/node-c"},
 			violations: []string{"ProtocolChangeWithExports Protocol/nvme spec.nvmeofTcp.port testdata/live/protocol/protocols.yaml:14"}}},
+		{"rejected", want{exit: diff.ExitViolations,
+			violations: []string{"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12",
+				"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12"}}},
 		{"overcommit", want{exit: diff.ExitViolations,
 			objects:    []string{"change Store/thin.node-c"},
 			violations: []string{"OvercommitExceeded StoragePool/thin spec.overcommitPercent testdata/live/overcommit/pools.yaml:29"}}},
@@ -281,6 +288,33 @@ func TestLive(t *testing.T) {
 				t.Errorf("after apply: %+v, want only ongoing keeps", o)
 			}
 		}
+	})
+}
+
+// refuseVolumeGroup adds a validation rule to the Store CRD, standing in for a cluster that
+// refuses what the policy's own checks let through (a stricter CRD of a newer Plinth, a site's
+// admission): Stores on volume group vg are invalid at spec.backend.lvm.volumeGroup. It waits
+// until the API server enforces it (a dry-run create is refused).
+func refuseVolumeGroup(t *testing.T, c client.Client, vg string) {
+	t.Helper()
+	crd := &unstructured.Unstructured{}
+	crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+	crd.SetName("stores." + storev1.GroupVersion.Group)
+	patch := `[{"op": "add", "path": "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/backend/properties/lvm/x-kubernetes-validations",
+		"value": [{"rule": "self.volumeGroup != '` + vg + `'", "message": "volume group ` + vg + ` is reserved", "fieldPath": ".volumeGroup"}]}]`
+	must(t, c.Patch(ctx, crd, client.RawPatch(types.JSONPatchType, []byte(patch))))
+	probe := &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: "probe." + vg},
+		Spec: storev1.StoreSpec{Pool: "probe", NodeName: "node-a",
+			Backend: policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: vg}}}}
+	eventually(t, "Store CRD refuses volume group "+vg, func() error {
+		err := c.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		if err == nil {
+			return fmt.Errorf("dry-run create of a Store on %s allowed", vg)
+		}
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "is reserved") {
+			return fmt.Errorf("not refused by the rule yet: %w", err)
+		}
+		return nil
 	})
 }
 

@@ -66,13 +66,13 @@ type PruneVerdict string
 const (
 	// PruneDelete deletes the object.
 	PruneDelete PruneVerdict = "Delete"
-	// PruneDeleteInUse deletes a StorageClass that PVCs use, because the live class carries
+	// PruneDeleteInUse deletes a StorageClass that PVCs or PVs use, because the live class carries
 	// plinth.dev/prune: force (the explicit override of B39); reported as PrunedInUse.
 	PruneDeleteInUse PruneVerdict = "DeleteInUse"
 	// PruneKeepOptedOut drops the object from the inventory and never deletes it: it carries
 	// a prune opt-out (plinth.dev/prune or kustomize.toolkit.fluxcd.io/prune "disabled").
 	PruneKeepOptedOut PruneVerdict = "KeepOptedOut"
-	// PruneKeepInUse keeps a StorageClass that PVCs use, in the inventory (B39).
+	// PruneKeepInUse keeps a StorageClass that PVCs or PVs use, in the inventory (B39).
 	PruneKeepInUse PruneVerdict = "KeepInUse"
 	// PruneKeepDraining keeps a Store that VolumeStates still name (marked draining), and the
 	// Agent of a node that keeps such a Store.
@@ -89,18 +89,20 @@ func PruneOptedOut(live *unstructured.Unstructured) bool {
 	return false
 }
 
-// DecidePrune decides for live, a stale inventory object as read from the API server. pvcs
-// is the number of PVCs of a StorageClass, volumes the number of VolumeStates on a Store
-// (both ignored for other kinds); keptNodes holds the nodes whose Stores were kept draining,
-// so Stores must be decided before Agents (inventory.Stale returns them in that order), and
-// the caller records a KeepDraining Store's node in keptNodes.
-func DecidePrune(live *unstructured.Unstructured, pvcs, volumes int, keptNodes map[string]bool) PruneVerdict {
+// DecidePrune decides for live, a stale inventory object as read from the API server. classUsers
+// is the number of PVCs plus PVs whose storageClassName names a StorageClass — a PV outlives
+// its claim (reclaim policy Retain, or a claim deleted first) and still needs its class to
+// expand or be re-bound —, volumes the number of VolumeStates on a Store (both ignored for
+// other kinds); keptNodes holds the nodes whose Stores were kept draining, so Stores must be
+// decided before Agents (inventory.Stale returns them in that order), and the caller records
+// a KeepDraining Store's node in keptNodes.
+func DecidePrune(live *unstructured.Unstructured, classUsers, volumes int, keptNodes map[string]bool) PruneVerdict {
 	if PruneOptedOut(live) {
 		return PruneKeepOptedOut
 	}
 	switch live.GetKind() {
 	case "StorageClass":
-		if pvcs > 0 {
+		if classUsers > 0 {
 			if live.GetAnnotations()[AnnotationPrune] == PruneValueForce {
 				return PruneDeleteInUse
 			}

@@ -68,15 +68,17 @@ func TestReplacementAllowed(t *testing.T) {
 func TestDecidePrune(t *testing.T) {
 	force := map[string]string{AnnotationPrune: PruneValueForce}
 	for _, tc := range []struct {
-		name          string
-		live          *unstructured.Unstructured
-		pvcs, volumes int
-		keptNodes     map[string]bool
-		want          PruneVerdict
+		name                string
+		live                *unstructured.Unstructured
+		classUsers, volumes int
+		keptNodes           map[string]bool
+		want                PruneVerdict
 	}{
 		{"unused class", obj("StorageClass", "a", nil, nil, nil), 0, 0, nil, PruneDelete},
 		{"class in use", obj("StorageClass", "a", nil, nil, nil), 2, 0, nil, PruneKeepInUse},
 		{"class in use, forced", obj("StorageClass", "a", force, nil, nil), 2, 0, nil, PruneDeleteInUse},
+		// PVs only (claims deleted, volumes Retained): still in use
+		{"class used by PVs only", obj("StorageClass", "a", nil, nil, nil), 1, 0, nil, PruneKeepInUse},
 		{"unused class, forced", obj("StorageClass", "a", force, nil, nil), 0, 0, nil, PruneDelete},
 		{"opted out by annotation", obj("StorageClass", "a", map[string]string{AnnotationPrune: PruneValueDisabled}, nil, nil), 2, 0, nil, PruneKeepOptedOut},
 		{"opted out by Flux's label", obj("Store", "p.n", nil, map[string]string{"kustomize.toolkit.fluxcd.io/prune": "disabled"}, nil), 0, 3, nil, PruneKeepOptedOut},
@@ -87,7 +89,7 @@ func TestDecidePrune(t *testing.T) {
 		{"Agent of another node", obj("Agent", "m", nil, nil, map[string]any{"nodeName": "m"}), 0, 0, map[string]bool{"n": true}, PruneDelete},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := DecidePrune(tc.live, tc.pvcs, tc.volumes, tc.keptNodes); got != tc.want {
+			if got := DecidePrune(tc.live, tc.classUsers, tc.volumes, tc.keptNodes); got != tc.want {
 				t.Errorf("got %s, want %s", got, tc.want)
 			}
 		})

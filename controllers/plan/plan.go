@@ -420,7 +420,7 @@ func (p *Plan) prune(ctx context.Context, in Input, src Source) error {
 		if err != nil {
 			return err
 		}
-		pr.Verdict = DecidePrune(live, pr.Usage.PVCs, pr.Usage.Volumes, keptNodes)
+		pr.Verdict = DecidePrune(live, pr.Usage.PVCs+pr.Usage.PVs, pr.Usage.Volumes, keptNodes)
 		if pr.Verdict == PruneKeepDraining && e.Kind == "Store" {
 			keptNodes[pr.Node] = true
 		}

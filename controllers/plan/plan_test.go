@@ -234,13 +234,15 @@ func TestPruneRules(t *testing.T) {
 	agent := runtimeObj("Agent", "a", "a", nil)
 	agentB := runtimeObj("Agent", "b", "b", nil)
 	sc := class(t, "gone", "gone", "ext4", nil)
+	// its claims are gone, its PVs (reclaim policy Retain) are not: still in use
+	retained := class(t, "retained", "retained", "ext4", nil)
 	vanished := runtimeObj("Store", "p.z", "z", nil)
 	src := &fakeSource{
-		live:    map[string]*unstructured.Unstructured{"Store/p.a": store, "Agent/a": agent, "Agent/b": agentB, "StorageClass/gone": sc},
-		classes: map[string]Usage{"gone": {PVCs: 2, Pending: 1, Known: true}},
+		live:    map[string]*unstructured.Unstructured{"Store/p.a": store, "Agent/a": agent, "Agent/b": agentB, "StorageClass/gone": sc, "StorageClass/retained": retained},
+		classes: map[string]Usage{"gone": {PVCs: 2, Pending: 1, Known: true}, "retained": {PVs: 1, Known: true}},
 		stores:  map[string]Usage{"p.a": {Volumes: 3, Known: true}},
 	}
-	p, err := Make(context.Background(), Input{Previous: entries(t, store, agent, agentB, sc, vanished)}, src)
+	p, err := Make(context.Background(), Input{Previous: entries(t, store, agent, agentB, sc, retained, vanished)}, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,14 +250,17 @@ func TestPruneRules(t *testing.T) {
 	for _, pr := range p.Prunes {
 		got = append(got, pr.Entry.String()+"="+string(pr.Verdict))
 	}
-	want := "Store/p.a=KeepDraining,Agent/b=Delete,Agent/a=KeepDraining,StorageClass/gone=KeepInUse"
+	want := "Store/p.a=KeepDraining,Agent/b=Delete,Agent/a=KeepDraining,StorageClass/retained=KeepInUse,StorageClass/gone=KeepInUse"
 	if strings.Join(got, ",") != want {
 		t.Errorf("prunes %s, want %s", strings.Join(got, ","), want)
 	}
 	if pr := p.Prunes[0]; pr.Usage.Volumes != 3 || strings.Join(pr.Owners, ",") != "StoragePool/p" || pr.Node != "a" {
 		t.Errorf("store prune %+v", pr)
 	}
-	if pr := p.Prunes[3]; pr.Usage.PVCs != 2 || pr.Usage.Pending != 1 || strings.Join(pr.Owners, ",") != "Placement/gone" {
+	if pr := p.Prunes[3]; pr.Usage.PVs != 1 || pr.Usage.PVCs != 0 {
+		t.Errorf("class kept for its PVs: %+v", pr)
+	}
+	if pr := p.Prunes[4]; pr.Usage.PVCs != 2 || pr.Usage.Pending != 1 || strings.Join(pr.Owners, ",") != "Placement/gone" {
 		t.Errorf("class prune %+v", pr)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/plinth-storage/plinth/controllers/inventory"
+	"github.com/plinth-storage/plinth/controllers/liveness"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -126,6 +127,9 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return nil, nil, fmt.Errorf("set up policy controller: %w", err)
 	}
+	if err := (&liveness.Reconciler{Client: mgr.GetClient(), SkipNameValidation: o.SkipNameValidation}).SetupWithManager(mgr); err != nil {
+		return nil, nil, fmt.Errorf("set up liveness controller: %w", err)
+	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err
 	}
@@ -137,10 +141,12 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 	}); err != nil {
 		return nil, nil, err
 	}
-	if err := metrics.Registry.Register(&HeartbeatCollector{Reader: mgr.GetClient()}); err != nil {
-		var dup prometheus.AlreadyRegisteredError
-		if !errors.As(err, &dup) { // a second manager in one process (tests) keeps the first
-			return nil, nil, err
+	for _, col := range []prometheus.Collector{&HeartbeatCollector{Reader: mgr.GetClient()}, &VolumeCollector{Reader: mgr.GetClient()}} {
+		if err := metrics.Registry.Register(col); err != nil {
+			var dup prometheus.AlreadyRegisteredError
+			if !errors.As(err, &dup) { // a second manager in one process (tests) keeps the first
+				return nil, nil, err
+			}
 		}
 	}
 	return mgr, r, nil

@@ -61,6 +61,11 @@ func RegisterMetrics() error {
 				err = errors.Join(err, e)
 			}
 		}
+		// Every kind starts at 0: a counter series born at 1 has no increase() over its first
+		// sample, so the first error after a start would be invisible to rate() and the alert.
+		for _, k := range []string{KindPolicySet, "StoragePool", "Protocol", "Placement"} {
+			ReconcileErrors.WithLabelValues(k)
+		}
 		if e := metrics.Registry.Register(DriftObjects); e != nil {
 			var dup prometheus.AlreadyRegisteredError
 			if !errors.As(e, &dup) {

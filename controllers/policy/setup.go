@@ -55,6 +55,7 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=policy.plinth.dev,resources=placements/finalizers,verbs=update
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents;stores,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status,verbs=get;patch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups="",resources=nodes;persistentvolumeclaims;persistentvolumes,verbs=get;list;watch

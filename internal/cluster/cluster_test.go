@@ -25,12 +25,8 @@ import (
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
-// Image references of the archives `make images` writes to bin/images/.
-const (
-	busyboxImage = "docker.io/library/busybox:plinth"
-	pauseArchive = "pause.tar"
-	busyArchive  = "busybox.tar"
-)
+// busyboxImage is the reference of the busybox archive `make images` writes.
+const busyboxImage = "docker.io/library/busybox:plinth"
 
 func requireHost(t *testing.T) {
 	t.Helper()
@@ -38,29 +34,6 @@ func requireHost(t *testing.T) {
 	if err := cluster.CheckHost(); err != nil {
 		t.Fatalf("node prerequisites: %v", err)
 	}
-}
-
-// imageArchives returns the pause and busybox archives from $PLINTH_IMAGES or
-// <test bin>/images (`make images`).
-func imageArchives(t *testing.T) []string {
-	t.Helper()
-	dir := os.Getenv("PLINTH_IMAGES")
-	if dir == "" {
-		bin, err := controlplane.TestBinDir()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir = filepath.Join(bin, "images")
-	}
-	var out []string
-	for _, a := range []string{pauseArchive, busyArchive} {
-		p := filepath.Join(dir, a)
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("image archive %s missing (run `make images`, or set PLINTH_IMAGES): %v", p, err)
-		}
-		out = append(out, p)
-	}
-	return out
 }
 
 // hostState is what a cluster may leave behind on the host.
@@ -203,7 +176,7 @@ func TestCluster(t *testing.T) {
 	requireHost(t)
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer,
 		controlplane.BinKubeControllerManager, controlplane.BinKubectl, controlplane.BinKubelet, controlplane.BinKubeProxy)
-	images := imageArchives(t)
+	images := controlplane.ImageArchives(t, "pause", "busybox")
 	cp := controlplane.ForTest(t, controlplane.Options{Nodes: true})
 	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
 	if err != nil {

@@ -20,29 +20,6 @@ import (
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
-// imageArchives are the archives `make images` writes: every *.tar of
-// $PLINTH_IMAGES, or of <test bin>/images.
-func imageArchives(t *testing.T) []string {
-	t.Helper()
-	dir := os.Getenv("PLINTH_IMAGES")
-	if dir == "" {
-		bin, err := controlplane.TestBinDir()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir = filepath.Join(bin, "images")
-	}
-	var out []string
-	for _, name := range []string{"plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "pause"} {
-		p := filepath.Join(dir, name+".tar")
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("image archive %s missing (run `make images`, or set PLINTH_IMAGES): %v", p, err)
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
 // TestDeployOnRealNodes deploys Plinth as its users do — kustomize build of
 // kustomize/overlays/dev (default/ with one replica per Deployment and no
 // modules init container), server-side apply — on three real kubelets, and
@@ -58,7 +35,7 @@ func TestDeployOnRealNodes(t *testing.T) {
 	}
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager,
 		controlplane.BinKubelet, controlplane.BinKubeProxy, controlplane.BinPlinthScheduler)
-	images := imageArchives(t)
+	images := controlplane.ImageArchives(t, "plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "pause")
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	cp := controlplane.ForTest(t, controlplane.Options{Nodes: true, Scheduler: true})

@@ -6,9 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -27,7 +28,7 @@ import (
 // claim creates PVC name (1Gi of class) and a pod using it in
 // QuickstartNamespace and waits until the PVC is Bound and the pod bound to
 // a node. It returns the PVC.
-func (e *Env) claim(ctx context.Context, name, class string) (*corev1.PersistentVolumeClaim, error) {
+func (e *Walk) claim(ctx context.Context, name, class string) (*corev1.PersistentVolumeClaim, error) {
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: QuickstartNamespace},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -48,8 +49,8 @@ func (e *Env) claim(ctx context.Context, name, class string) (*corev1.Persistent
 	return pvc, nil
 }
 
-// waitBound waits for PVC name to be Bound and its pod bound to the storage node.
-func (e *Env) waitBound(ctx context.Context, name string, timeout time.Duration) (*corev1.PersistentVolumeClaim, error) {
+// waitBound waits for PVC name to be Bound and its pod Running.
+func (e *Walk) waitBound(ctx context.Context, name string, timeout time.Duration) (*corev1.PersistentVolumeClaim, error) {
 	var pvc corev1.PersistentVolumeClaim
 	err := poll(ctx, timeout, func() error {
 		var pod corev1.Pod
@@ -59,8 +60,8 @@ func (e *Env) waitBound(ctx context.Context, name string, timeout time.Duration)
 		if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: name}, &pod); err != nil {
 			return err
 		}
-		if pvc.Status.Phase != corev1.ClaimBound || pod.Spec.NodeName != StorageNode {
-			return fmt.Errorf("PVC %s %s, pod on %q", name, pvc.Status.Phase, pod.Spec.NodeName)
+		if pvc.Status.Phase != corev1.ClaimBound || pod.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("PVC %s %s, pod %s on %q: %s", name, pvc.Status.Phase, pod.Status.Phase, pod.Spec.NodeName, podWhy(&pod))
 		}
 		return nil
 	})
@@ -69,13 +70,14 @@ func (e *Env) waitBound(ctx context.Context, name string, timeout time.Duration)
 
 // unclaim deletes the pod and PVC name and waits until the PV, the
 // VolumeState id and its file are gone.
-func (e *Env) unclaim(ctx context.Context, name, id string) error {
+func (e *Walk) unclaim(ctx context.Context, name, id string) error {
 	zero := int64(0)
 	pod := quickstartPod()
 	pod.Name = name
 	if err := e.Client.Delete(ctx, pod, &client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
+	// Kubelet unmounts before the PVC protection lets the claim go.
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: QuickstartNamespace, Name: name}}
 	if err := e.Client.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
 		return err
@@ -93,25 +95,22 @@ func (e *Env) unclaim(ctx context.Context, name, id string) error {
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("VolumeState %s still there (%v)", id, err)
 		}
-		if m, _ := filepath.Glob(filepath.Join(e.VolumeDir, id+"*")); len(m) > 0 {
+		if m := e.volumeFiles(id); len(m) > 0 {
 			return fmt.Errorf("files %v still there", m)
 		}
-		if devs := loopDevicesOf(filepath.Join(e.VolumeDir, id+".img")); len(devs) > 0 {
+		if devs := loopDevicesOf(id); len(devs) > 0 {
 			return fmt.Errorf("loop devices %v still attached", devs)
 		}
 		return nil
 	})
 }
 
-// loopDevicesOf lists the loop devices whose backing file is path.
-func loopDevicesOf(path string) []string {
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+// volumeFiles lists the files of volume id (and its temp file) on every node.
+func (e *Walk) volumeFiles(id string) []string {
 	var out []string
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err == nil && strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == path {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f))))
-		}
+	for _, n := range e.Nodes.Nodes {
+		m, _ := filepath.Glob(filepath.Join(e.VolumeDir(n.Name), id+"*"))
+		out = append(out, m...)
 	}
 	return out
 }
@@ -121,7 +120,7 @@ func loopDevicesOf(path string) []string {
 // StorageClass and reports it on the Placement (finalizer plinth.dev/in-use,
 // Ready=False InUse "in use by 1 PVCs", status.inUseBy 1); deleting the PVC
 // then lets the Placement and the StorageClass go.
-func (e *Env) PlacementRemovedInUse(ctx context.Context) error {
+func (e *Walk) PlacementRemovedInUse(ctx context.Context) error {
 	const name = "scratch-data"
 	return e.step("remove placement "+ExtraPlacement+" from the policy while PVC "+name+" uses "+ExtraClass+" → kept and reported; PVC deleted → gone",
 		[]string{BinKustomizeController, "plinth-controller"}, func() (string, error) {
@@ -198,106 +197,167 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
-// AgentRestartMidProvisioning kills the agent (SIGKILL) while it provisions
-// a volume and starts it again: the agent is frozen (SIGSTOP) before the PVC
-// is created; once CreateVolume has created the VolumeState it is resumed and
-// killed at the first sign of work on the volume (its file or temp file on
-// disk, or phase Creating) — or, if none shows before the VolumeState is
-// Ready, the window is reported as missed in the returned detail. After the
-// restart the PVC binds exactly once: one PV, one VolumeState, one file with
-// one loop device, no temp file, and no other volume file than those of live
-// VolumeStates. The PVC is then deleted and everything of it is gone.
-func (e *Env) AgentRestartMidProvisioning(ctx context.Context) error {
+// AgentCrashPoints are the named crash points (internal/failpoint) that
+// AgentRestartMidProvisioning arms in the agent DaemonSet, in the order one
+// provisioning meets them: the volume's file sized but not yet renamed into
+// place, then the volume made and attached but not yet reported in status.
+var AgentCrashPoints = []string{failpoint.FileCreateSized, failpoint.AgentVolumeCreated}
+
+// AgentRestartMidProvisioning arms AgentCrashPoints in the agent DaemonSet
+// (PLINTH_FAILPOINTS, each point "once" per node: the agent exits with
+// failpoint.ExitCode there the first time only), claims a PVC, and checks
+// that the agent of the volume's node crashed exactly once at each point
+// (kubelet restarted it each time), that the PVC came out Bound once with one
+// PV, one VolumeState, one file and one loop device and no orphan, and that
+// no other node's agent crashed. The DaemonSet is restored afterwards.
+func (e *Walk) AgentRestartMidProvisioning(ctx context.Context) error {
 	const name = "restart-data"
-	return e.step("kill the agent mid-provisioning, restart it → PVC "+name+" Bound once, no orphan, no duplicate",
-		[]string{"plinth-agent-" + StorageNode, "plinth-csi", "csi-provisioner"}, func() (string, error) {
-			agent := e.procs["plinth-agent-"+StorageNode]
-			if agent == nil || e.agentSpec == nil {
-				return "", fmt.Errorf("no agent running")
+	armed := make([]string, len(AgentCrashPoints))
+	for i, p := range AgentCrashPoints {
+		armed[i] = p + "=" + string(failpoint.Once)
+	}
+	spec := strings.Join(armed, ",")
+	return e.step("the agent crashes at "+strings.Join(AgentCrashPoints, ", then ")+" while provisioning PVC "+name+"; kubelet restarts it each time → Bound once, no orphan, no duplicate",
+		[]string{"agent", "csi-controller"}, func() (string, error) {
+			if err := e.setAgentEnv(ctx, failpoint.Env, spec); err != nil {
+				return "", err
 			}
-			pid := agent.PID()
-			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-				return "", fmt.Errorf("freeze agent pid %d: %w", pid, err)
-			}
-			resumed := false
-			defer func() {
-				if !resumed {
-					_ = syscall.Kill(pid, syscall.SIGCONT)
-				}
-			}()
 			pvc, err := e.claim(ctx, name, QuickstartClass)
 			if err != nil {
 				return "", err
 			}
-			// pvc.UID is set by Create; the CSI name is the PV name pvc-<uid>.
-			id := storev1.VolumeID("pvc-" + string(pvc.UID))
-			file := filepath.Join(e.VolumeDir, id+".img")
-			var vs storev1.VolumeState
-			if err := poll(ctx, 3*time.Minute, func() error {
-				return e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs)
-			}); err != nil {
-				return "", fmt.Errorf("VolumeState of %s never created by CreateVolume: %w", name, err)
-			}
-			created := vs.Status.Phase
-			// Resume and kill at the first sign of work: stat in a tight loop, the API
-			// between stats every few milliseconds.
-			caught := ""
-			resumed = true
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				return "", err
-			}
-			deadline := time.Now().Add(time.Minute)
-			for i := 0; caught == "" && time.Now().Before(deadline); i++ {
-				if _, err := os.Stat(file + ".tmp"); err == nil {
-					caught = "temp file " + file + ".tmp on disk"
-				} else if _, err := os.Stat(file); err == nil {
-					caught = "file " + file + " on disk"
-				} else if i%2000 == 0 {
-					if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err == nil && vs.Status.Phase != created {
-						caught = "VolumeState phase " + string(vs.Status.Phase)
-					}
-				}
-			}
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			<-agent.Done()
-			if caught == "" {
-				return "", fmt.Errorf("the agent showed no work on %s within a minute of resuming", id)
-			}
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-				return "", err
-			}
-			atKill := fmt.Sprintf("killed agent pid %d at: %s (VolumeState phase %q)", pid, caught, vs.Status.Phase)
-			if vs.Status.Phase == storev1.VolumeReady {
-				atKill += " — the agent had already finished: the window was missed this time"
-			}
-			p, err := e.start(ctx, *e.agentSpec)
-			if err != nil {
-				return "", fmt.Errorf("restart agent: %w", err)
-			}
 			start := time.Now()
-			if _, err := e.waitBound(ctx, name, 3*time.Minute); err != nil {
+			if _, err := e.waitBound(ctx, name, 4*time.Minute); err != nil {
 				return "", err
 			}
 			bound := time.Since(start)
-			if _, err := e.waitVolumeReady(ctx, id); err != nil {
-				return "", err
-			}
-			check, err := e.checkNoOrphans(ctx, name, id)
+			id := storev1.VolumeID("pvc-" + string(pvc.UID))
+			vs, err := e.waitVolumeReady(ctx, id)
 			if err != nil {
 				return "", err
 			}
+			node := vs.Labels[policyv1.LabelNode]
+			var lines []string
+			pods, err := e.agentPods(ctx)
+			if err != nil {
+				return "", err
+			}
+			for n, p := range pods {
+				cs := agentStatus(p)
+				if cs == nil {
+					return "", fmt.Errorf("agent pod %s on %s has no agent container status", p.Name, n)
+				}
+				want := int32(0)
+				if n == node {
+					want = int32(len(AgentCrashPoints))
+				}
+				if cs.RestartCount != want {
+					return "", fmt.Errorf("agent on %s restarted %d times, want %d (one per armed point on the volume's node, none elsewhere)", n, cs.RestartCount, want)
+				}
+				if n != node {
+					continue
+				}
+				last := cs.LastTerminationState.Terminated
+				if last == nil || last.ExitCode != failpoint.ExitCode {
+					return "", fmt.Errorf("agent on %s: last termination %+v, want exit code %d (a crash point)", n, last, failpoint.ExitCode)
+				}
+				lines = append(lines, fmt.Sprintf("agent %s on %s exited %d times with code %d (the armed points) and was restarted by kubelet; PVC Bound, pod Running %.1fs after the claim",
+					p.Name, n, cs.RestartCount, last.ExitCode, bound.Seconds()))
+			}
+			check, err := e.checkNoOrphans(ctx, name, id, node)
+			if err != nil {
+				return "", err
+			}
+			lines = append(lines, check)
 			if err := e.unclaim(ctx, name, id); err != nil {
 				return "", err
 			}
-			return fmt.Sprintf("%s\nagent restarted (pid %d); PVC Bound %.1fs later\n%s\nPVC deleted → PV, VolumeState, file and loop device gone",
-				atKill, p.PID(), bound.Seconds(), check), nil
+			lines = append(lines, "PVC deleted → PV, VolumeState, file and loop device gone")
+			if err := e.setAgentEnv(ctx, failpoint.Env, ""); err != nil {
+				return "", err
+			}
+			lines = append(lines, "agent DaemonSet restored (no crash point armed) and rolled out")
+			return strings.Join(lines, "\n"), nil
 		})
+}
+
+// agentPods returns the agent pod of every node, by node.
+func (e *Walk) agentPods(ctx context.Context) (map[string]*corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := e.Client.List(ctx, &pods, client.InNamespace(ControllerNamespace), client.MatchingLabels{"app.kubernetes.io/component": "agent"}); err != nil {
+		return nil, err
+	}
+	out := map[string]*corev1.Pod{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp == nil && p.Spec.NodeName != "" {
+			out[p.Spec.NodeName] = p
+		}
+	}
+	return out, nil
+}
+
+// agentStatus is the status of pod's agent container.
+func agentStatus(p *corev1.Pod) *corev1.ContainerStatus {
+	for i := range p.Status.ContainerStatuses {
+		if p.Status.ContainerStatuses[i].Name == "agent" {
+			return &p.Status.ContainerStatuses[i]
+		}
+	}
+	return nil
+}
+
+// setAgentEnv sets (value "" removes) environment variable name on the agent
+// DaemonSet's agent container and waits until the DaemonSet has rolled out:
+// every node runs a new agent pod, ready.
+func (e *Walk) setAgentEnv(ctx context.Context, name, value string) error {
+	var ds appsv1.DaemonSet
+	key := client.ObjectKey{Namespace: ControllerNamespace, Name: "plinth-agent"}
+	if err := e.Client.Get(ctx, key, &ds); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(ds.DeepCopy())
+	found := false
+	for i := range ds.Spec.Template.Spec.Containers {
+		c := &ds.Spec.Template.Spec.Containers[i]
+		if c.Name != "agent" {
+			continue
+		}
+		found = true
+		env := c.Env[:0]
+		for _, v := range c.Env {
+			if v.Name != name {
+				env = append(env, v)
+			}
+		}
+		if value != "" {
+			env = append(env, corev1.EnvVar{Name: name, Value: value})
+		}
+		c.Env = env
+	}
+	if !found {
+		return fmt.Errorf("DaemonSet %s has no agent container", key)
+	}
+	if err := e.Client.Patch(ctx, &ds, patch); err != nil {
+		return err
+	}
+	return poll(ctx, 3*time.Minute, func() error {
+		if err := e.Client.Get(ctx, key, &ds); err != nil {
+			return err
+		}
+		st := ds.Status
+		if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberReady != st.DesiredNumberScheduled || st.NumberUnavailable > 0 {
+			return fmt.Errorf("DaemonSet %s rolling out: %d/%d updated, %d ready (generation %d, observed %d)",
+				key, st.UpdatedNumberScheduled, st.DesiredNumberScheduled, st.NumberReady, ds.Generation, st.ObservedGeneration)
+		}
+		return nil
+	})
 }
 
 // checkNoOrphans asserts one PV for claim, one VolumeState for it (id), its
 // file with exactly one loop device, no temp files, and no volume file
 // without a VolumeState.
-func (e *Env) checkNoOrphans(ctx context.Context, claim, id string) (string, error) {
+func (e *Walk) checkNoOrphans(ctx context.Context, claim, id, node string) (string, error) {
 	var pvs corev1.PersistentVolumeList
 	if err := e.Client.List(ctx, &pvs); err != nil {
 		return "", err
@@ -325,7 +385,8 @@ func (e *Env) checkNoOrphans(ctx context.Context, claim, id string) (string, err
 	if !live[id] {
 		return "", fmt.Errorf("VolumeState %s missing", id)
 	}
-	entries, err := os.ReadDir(e.VolumeDir)
+	dir := e.VolumeDir(node)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return "", err
 	}
@@ -334,15 +395,41 @@ func (e *Env) checkNoOrphans(ctx context.Context, claim, id string) (string, err
 		f := en.Name()
 		files = append(files, f)
 		if strings.HasSuffix(f, ".tmp") {
-			return "", fmt.Errorf("temp file %s left under %s", f, e.VolumeDir)
+			return "", fmt.Errorf("temp file %s left under %s", f, dir)
 		}
 		if vid, ok := strings.CutSuffix(f, ".img"); ok && !live[vid] {
 			return "", fmt.Errorf("orphan volume file %s: no VolumeState %s", f, vid)
 		}
 	}
-	devs := loopDevicesOf(filepath.Join(e.VolumeDir, id+".img"))
+	devs := loopDevicesOf(id)
 	if len(devs) != 1 {
 		return "", fmt.Errorf("loop devices of %s: %v, want exactly one", id, devs)
 	}
-	return fmt.Sprintf("1 PV, 1 VolumeState %s (Ready), files under %s: %v, loop device %s: no orphan, no duplicate", id, e.VolumeDir, files, devs[0]), nil
+	return fmt.Sprintf("1 PV, 1 VolumeState %s (Ready), files under %s: %v, loop device %s: no orphan, no duplicate", id, dir, files, devs[0]), nil
+}
+
+// PodWithVolume creates PVC name (1Gi of class) and a busybox pod using it,
+// waits until the PVC is Bound and the pod Running with the volume, then
+// deletes both and waits until the PV, the VolumeState and its file are
+// gone. It returns the time from the PVC's creation to the pod Running (the
+// figure users feel: scheduling, provisioning, attach, stage, publish and
+// the container's start).
+func (e *Walk) PodWithVolume(ctx context.Context, name, class string) (time.Duration, error) {
+	start := time.Now()
+	if _, err := e.claim(ctx, name, class); err != nil {
+		return 0, err
+	}
+	pvc, err := e.waitBound(ctx, name, 3*time.Minute)
+	took := time.Since(start)
+	if err != nil {
+		return took, err
+	}
+	var pv corev1.PersistentVolume
+	if err := e.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
+		return took, err
+	}
+	if pv.Spec.CSI == nil {
+		return took, fmt.Errorf("PV %s is not a CSI volume", pv.Name)
+	}
+	return took, e.unclaim(ctx, name, pv.Spec.CSI.VolumeHandle)
 }

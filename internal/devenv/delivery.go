@@ -77,7 +77,7 @@ func (p policySet) keys(files []string) ([]objectKey, error) {
 }
 
 // changedFiles lists the files of set that are new or differ from e.delivered.
-func (e *Env) changedFiles(set policySet) []string {
+func (e *Walk) changedFiles(set policySet) []string {
 	var out []string
 	for _, f := range set.names() {
 		if old, ok := e.delivered[f]; !ok || string(old) != string(set[f]) {
@@ -88,7 +88,7 @@ func (e *Env) changedFiles(set policySet) []string {
 }
 
 // generations reads metadata.generation of keys (0 for an object that does not exist).
-func (e *Env) generations(ctx context.Context, keys []objectKey) (map[objectKey]int64, error) {
+func (e *Walk) generations(ctx context.Context, keys []objectKey) (map[objectKey]int64, error) {
 	out := map[objectKey]int64{}
 	for _, k := range keys {
 		u := &unstructured.Unstructured{}
@@ -107,7 +107,7 @@ func (e *Env) generations(ctx context.Context, keys []objectKey) (map[objectKey]
 // waitSetReady waits until every policy object of set is Ready=True for its
 // generation and every object of a changed file has a generation above the
 // one in before (the change reached the API server and Plinth acted on it).
-func (e *Env) waitSetReady(ctx context.Context, set policySet, changed []string, before map[objectKey]int64, timeout time.Duration) error {
+func (e *Walk) waitSetReady(ctx context.Context, set policySet, changed []string, before map[objectKey]int64, timeout time.Duration) error {
 	all, err := set.keys(set.names())
 	if err != nil {
 		return err
@@ -149,7 +149,7 @@ func (e *Env) waitSetReady(ctx context.Context, set policySet, changed []string,
 // the caller waits for what it expects, then for the Kustomization's verdict). Without Flux it server-side applies every object and
 // deletes the objects of files that left the set, as Flux's prune would.
 // It returns what to show.
-func (e *Env) deliver(ctx context.Context, msg string, set policySet, wantReady bool) (string, error) {
+func (e *Walk) deliver(ctx context.Context, msg string, set policySet, wantReady bool) (string, error) {
 	defer func() { e.delivered = set.clone() }()
 	changed := e.changedFiles(set)
 	moved, err := set.keys(changed)
@@ -223,7 +223,7 @@ func (e *Env) deliver(ctx context.Context, msg string, set policySet, wantReady 
 }
 
 // kustomization reads the policy repository's Kustomization.
-func (e *Env) kustomization(ctx context.Context) (*unstructured.Unstructured, error) {
+func (e *Walk) kustomization(ctx context.Context) (*unstructured.Unstructured, error) {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("kustomize.toolkit.fluxcd.io/v1")
 	u.SetKind("Kustomization")
@@ -236,7 +236,7 @@ func (e *Env) kustomization(ctx context.Context) (*unstructured.Unstructured, er
 // wantReady, a final Ready=False whose message names the head (kustomize-
 // controller reports the revision it tried). It returns the revision and the
 // Ready condition as "Ready=<status> <reason>: <message>".
-func (e *Env) waitKustomization(ctx context.Context, timeout time.Duration, wantReady bool) (rev, verdict string, err error) {
+func (e *Walk) waitKustomization(ctx context.Context, timeout time.Duration, wantReady bool) (rev, verdict string, err error) {
 	head, err := exec.Command("git", "-C", e.git.work, "rev-parse", "HEAD").Output()
 	if err != nil {
 		return "", "", err
@@ -266,7 +266,7 @@ func (e *Env) waitKustomization(ctx context.Context, timeout time.Duration, want
 }
 
 // requestReconcile asks source-controller to fetch now, as `flux reconcile source git` does.
-func (e *Env) requestReconcile(ctx context.Context) error {
+func (e *Walk) requestReconcile(ctx context.Context) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("source.toolkit.fluxcd.io/v1")
 	u.SetKind("GitRepository")
@@ -280,7 +280,7 @@ func (e *Env) requestReconcile(ctx context.Context) error {
 // quickstart is committed first, then the GitRepository and Kustomization
 // of kustomize/flux/policies.yaml are applied (what a production user does);
 // e.policyReady is commit → every policy object Ready.
-func (e *Env) startDelivery(ctx context.Context, set policySet) (string, error) {
+func (e *Walk) startDelivery(ctx context.Context, set policySet) (string, error) {
 	if !e.Opts.Flux {
 		return e.deliver(ctx, "", set, true)
 	}

@@ -1,24 +1,30 @@
 // Package devenv is `plinth dev`: the whole storage loop of Plinth on one
-// machine, on real parts, with no cluster and no Docker.
+// machine, on real parts, with no cloud and no Docker.
 //
-// Up starts a real control plane (etcd, kube-apiserver,
-// kube-controller-manager and plinth-scheduler from bin/, through
-// test/controlplane), registers Node and CSINode objects standing in for
-// kubelet (DESIGN.md "Tests without a kubelet"), installs Plinth's CRDs and
-// the CSIDriver, and runs `plinth controller`, `plinth agent` with the file
-// backend on loop devices under the work directory, `plinth csi --mode all`
-// and the real csi-provisioner, csi-attacher and csi-resizer, and with
-// Options.Flux (the default of `plinth dev up`) Flux's source-controller and
-// kustomize-controller with a Git repository served on loopback. Scenario
-// then walks the quickstart: policy committed to Git and synced by Flux (or
-// applied) → StorageClass/Agent/Store, PVC + pod → volume → staged and
-// published through the node plugin's socket as kubelet would, a hand edit
-// Drifted then corrected, a change committed, an invalid policy Stalled,
-// then deletion. Down stops every process by PID.
+// Up (this file) brings the environment up: a real control plane (etcd,
+// kube-apiserver, kube-controller-manager and the cluster's kube-scheduler,
+// through test/controlplane), three real nodes on this host
+// (internal/cluster: a kubelet, containerd and CNI bridge each, one
+// kube-proxy) with the images of `make images` imported, Plinth deployed
+// as users deploy it (internal/deploy: kustomize build of
+// kustomize/overlays/dev and server-side apply: controller, agent DaemonSet,
+// CSI controller with its sidecars, CSI node DaemonSet, plinth-scheduler, all
+// pods), and with Options.Flux (the default of `plinth dev up`) Flux's
+// source-controller and kustomize-controller with a Git repository served on
+// loopback. Node and CSINode objects come from the kubelets and the driver's
+// own registration. Down stops every process by PID and releases the loop
+// devices the agents attached.
 //
-// Every process runs as a child of the caller with its log under
-// <Dir>/logs; <Dir>/pids lists "name pid" lines so `plinth dev down` can end
-// them when the parent is gone.
+// Walk (scenario.go, gitops.go, cases.go) is a client of a running Env: it
+// walks the quickstart — policy committed to Git and synced by Flux (or
+// applied) → StorageClass/Agent/Store, PVC + busybox pod → volume staged and
+// published by the real kubelet, written and read through kubectl exec, a
+// hand edit Drifted then corrected, a change committed, an invalid policy
+// Stalled, then deletion — and the cases beyond it.
+//
+// Every host process runs as a child of the caller with its log under
+// <Dir>/logs (the nodes' under <Dir>/nodes/logs); <Dir>/pids lists "name
+// pid" lines so `plinth dev down` can end them when the parent is gone.
 package devenv
 
 import (
@@ -35,84 +41,81 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/plinth-storage/plinth/internal/cluster"
+	"github.com/plinth-storage/plinth/internal/controlplane"
+	"github.com/plinth-storage/plinth/internal/deploy"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
 // Names of the dev fleet.
 const (
-	// StorageNode is the one node with real storage (the file backend on this host).
-	StorageNode = "node-a"
-	// ControllerNamespace holds the controller's inventory ConfigMap.
+	// ControllerNamespace is where Plinth runs (kustomize/default).
 	ControllerNamespace = "plinth-system"
 	// FieldManager is the server-side apply manager of what `plinth dev` writes itself.
 	FieldManager = "plinth-dev"
-	// LabelObjectOnly marks the Nodes that exist only as API objects (no agent, no storage).
-	LabelObjectOnly = "dev.plinth.dev/object-only"
+	// StorageLabel is the label every dev node carries (value "dev"): the
+	// quickstart pool's nodeSelector, as an installer would label storage nodes.
+	StorageLabel = "plinth.dev/storage"
+	// DevOverlay is the kustomization `plinth dev` deploys, relative to the checkout.
+	DevOverlay = "kustomize/overlays/dev"
 )
-
-// ObjectOnlyNodes are Nodes registered as objects only, labelled LabelObjectOnly=true.
-var ObjectOnlyNodes = []string{"node-b", "node-c"}
 
 // Options configure Up. The zero value is usable from the repository root.
 type Options struct {
-	// Dir is the work directory (logs, kubeconfig, volumes, sockets). Empty
-	// means DefaultDir. It is removed and recreated by Up.
+	// Dir is the work directory (logs, kubeconfig, nodes). Empty means
+	// DefaultDir. It is removed and recreated by Up.
 	Dir string
-	// Root is the repository checkout (CRDs, examples); empty means
+	// Root is the repository checkout (kustomize/, examples); empty means
 	// controlplane.ModuleRoot() from the working directory.
 	Root string
 	// BinDir holds the test peers (`make testbin`); empty means controlplane.TestBinDir().
 	BinDir string
-	// Plinth is the plinth binary run as controller, agent and csi; empty means os.Executable().
-	Plinth string
+	// Images holds the image archives of `make images`; empty means <BinDir>/images.
+	Images string
+	// Nodes is the number of real nodes (default 3).
+	Nodes int
 	// Flux, when true, delivers the policy through a local Git repository
 	// synced by Flux's source-controller and kustomize-controller.
 	Flux bool
 	// Out receives the step lines; nil means io.Discard.
 	Out io.Writer
-	// StartTimeout bounds each process's start-up (default 2 minutes).
+	// StartTimeout bounds each process's start-up and the rollout (default 5 minutes).
 	StartTimeout time.Duration
 }
 
 // DefaultDir is the work directory of `plinth dev` when Options.Dir is empty.
 const DefaultDir = "/tmp/plinth-dev"
 
-// Env is a running dev environment.
+// Env is a running dev environment: a control plane, real nodes and Plinth
+// deployed on them (and Flux). Scenario drives it.
 type Env struct {
 	Opts   Options
 	Dir    string
 	Root   string
 	CP     *controlplane.ControlPlane
+	Nodes  *cluster.Cluster
 	Client client.Client
 	CS     *kubernetes.Clientset
-	// Kubeconfig is the admin kubeconfig, for kubectl.
-	Kubeconfig string
-	// ControllerMetrics, AgentMetrics are the http://host:port/metrics URLs.
-	ControllerMetrics, AgentMetrics string
-	// CSISocket is the node plugin's (and controller's) unix socket.
-	CSISocket string
-	// VolumeDir is the storage node's file-backend directory.
-	VolumeDir string
+	// Kubeconfig is the admin kubeconfig, for kubectl; Kubectl the kubectl binary.
+	Kubeconfig, Kubectl string
+	// Deployed is what deploying Plinth did.
+	Deployed *deploy.Result
 
 	rep    *reporter
 	procs  map[string]*controlplane.Process
 	pidLog *os.File
+	ownLog *os.File
 	git    *gitRepo
-	// delivered is the policy set last committed (or applied).
-	delivered policySet
-	// policyReady is the last deliver's commit (apply) → every policy object Ready.
-	policyReady time.Duration
-	// agentSpec starts the storage node's agent (again, after a kill).
-	agentSpec *controlplane.ProcessSpec
 	// failed names the components of the step that failed (for the log tails).
 	failed []string
 }
@@ -145,7 +148,10 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 		opts.Out = io.Discard
 	}
 	if opts.StartTimeout == 0 {
-		opts.StartTimeout = 2 * time.Minute
+		opts.StartTimeout = 5 * time.Minute
+	}
+	if opts.Nodes == 0 {
+		opts.Nodes = 3
 	}
 	e := &Env{Opts: opts, rep: &reporter{out: opts.Out}, procs: map[string]*controlplane.Process{}}
 	if e.Dir = opts.Dir; e.Dir == "" {
@@ -159,11 +165,6 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 			return e, fmt.Errorf("repository root (run from the checkout or set Root): %w", err)
 		}
 	}
-	if opts.Plinth == "" {
-		if e.Opts.Plinth, err = os.Executable(); err != nil {
-			return e, err
-		}
-	}
 	if err := checkNotRunning(e.Dir); err != nil {
 		return e, err
 	}
@@ -173,23 +174,14 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 			_ = e.Down()
 		}
 	}()
-	if err := e.rep.run("work directory "+e.Dir, e.prepareDir); err != nil {
-		return e, err
-	}
-	if err := e.rep.run("control plane: etcd, kube-apiserver, kube-controller-manager", func() (string, error) { return e.startControlPlane(ctx) }); err != nil {
-		return e, err
-	}
 	steps := []struct {
 		title string
 		f     func() (string, error)
 	}{
-		{"plinth-scheduler (kube-scheduler)", func() (string, error) { return e.startScheduler(ctx) }},
-		{"Plinth CRDs and the CSIDriver", func() (string, error) { return e.installCRDs(ctx) }},
-		{"Nodes and CSINodes (standing in for kubelet)", func() (string, error) { return e.registerNodes(ctx) }},
-		{"plinth controller", func() (string, error) { return e.startController(ctx) }},
-		{"plinth agent on " + StorageNode + " (file backend, loop devices)", func() (string, error) { return e.startAgent(ctx) }},
-		{"plinth csi (controller + node plugin of " + StorageNode + ")", func() (string, error) { return e.startCSI(ctx) }},
-		{"csi-provisioner, csi-attacher, csi-resizer", func() (string, error) { return e.startSidecars(ctx) }},
+		{"work directory " + e.Dir, e.prepareDir},
+		{"control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler", func() (string, error) { return e.startControlPlane(ctx) }},
+		{fmt.Sprintf("%d real nodes: containerd, kubelet, CNI bridge each; kube-proxy; images imported", opts.Nodes), func() (string, error) { return e.startNodes(ctx) }},
+		{"deploy Plinth: kustomize build " + DevOverlay + " | server-side apply; rollouts", func() (string, error) { return e.deployPlinth(ctx) }},
 	}
 	if opts.Flux {
 		steps = append(steps, struct {
@@ -210,26 +202,31 @@ func (e *Env) prepareDir() (string, error) {
 	if err := os.RemoveAll(e.Dir); err != nil {
 		return "", err
 	}
-	for _, d := range []string{"logs", "volumes", "agent", "csi", "kubelet", "flux-storage"} {
+	for _, d := range []string{"logs", "flux-storage"} {
 		if err := os.MkdirAll(filepath.Join(e.Dir, d), 0o755); err != nil {
 			return "", err
 		}
 	}
-	e.VolumeDir = filepath.Join(e.Dir, "volumes")
 	var err error
 	e.pidLog, err = os.OpenFile(filepath.Join(e.Dir, "pids"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return "", err
 	}
 	fmt.Fprintf(e.pidLog, "plinth-dev %d\n", os.Getpid())
+	// The clients of this process (server-side apply, the scenario's) log
+	// through controller-runtime: into logs/plinth-dev.log, not the terminal.
+	lf, err := os.OpenFile(filepath.Join(e.Dir, "logs", "plinth-dev.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return "", err
+	}
+	e.ownLog = lf
+	ctrllog.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(lf, time.Now().Format(time.RFC3339Nano), prefix, args) }, funcr.Options{}))
 	return "", nil
 }
 
 func (e *Env) startControlPlane(ctx context.Context) (string, error) {
-	controllers := append(append([]string(nil), controlplane.DefaultControllers...), "persistentvolume-attach-detach-controller")
 	cp, err := controlplane.Start(ctx, controlplane.Options{
-		Dir: filepath.Join(e.Dir, "cluster"), BinDir: e.Opts.BinDir,
-		ControllerManager: true, Controllers: controllers, StartTimeout: e.Opts.StartTimeout,
+		Dir: filepath.Join(e.Dir, "cluster"), BinDir: e.Opts.BinDir, Nodes: true, Scheduler: true, StartTimeout: e.Opts.StartTimeout,
 	})
 	if err != nil {
 		return "", err
@@ -245,9 +242,11 @@ func (e *Env) startControlPlane(ctx context.Context) (string, error) {
 	if e.CS, err = kubernetes.NewForConfig(cp.Admin.Config); err != nil {
 		return "", err
 	}
-	kubectl, _ := controlplane.BinaryPath(e.Opts.BinDir, controlplane.BinKubectl)
-	return fmt.Sprintf("API server %s (ready in %.1fs)\nexport KUBECONFIG=%s\n%s get storagepools,placements,stores,volumestates,pvc,pv",
-		cp.URL, cp.StartDuration.Seconds(), e.Kubeconfig, kubectl), nil
+	if e.Kubectl, err = controlplane.BinaryPath(e.Opts.BinDir, controlplane.BinKubectl); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("API server %s, advertised on %s (ready in %.1fs)\nexport KUBECONFIG=%s\n%s get nodes,pods -A; %s get storagepools,placements,stores,volumestates,pvc,pv",
+		cp.URL, cp.NodeIP, cp.StartDuration.Seconds(), e.Kubeconfig, e.Kubectl, e.Kubectl), nil
 }
 
 func (e *Env) recordPID(p *controlplane.Process) {
@@ -257,181 +256,104 @@ func (e *Env) recordPID(p *controlplane.Process) {
 	}
 }
 
-// start runs a process owned by the control plane and records its PID.
-func (e *Env) start(ctx context.Context, spec controlplane.ProcessSpec) (*controlplane.Process, error) {
-	if spec.ReadyTimeout == 0 {
-		spec.ReadyTimeout = e.Opts.StartTimeout
+// imagesDir is where the image archives are.
+func (e *Env) imagesDir() (string, error) {
+	if e.Opts.Images != "" {
+		return e.Opts.Images, nil
 	}
-	p, err := e.CP.StartProcess(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	e.recordPID(p)
-	return p, nil
-}
-
-func (e *Env) startScheduler(ctx context.Context) (string, error) {
-	port, err := controlplane.FreePort()
-	if err != nil {
-		return "", err
-	}
-	kc := e.CP.Admin.Kubeconfig
-	cfg, err := e.schedulerConfig(kc)
-	if err != nil {
-		return "", err
-	}
-	p, err := e.start(ctx, controlplane.ProcessSpec{
-		Name: controlplane.BinPlinthScheduler, Binary: controlplane.BinPlinthScheduler,
-		Args: []string{"--config=" + cfg, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
-			"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port)},
-		Ready: controlplane.HTTPReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", port), nil),
-	})
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("pid %d, log %s", p.PID(), p.LogPath), nil
-}
-
-// SchedulerProfile is the schedulerName with which pods opt in to PlinthCapacity: the profile
-// of kustomize/scheduler/config.yaml, which plinth dev runs as it is deployed.
-const SchedulerProfile = "plinth-scheduler"
-
-// schedulerConfig writes the KubeSchedulerConfiguration plinth-scheduler runs with: the one
-// deployed (kustomize/scheduler/config.yaml, profile plinth-scheduler with PlinthCapacity),
-// with this control plane's kubeconfig, no leader election, and a plain default-scheduler
-// profile standing in for the cluster's own kube-scheduler (nothing else schedules here).
-func (e *Env) schedulerConfig(kubeconfig string) (string, error) {
-	src := filepath.Join(e.Root, "kustomize", "scheduler", "config.yaml")
-	raw, err := os.ReadFile(src)
-	if err != nil {
-		return "", fmt.Errorf("scheduler configuration: %w", err)
-	}
-	var cfg map[string]any
-	if err := yaml.Unmarshal(raw, &cfg); err != nil {
-		return "", fmt.Errorf("%s: %w", src, err)
-	}
-	profiles, _ := cfg["profiles"].([]any)
-	found := false
-	for _, p := range profiles {
-		if m, ok := p.(map[string]any); ok && m["schedulerName"] == SchedulerProfile {
-			found = true
-		}
-	}
-	if !found {
-		return "", fmt.Errorf("%s: no profile %q", src, SchedulerProfile)
-	}
-	cfg["profiles"] = append(profiles, map[string]any{"schedulerName": corev1.DefaultSchedulerName})
-	cfg["leaderElection"] = map[string]any{"leaderElect": false}
-	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig}
-	out, err := yaml.Marshal(cfg)
-	if err != nil {
-		return "", err
-	}
-	path := filepath.Join(e.Dir, "scheduler-config.yaml")
-	return path, os.WriteFile(path, out, 0o600)
-}
-
-func (e *Env) startController(ctx context.Context) (string, error) {
-	if err := e.ensureNamespace(ctx, ControllerNamespace); err != nil {
-		return "", err
-	}
-	mport, err := controlplane.FreePort()
-	if err != nil {
-		return "", err
-	}
-	hport, err := controlplane.FreePort()
-	if err != nil {
-		return "", err
-	}
-	e.ControllerMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
-	p, err := e.start(ctx, controlplane.ProcessSpec{
-		Name: "plinth-controller", Binary: e.Opts.Plinth,
-		Args: []string{"controller", "--kubeconfig", e.Kubeconfig, "--namespace", ControllerNamespace,
-			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport), "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", hport),
-			"--resync-interval", "30s"},
-		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", hport), nil),
-	})
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("pid %d, metrics %s", p.PID(), e.ControllerMetrics), nil
-}
-
-func (e *Env) startAgent(ctx context.Context) (string, error) {
-	mport, err := controlplane.FreePort()
-	if err != nil {
-		return "", err
-	}
-	hport, err := controlplane.FreePort()
-	if err != nil {
-		return "", err
-	}
-	e.AgentMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
-	e.agentSpec = &controlplane.ProcessSpec{
-		Name: "plinth-agent-" + StorageNode, Binary: e.Opts.Plinth,
-		Args: []string{"agent", "--node", StorageNode, "--kubeconfig", e.Kubeconfig, "--state-dir", filepath.Join(e.Dir, "agent"),
-			"--refresh-interval", "2s", "--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport),
-			"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", hport), "--host-nqn-file", filepath.Join(e.Dir, "agent", "no-hostnqn")},
-		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/healthz", hport), nil),
-	}
-	p, err := e.start(ctx, *e.agentSpec)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("pid %d, volumes under %s, metrics %s", p.PID(), e.VolumeDir, e.AgentMetrics), nil
-}
-
-func (e *Env) startCSI(ctx context.Context) (string, error) {
-	e.CSISocket = filepath.Join(e.Dir, "csi", "csi.sock")
-	if len(e.CSISocket) > 100 {
-		return "", fmt.Errorf("socket path %s is too long for a unix socket: choose a shorter --dir", e.CSISocket)
-	}
-	mport, err := controlplane.FreePort()
-	if err != nil {
-		return "", err
-	}
-	p, err := e.start(ctx, controlplane.ProcessSpec{
-		Name: "plinth-csi", Binary: e.Opts.Plinth,
-		Args: []string{"csi", "--mode", "all", "--endpoint", "unix://" + e.CSISocket, "--kubeconfig", e.Kubeconfig,
-			"--node-name", StorageNode, "--state-dir", filepath.Join(e.Dir, "csi", "state"),
-			"--host-nqn-file", filepath.Join(e.Dir, "csi", "no-hostnqn"), "--wait-timeout", "60s",
-			"--metrics-address", fmt.Sprintf("127.0.0.1:%d", mport), "-v", "2",
-			"--registration-dir=", "--health-address="}, // the stand-in kubelet calls the socket directly
-		Ready: controlplane.SocketReady(e.CSISocket),
-	})
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("pid %d, socket %s", p.PID(), e.CSISocket), nil
-}
-
-func (e *Env) startSidecars(ctx context.Context) (string, error) {
-	var lines []string
-	for _, sc := range []struct {
-		bin  string
-		args []string
-		env  []string
-	}{
-		// Outside a pod: no owner for CSIStorageCapacity objects (DESIGN.md "Tests without a kubelet").
-		{controlplane.BinCSIProvisioner, []string{"--feature-gates=Topology=true", "--extra-create-metadata", "--enable-capacity",
-			"--capacity-ownerref-level=-1", "--capacity-poll-interval=5s"}, []string{"NAMESPACE=" + ControllerNamespace}},
-		{controlplane.BinCSIAttacher, nil, nil},
-		{controlplane.BinCSIResizer, nil, nil},
-	} {
-		args := append([]string{"--csi-address=" + e.CSISocket, "--kubeconfig=" + e.Kubeconfig, "--leader-election=false", "--timeout=60s", "--v=2",
-			"--kube-api-qps=50", "--kube-api-burst=100"}, sc.args...)
-		p, err := e.start(ctx, controlplane.ProcessSpec{Name: sc.bin, Binary: sc.bin, Args: args, Env: sc.env})
-		if err != nil {
+	bin := e.Opts.BinDir
+	if bin == "" {
+		var err error
+		if bin, err = controlplane.TestBinDir(); err != nil {
 			return "", err
 		}
-		lines = append(lines, fmt.Sprintf("%s pid %d", sc.bin, p.PID()))
 	}
-	// A sidecar that cannot talk to the driver exits at once: give them a moment, then check.
-	time.Sleep(time.Second)
-	if err := e.CP.Dead(); err != nil {
+	return filepath.Join(bin, "images"), nil
+}
+
+// ImageArchives are the archives Up imports into every node: Plinth's, its
+// sidecars', the sandbox image and busybox (for the users' own pods).
+var ImageArchives = []string{"plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "pause", "busybox"}
+
+func (e *Env) startNodes(ctx context.Context) (string, error) {
+	dir, err := e.imagesDir()
+	if err != nil {
 		return "", err
 	}
-	return strings.Join(lines, ", "), nil
+	var images []string
+	for _, name := range ImageArchives {
+		p := filepath.Join(dir, name+".tar")
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("image archive %s: %w (run `make images`)", p, err)
+		}
+		images = append(images, p)
+	}
+	opts, err := e.CP.ClusterOptions()
+	if err != nil {
+		return "", err
+	}
+	opts.Dir = filepath.Join(e.Dir, "nodes")
+	opts.Images = images
+	opts.Nodes = cluster.DefaultNodes(e.Opts.Nodes)
+	opts.Labels = map[string]string{StorageLabel: "dev"}
+	opts.StartTimeout = e.Opts.StartTimeout
+	c, err := cluster.Start(ctx, opts)
+	if err != nil {
+		return "", err
+	}
+	e.Nodes = c
+	if e.pidLog != nil {
+		for _, pid := range c.PIDs() {
+			fmt.Fprintf(e.pidLog, "node-process %d\n", pid)
+		}
+	}
+	var lines []string
+	for _, n := range c.Nodes {
+		lines = append(lines, fmt.Sprintf("node %s (zone %s): kubelet on %s:%d, root %s, log %s", n.Name, n.Zone, c.NodeIP, n.KubeletPort, n.RootDir, n.KubeletLogPath()))
+	}
+	lines = append(lines, fmt.Sprintf("all Ready in %.1fs; %d images imported into each", c.StartDuration.Seconds(), len(images)))
+	return strings.Join(lines, "\n"), nil
+}
+
+// deployPlinth deploys Plinth as users do (internal/deploy) and waits until
+// kubelet lists the driver on every node's CSINode (the node plugin's own
+// registration).
+func (e *Env) deployPlinth(ctx context.Context) (string, error) {
+	objs, err := deploy.Build(filepath.Join(e.Root, DevOverlay))
+	if err != nil {
+		return "", err
+	}
+	e.Deployed, err = deploy.Apply(ctx, e.CP.Admin.Config, objs, e.Opts.StartTimeout)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range e.Nodes.Nodes {
+		if err := poll(ctx, 2*time.Minute, func() error {
+			var cn storagev1.CSINode
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: n.Name}, &cn); err != nil {
+				return err
+			}
+			for _, d := range cn.Spec.Drivers {
+				if d.Name == policyv1.DriverName {
+					return nil
+				}
+			}
+			return fmt.Errorf("CSINode %s does not list %s yet", n.Name, policyv1.DriverName)
+		}); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("%s\nCSINode of every node lists %s (registered with kubelet by the node plugin)", e.Deployed, policyv1.DriverName), nil
+}
+
+// VolumeDir is the host path of node's quickstart file-backend directory
+// (/var/lib/plinth/dev on the node).
+func (e *Env) VolumeDir(node string) string {
+	n := e.Nodes.Node(node)
+	if n == nil {
+		return ""
+	}
+	return filepath.Join(n.Dir, "plinth", "dev")
 }
 
 // LogTails returns the last n lines of each process's log, by name.
@@ -450,6 +372,12 @@ func (e *Env) Down() error {
 	if e.git != nil {
 		e.git.close()
 	}
+	if e.Nodes != nil {
+		if err := e.Nodes.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+		detachLoops(e.Dir)
+	}
 	if e.CP != nil {
 		if err := e.CP.Stop(); err != nil {
 			errs = append(errs, err)
@@ -460,6 +388,11 @@ func (e *Env) Down() error {
 		e.pidLog.Close()
 		os.Remove(e.pidLog.Name())
 		e.pidLog = nil
+	}
+	if e.ownLog != nil {
+		ctrllog.SetLogger(logr.Discard())
+		e.ownLog.Close()
+		e.ownLog = nil
 	}
 	return errors.Join(errs...)
 }
@@ -501,6 +434,7 @@ func DownDir(dir string) ([]int, error) {
 		}
 	}
 	cleanupMounts(dir)
+	detachLoops(dir)
 	os.Remove(filepath.Join(dir, "pids"))
 	return signalled, nil
 }
@@ -562,3 +496,34 @@ func cleanupMounts(dir string) {
 		_ = exec.Command("losetup", "-d", dev).Run()
 	}
 }
+
+// detachLoops detaches the loop devices whose backing file is a volume file
+// under dir (matched by device and inode: the agents opened them through
+// their own mount namespaces, so the kernel's path for them is not the
+// host's). Best effort, on the way out.
+func detachLoops(dir string) {
+	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "plinth", "*", "*.img"))
+	want := map[string]bool{}
+	for _, f := range files {
+		var st syscall.Stat_t
+		if syscall.Stat(f, &st) == nil {
+			want[fmt.Sprintf("%d %d:%d", st.Ino, unixMajor(st.Dev), unixMinor(st.Dev))] = true
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	out, err := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME,BACK-INO,BACK-MAJ:MIN").Output()
+	if err != nil {
+		return
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 3 && want[f[1]+" "+f[2]] {
+			_ = exec.Command("losetup", "-d", f[0]).Run()
+		}
+	}
+}
+
+func unixMajor(dev uint64) uint64 { return (dev >> 8) & 0xfff }
+func unixMinor(dev uint64) uint64 { return (dev & 0xff) | ((dev >> 12) & 0xfff00) }

@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/internal/controlplane"
 )
 
 // Flux peers (test/tools/flux-*; versions in test/tools/versions.env).
@@ -161,7 +161,7 @@ func (e *Env) startFlux(ctx context.Context) (string, error) {
 		}
 	}
 	storage := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	sc, err := e.start(ctx, controlplane.ProcessSpec{
+	sc, err := e.startHost(ctx, controlplane.ProcessSpec{
 		Name: BinSourceController, Binary: BinSourceController,
 		Args: []string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
 			"--storage-path=" + filepath.Join(e.Dir, "flux-storage"), "--storage-addr=" + storage, "--storage-adv-addr=" + storage,
@@ -173,7 +173,7 @@ func (e *Env) startFlux(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	kc, err := e.start(ctx, controlplane.ProcessSpec{
+	kc, err := e.startHost(ctx, controlplane.ProcessSpec{
 		Name: BinKustomizeController, Binary: BinKustomizeController,
 		Args: []string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[3]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[4]),
 			"--enable-leader-election=false", "--log-level=info"},
@@ -186,12 +186,25 @@ func (e *Env) startFlux(ctx context.Context) (string, error) {
 	return fmt.Sprintf("git repository %s\nsource-controller pid %d, kustomize-controller pid %d", e.git.url, sc.PID(), kc.PID()), nil
 }
 
+// startHost runs a process on the host owned by the control plane and records its PID.
+func (e *Env) startHost(ctx context.Context, spec controlplane.ProcessSpec) (*controlplane.Process, error) {
+	if spec.ReadyTimeout == 0 {
+		spec.ReadyTimeout = e.Opts.StartTimeout
+	}
+	p, err := e.CP.StartProcess(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	e.recordPID(p)
+	return p, nil
+}
+
 // fluxObjects are the GitRepository and Kustomization of the policy
 // repository that a production user applies (kustomize/flux/policies.yaml,
 // health checks included), pointed at the local repository with short
 // intervals and without the dependency on Plinth's own Kustomization (the
 // dev environment runs Plinth as processes).
-func (e *Env) fluxObjects() ([]*unstructured.Unstructured, error) {
+func (e *Walk) fluxObjects() ([]*unstructured.Unstructured, error) {
 	objs, err := readObjects(filepath.Join(e.Root, "kustomize", "flux", "policies.yaml"))
 	if err != nil {
 		return nil, err

@@ -4,18 +4,19 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/internal/controlplane"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
 // The policy changes the scenario commits.
@@ -61,11 +62,12 @@ spec:
 `
 )
 
-var agentAndCSI = []string{"plinth-agent-" + StorageNode, "plinth-csi", "csi-provisioner"}
+// agentAndCSI are the components (app.kubernetes.io/component) whose logs explain a volume step.
+var agentAndCSI = []string{"agent", "csi-controller", "csi-node"}
 
 // step runs f as a reported step; on failure it remembers the components
 // whose log tails explain it.
-func (e *Env) step(title string, components []string, f func() (string, error)) error {
+func (e *Walk) step(title string, components []string, f func() (string, error)) error {
 	err := e.rep.run(title, f)
 	if err != nil {
 		e.failed = components
@@ -74,7 +76,7 @@ func (e *Env) step(title string, components []string, f func() (string, error)) 
 }
 
 // placement reads a Placement as unstructured (conditions by type).
-func (e *Env) placement(ctx context.Context, name string) (*unstructured.Unstructured, error) {
+func (e *Walk) placement(ctx context.Context, name string) (*unstructured.Unstructured, error) {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(policyKinds[2])
 	err := e.Client.Get(ctx, client.ObjectKey{Name: name}, u)
@@ -84,8 +86,8 @@ func (e *Env) placement(ctx context.Context, name string) (*unstructured.Unstruc
 // CorrectDrift commits driftPolicy: Correct on the pool and shows Plinth
 // revert the hand edit of HandDrift: the StorageClass gets its policy value
 // back and the Placement says Drifted=False (DriftCorrected).
-func (e *Env) CorrectDrift(ctx context.Context, sum *Summary) error {
-	return e.step(e.verb()+" driftPolicy: Correct on the pool → Plinth reverts the hand edit", []string{BinKustomizeController, "plinth-controller"}, func() (string, error) {
+func (e *Walk) CorrectDrift(ctx context.Context, sum *Summary) error {
+	return e.step(e.verb()+" driftPolicy: Correct on the pool → Plinth reverts the hand edit", []string{BinKustomizeController, "controller"}, func() (string, error) {
 		set := e.delivered.clone()
 		if err := set.edit("pool.yaml", "driftPolicy: Report", "driftPolicy: Correct"); err != nil {
 			return "", err
@@ -132,10 +134,11 @@ func (e *Env) CorrectDrift(ctx context.Context, sum *Summary) error {
 	})
 }
 
-// storeAllocatable returns the quickstart Store's allocatable bytes (-1 when not reported).
-func (e *Env) storeAllocatable(ctx context.Context) (int64, error) {
+// storeAllocatable returns the allocatable bytes of the quickstart Store of
+// the pod's node (-1 when not reported).
+func (e *Walk) storeAllocatable(ctx context.Context) (int64, error) {
 	var st storev1.Store
-	if err := e.Client.Get(ctx, client.ObjectKey{Name: storev1.StoreName(QuickstartPool, StorageNode)}, &st); err != nil {
+	if err := e.Client.Get(ctx, client.ObjectKey{Name: storev1.StoreName(QuickstartPool, e.node)}, &st); err != nil {
 		return 0, err
 	}
 	if st.Status.Capacity == nil {
@@ -148,8 +151,8 @@ func (e *Env) storeAllocatable(ctx context.Context) (int64, error) {
 // 2Gi and a new placement (ExtraPlacement) — and shows it reconciled through
 // Flux and Plinth: every policy Ready, the new StorageClass rendered, and the
 // Store's allocatable capacity 1Gi lower once the agent has re-measured.
-func (e *Env) ChangePolicy(ctx context.Context, sum *Summary) error {
-	return e.step(e.verb()+": reserve 1Gi → 2Gi and a new placement "+ExtraPlacement+" → reconciled", []string{BinKustomizeController, "plinth-controller", "plinth-agent-" + StorageNode}, func() (string, error) {
+func (e *Walk) ChangePolicy(ctx context.Context, sum *Summary) error {
+	return e.step(e.verb()+": reserve 1Gi → 2Gi and a new placement "+ExtraPlacement+" → reconciled", []string{BinKustomizeController, "controller", "agent"}, func() (string, error) {
 		before, err := e.storeAllocatable(ctx)
 		if err != nil {
 			return "", err
@@ -197,8 +200,8 @@ func (e *Env) ChangePolicy(ctx context.Context, sum *Summary) error {
 // untouched: its VolumeState still Ready, its file and its StorageClass still
 // there, the published mount still readable. The commit is then reverted in
 // Git and the policy is Ready again.
-func (e *Env) InvalidPolicy(ctx context.Context, sum *Summary) error {
-	return e.step(e.verb()+" an invalid placement → Stalled with the CUE message; the running volume untouched; revert", []string{BinKustomizeController, "plinth-controller"}, func() (string, error) {
+func (e *Walk) InvalidPolicy(ctx context.Context, sum *Summary) error {
+	return e.step(e.verb()+" an invalid placement → Stalled with the CUE message; the running volume untouched; revert", []string{BinKustomizeController, "controller"}, func() (string, error) {
 		good := e.delivered.clone()
 		bad := good.clone()
 		bad["placement-invalid.yaml"] = []byte(invalidPlacementYAML)
@@ -266,13 +269,11 @@ func (e *Env) InvalidPolicy(ctx context.Context, sum *Summary) error {
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: "plinth-dev-xfs"}, &sc); !apierrors.IsNotFound(err) {
 			return "", fmt.Errorf("StorageClass plinth-dev-xfs of the invalid placement: want none, got %v", err)
 		}
-		probe := ""
-		if pvc := e.kubeletProbe(); pvc != "" {
-			if _, err := os.ReadFile(pvc); err != nil {
-				return "", fmt.Errorf("the published volume after the invalid commit: %w", err)
-			}
-			probe = "; " + pvc + " still readable through the mount"
+		out, err := e.KubectlRun(ctx, "exec", "-n", QuickstartNamespace, QuickstartPod, "--", "cat", "/data/hello.txt")
+		if err != nil || !strings.Contains(out, probeText) {
+			return "", fmt.Errorf("the pod's volume after the invalid commit: %q %v", out, err)
 		}
+		probe := "; /data/hello.txt still readable in the pod"
 		reverted, err := e.deliver(ctx, "revert: remove placement dev.xfs", good, true)
 		if err != nil {
 			return "", fmt.Errorf("revert: %w", err)
@@ -294,26 +295,16 @@ func (e *Env) InvalidPolicy(ctx context.Context, sum *Summary) error {
 	})
 }
 
-// kubeletProbe is the file the kubelet stand-in wrote through the published
-// mount ("" before Kubelet ran).
-func (e *Env) kubeletProbe() string {
-	m, _ := filepath.Glob(filepath.Join(e.Dir, "kubelet", "pods", QuickstartPod, "volumes", "kubernetes.io~csi", "*", "mount", "hello.txt"))
-	if len(m) == 1 {
-		return m[0]
-	}
-	return ""
-}
-
 // Scenario runs the quickstart end to end on a running Env and returns the
 // measured figures: policy delivered (committed to Git and synced by Flux, or
 // applied), rendered objects, PVC + pod, volume staged and published, hand
 // edit → Drifted → corrected, a change committed, an invalid policy
 // rejected, then the volume released. It prints a summary with timings.
-func (e *Env) Scenario(ctx context.Context) (*Summary, error) {
+func (e *Walk) Scenario(ctx context.Context) (*Summary, error) {
 	sum := &Summary{}
 	start := time.Now()
-	steps := []func(context.Context, *Summary) error{e.Policy, e.ShowRendered, e.Claim, e.Kubelet, e.HandDrift, e.CorrectDrift,
-		e.ChangePolicy, e.InvalidPolicy, e.KubeletRelease, e.Release}
+	steps := []func(context.Context, *Summary) error{e.Policy, e.ShowRendered, e.Claim, e.PodIO, e.HandDrift, e.CorrectDrift,
+		e.ChangePolicy, e.InvalidPolicy, e.PodGone, e.Release}
 	for _, s := range steps {
 		if err := s(ctx, sum); err != nil {
 			sum.Total = time.Since(start)
@@ -328,14 +319,14 @@ func (e *Env) Scenario(ctx context.Context) (*Summary, error) {
 	}
 	e.rep.printf("\nsummary (policy %s):\n", how)
 	e.rep.printf("  %-34s %5.1fs (quickstart), %.1fs (reserve 2Gi + placement %s)\n", e.verb()+" → policy Ready", sum.PolicyReady.Seconds(), sum.ChangeReady.Seconds(), ExtraPlacement)
-	e.rep.printf("  %-34s %5.1fs\n", "PVC → Bound (pod on "+StorageNode+")", sum.PVCBound.Seconds())
+	e.rep.printf("  %-34s %5.1fs\n", "PVC → pod Running (on "+e.node+")", sum.PVCBound.Seconds())
 	e.rep.printf("  %-34s %5.1fs; %s driftPolicy Correct → corrected %.1fs\n", "hand edit → Drifted", sum.DriftShown.Seconds(), e.verb(), sum.DriftCorrected.Seconds())
 	e.rep.printf("  %-34s %5.1fs\n", "invalid "+e.verb()+" → Stalled", sum.Rejected.Seconds())
 	e.rep.printf("  %-34s %5.1fs\n", "whole scenario", sum.Total.Seconds())
 	return sum, nil
 }
 
-func (e *Env) fail(err error) error {
+func (e *Walk) fail(err error) error {
 	e.failureTails()
 	return err
 }
@@ -366,5 +357,43 @@ func (e *Env) failureTails() {
 	for _, n := range names {
 		p := e.procs[n]
 		e.rep.printf("\n--- %s (pid %d, %s of %s):\n%s\n", n, p.PID(), what, p.LogPath, p.Tail(20))
+	}
+	e.podTails()
+}
+
+// podTails prints the state of every Plinth pod that is not Ready and the
+// last lines of the containers of the components the failed step names
+// (app.kubernetes.io/component), through the API server as kubectl logs does.
+func (e *Env) podTails() {
+	if e.CS == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pods, err := e.CS.CoreV1().Pods(ControllerNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	wanted := map[string]bool{}
+	for _, c := range e.failed {
+		wanted[c] = true
+	}
+	for _, p := range pods.Items {
+		ready := false
+		for _, c := range p.Status.Conditions {
+			ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+		}
+		if !ready {
+			e.rep.printf("\n--- pod %s on %s not Ready: %s %s\n", p.Name, p.Spec.NodeName, p.Status.Phase, podWhy(&p))
+		}
+		if !wanted[p.Labels["app.kubernetes.io/component"]] && ready {
+			continue
+		}
+		for _, ct := range p.Spec.Containers {
+			data, err := e.CS.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct.Name, TailLines: ptr(int64(20))}).DoRaw(ctx)
+			if err == nil {
+				e.rep.printf("\n--- %s/%s on %s (last lines):\n%s\n", p.Name, ct.Name, p.Spec.NodeName, data)
+			}
+		}
 	}
 }

@@ -2,9 +2,9 @@ package devenv
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +21,6 @@ import (
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
 // The quickstart's names (examples/quickstart).
@@ -33,9 +32,23 @@ const (
 	QuickstartPVC        = "data"
 	QuickstartNamespace  = "default"
 	QuickstartPod        = "app"
-	quickstartPolicyDir  = "/var/lib/plinth/dev"
 	quickstartPolicyYAML = "pool.yaml protocol.yaml placement.yaml"
 )
+
+// Walk is the quickstart scenario and the cases beyond it, driving a running
+// Env as a user with kubectl and Git would. Its methods are the steps.
+type Walk struct {
+	*Env
+	// delivered is the policy set last committed (or applied).
+	delivered policySet
+	// policyReady is the last deliver's commit (apply) → every policy object Ready.
+	policyReady time.Duration
+	// node is the node the quickstart pod runs on.
+	node string
+}
+
+// NewWalk returns the scenario of env.
+func NewWalk(env *Env) *Walk { return &Walk{Env: env} }
 
 // Summary holds the measured figures of a scenario run.
 type Summary struct {
@@ -60,17 +73,17 @@ type Summary struct {
 	VolumeFile string
 }
 
-// policyDocs returns the quickstart policy documents with the pool's file
-// directory moved under the work directory.
-func (e *Env) policyDocs() (policySet, error) {
+// policyDocs returns the quickstart policy documents as they are: the pool's
+// file directory /var/lib/plinth/dev is a per-node folder on these nodes
+// (the agent DaemonSet's /var/lib/plinth hostPath).
+func (e *Walk) policyDocs() (policySet, error) {
 	out := policySet{}
 	for _, f := range strings.Fields(quickstartPolicyYAML) {
 		data, err := os.ReadFile(filepath.Join(e.Root, "examples", "quickstart", f))
 		if err != nil {
 			return nil, err
 		}
-		s := strings.ReplaceAll(string(data), quickstartPolicyDir, e.VolumeDir)
-		out[f] = []byte(s)
+		out[f] = data
 	}
 	return out, nil
 }
@@ -103,7 +116,7 @@ func conditionOf(u *unstructured.Unstructured, typ string) (status, reason, mess
 
 // waitPolicyReady waits until the quickstart's pool, protocol and placement
 // (and the extra placements named) are Ready=True for their generation.
-func (e *Env) waitPolicyReady(ctx context.Context, timeout time.Duration, extraPlacements ...string) (string, error) {
+func (e *Walk) waitPolicyReady(ctx context.Context, timeout time.Duration, extraPlacements ...string) (string, error) {
 	type ref struct {
 		gvk  schema.GroupVersionKind
 		name string
@@ -136,7 +149,7 @@ func (e *Env) waitPolicyReady(ctx context.Context, timeout time.Duration, extraP
 // Git repository, synced by source-controller and kustomize-controller
 // through the GitRepository + Kustomization of kustomize/flux — and waits
 // for the Kustomization and every policy object to be Ready.
-func (e *Env) Policy(ctx context.Context, sum *Summary) error {
+func (e *Walk) Policy(ctx context.Context, sum *Summary) error {
 	title := "apply the quickstart policy (examples/quickstart); policies Ready"
 	if e.Opts.Flux {
 		title = "commit the quickstart policy to Git; Flux syncs it; Kustomization and policies Ready"
@@ -160,7 +173,7 @@ func (e *Env) Policy(ctx context.Context, sum *Summary) error {
 }
 
 // verb names how policy reaches the cluster, for the step lines.
-func (e *Env) verb() string {
+func (e *Walk) verb() string {
 	if e.Opts.Flux {
 		return "commit"
 	}
@@ -170,20 +183,22 @@ func (e *Env) verb() string {
 // ShowRendered waits for and prints what the controller rendered (every
 // StorageClass of Plinth's driver, Agents, Stores) and the capacity the agent
 // reported on the quickstart's Store.
-func (e *Env) ShowRendered(ctx context.Context, _ *Summary) error {
-	return e.step("rendered StorageClasses, Agents, Stores; Store capacity from the agent", []string{"plinth-controller", "plinth-agent-" + StorageNode}, func() (string, error) {
-		store := storev1.StoreName(QuickstartPool, StorageNode)
+func (e *Walk) ShowRendered(ctx context.Context, _ *Summary) error {
+	return e.step("rendered StorageClasses, Agents, Stores; Store capacity from each node's agent", []string{"controller", "agent"}, func() (string, error) {
 		err := poll(ctx, 2*time.Minute, func() error {
 			var sc storagev1.StorageClass
 			if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartClass}, &sc); err != nil {
 				return err
 			}
-			var st storev1.Store
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: store}, &st); err != nil {
-				return err
-			}
-			if st.Status.Capacity == nil || st.Status.Capacity.Available <= 0 {
-				return fmt.Errorf("store %s reports no capacity yet", store)
+			for _, n := range e.Nodes.Nodes {
+				store := storev1.StoreName(QuickstartPool, n.Name)
+				var st storev1.Store
+				if err := e.Client.Get(ctx, client.ObjectKey{Name: store}, &st); err != nil {
+					return err
+				}
+				if st.Status.Capacity == nil || st.Status.Capacity.Available <= 0 {
+					return fmt.Errorf("store %s reports no capacity yet", store)
+				}
 			}
 			return nil
 		})
@@ -195,7 +210,7 @@ func (e *Env) ShowRendered(ctx context.Context, _ *Summary) error {
 }
 
 // rendered lists Plinth's StorageClasses, the Agents and the Stores with their capacity.
-func (e *Env) rendered(ctx context.Context) (string, error) {
+func (e *Walk) rendered(ctx context.Context) (string, error) {
 	var lines []string
 	var classes storagev1.StorageClassList
 	if err := e.Client.List(ctx, &classes); err != nil {
@@ -249,9 +264,9 @@ func bytesStr(b int64) string {
 
 // Claim creates the quickstart PVC and a pod using it, waits for the pod to
 // be scheduled and the PVC Bound, and shows the VolumeState and the file on disk.
-func (e *Env) Claim(ctx context.Context, sum *Summary) error {
+func (e *Walk) Claim(ctx context.Context, sum *Summary) error {
 	var pv corev1.PersistentVolume
-	if err := e.step("PVC "+QuickstartNamespace+"/"+QuickstartPVC+" + pod "+QuickstartPod+" → scheduled, PVC Bound", []string{controlplane.BinPlinthScheduler, "csi-provisioner", "plinth-csi", "plinth-agent-" + StorageNode}, func() (string, error) {
+	if err := e.step("PVC "+QuickstartNamespace+"/"+QuickstartPVC+" + pod "+QuickstartPod+" → PVC Bound, pod Running with the volume (real kubelet)", []string{"scheduler", "csi-controller", "csi-node", "agent"}, func() (string, error) {
 		objs, err := readObjects(filepath.Join(e.Root, "examples", "quickstart", "pvc.yaml"))
 		if err != nil {
 			return "", err
@@ -274,10 +289,8 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 			if err := e.Client.Get(ctx, client.ObjectKey{Namespace: QuickstartNamespace, Name: QuickstartPod}, &pod); err != nil {
 				return err
 			}
-			// The PVC is Bound before the scheduler's VolumeBinding PreBind returns and binds
-			// the pod, so wait for both.
-			if pvc.Status.Phase != corev1.ClaimBound || pod.Spec.NodeName == "" {
-				return fmt.Errorf("PVC %s, pod on %q", pvc.Status.Phase, pod.Spec.NodeName)
+			if pvc.Status.Phase != corev1.ClaimBound || pod.Status.Phase != corev1.PodRunning {
+				return fmt.Errorf("PVC %s, pod %s on %q: %s", pvc.Status.Phase, pod.Status.Phase, pod.Spec.NodeName, podWhy(&pod))
 			}
 			return e.Client.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv)
 		})
@@ -285,9 +298,7 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 		if err != nil {
 			return "", err
 		}
-		if pod.Spec.NodeName != StorageNode {
-			return "", fmt.Errorf("pod bound to %q, want the storage node %s", pod.Spec.NodeName, StorageNode)
-		}
+		e.node = pod.Spec.NodeName
 		// The Scheduled event names the profile that placed the pod: PlinthCapacity's.
 		if err := poll(ctx, 30*time.Second, func() error {
 			var evs eventsv1.EventList
@@ -307,20 +318,20 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 			return "", err
 		}
 		size := pv.Spec.Capacity[corev1.ResourceStorage]
-		return fmt.Sprintf("PVC Bound to %s (%s) in %.1fs; pod %s bound to %s by plinth-scheduler (profile with PlinthCapacity)", pv.Name, size.String(), sum.PVCBound.Seconds(), pod.Name, pod.Spec.NodeName), nil
+		return fmt.Sprintf("PVC Bound to %s (%s); pod %s Running on %s %.1fs after the PVC was created, placed by plinth-scheduler (PlinthCapacity)", pv.Name, size.String(), pod.Name, pod.Spec.NodeName, sum.PVCBound.Seconds()), nil
 	}); err != nil {
 		return err
 	}
-	return e.step("VolumeState Ready and the volume on disk", agentAndCSI, func() (string, error) {
+	return e.step("VolumeState Ready and the volume on disk of "+e.node, agentAndCSI, func() (string, error) {
 		id := pv.Spec.CSI.VolumeHandle
 		sum.VolumeID = id
 		vs, err := e.waitVolumeReady(ctx, id)
 		if err != nil {
 			return "", err
 		}
-		files, _ := filepath.Glob(filepath.Join(e.VolumeDir, id+"*"))
+		files, _ := filepath.Glob(filepath.Join(e.VolumeDir(e.node), id+"*"))
 		if len(files) != 1 {
-			return "", fmt.Errorf("want one file for %s under %s, found %v", id, e.VolumeDir, files)
+			return "", fmt.Errorf("want one file for %s under %s, found %v", id, e.VolumeDir(e.node), files)
 		}
 		sum.VolumeFile = files[0]
 		fi, err := os.Stat(files[0])
@@ -332,13 +343,42 @@ func (e *Env) Claim(ctx context.Context, sum *Summary) error {
 	})
 }
 
+// SchedulerProfile is the schedulerName with which pods opt in to
+// PlinthCapacity: the profile of kustomize/scheduler/config.yaml, served by
+// the plinth-scheduler Deployment.
+const SchedulerProfile = "plinth-scheduler"
+
+// BusyboxImage is the general-purpose image `make images` builds and Up
+// imports into every node (Debian's busybox-static with its applet links).
+const BusyboxImage = "docker.io/library/busybox:plinth"
+
+func ptr[T any](v T) *T { return &v }
+
+// podWhy says why a pod is not Running yet: its PodScheduled condition's
+// message, or its containers' waiting reasons.
+func podWhy(p *corev1.Pod) string {
+	var why []string
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			why = append(why, string(c.Type)+": "+c.Message)
+		}
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil {
+			why = append(why, cs.Name+": "+w.Reason+" "+w.Message)
+		}
+	}
+	return strings.Join(why, "; ")
+}
+
 func quickstartPod() *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: QuickstartPod, Namespace: QuickstartNamespace},
 		Spec: corev1.PodSpec{
 			// Opted in as in production (kustomize/scheduler): the profile with PlinthCapacity.
-			SchedulerName: SchedulerProfile,
-			Containers: []corev1.Container{{Name: "app", Image: "busybox", Command: []string{"sleep", "infinity"},
+			SchedulerName:                 SchedulerProfile,
+			TerminationGracePeriodSeconds: ptr(int64(1)),
+			Containers: []corev1.Container{{Name: "app", Image: BusyboxImage, Command: []string{"sleep", "86400"},
 				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
 			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: QuickstartPVC}}}},
@@ -350,7 +390,7 @@ func quickstartPod() *corev1.Pod {
 // false, a field Plinth owns) and waits for the Placement's Drifted=True and
 // plinth_drift_objects on the controller's /metrics. Under the quickstart's
 // driftPolicy Report the edit stays (CorrectDrift then has Plinth revert it).
-func (e *Env) HandDrift(ctx context.Context, sum *Summary) error {
+func (e *Walk) HandDrift(ctx context.Context, sum *Summary) error {
 	return e.step("edit StorageClass "+QuickstartClass+" by hand → Placement Drifted", []string{"plinth-controller"}, func() (string, error) {
 		var sc storagev1.StorageClass
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartClass}, &sc); err != nil {
@@ -381,7 +421,7 @@ func (e *Env) HandDrift(ctx context.Context, sum *Summary) error {
 		if err != nil {
 			return "", err
 		}
-		metric, err := scrape(e.ControllerMetrics, "plinth_drift_objects")
+		metric, err := e.scrape(ctx, "controller", "8080", "plinth_drift_objects")
 		if err != nil {
 			return "", err
 		}
@@ -389,15 +429,24 @@ func (e *Env) HandDrift(ctx context.Context, sum *Summary) error {
 	})
 }
 
-// scrape returns the lines of metric name (non-zero samples) from a /metrics URL.
-func scrape(url, name string) (string, error) {
-	resp, err := http.Get(url) //nolint:gosec // loopback URL we built
+// scrape returns the lines of metric name (non-zero samples) of the /metrics
+// of the Plinth pod of component (app.kubernetes.io/component) on port,
+// through the API server's pod proxy.
+func (e *Walk) scrape(ctx context.Context, component, port, name string) (string, error) {
+	pods, err := e.CS.CoreV1().Pods(ControllerNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
 	if err != nil {
 		return "", err
 	}
-	defer resp.Body.Close()
+	if len(pods.Items) == 0 {
+		return "", fmt.Errorf("no %s pod", component)
+	}
+	url := pods.Items[0].Name + ":" + port
+	data, err := e.CS.CoreV1().Pods(ControllerNamespace).ProxyGet("http", pods.Items[0].Name, port, "metrics", nil).DoRaw(ctx)
+	if err != nil {
+		return "", fmt.Errorf("metrics of pod %s: %w", url, err)
+	}
 	var lines []string
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		l := sc.Text()
@@ -413,10 +462,10 @@ func scrape(url, name string) (string, error) {
 	return strings.Join(lines, "\n"), sc.Err()
 }
 
-// Release deletes the pod and the PVC (after the kubelet stand-in has
-// unpublished) and waits until the PV, the VolumeState and the file are gone.
-func (e *Env) Release(ctx context.Context, sum *Summary) error {
-	return e.step("delete pod and PVC → PV, VolumeState and file gone", agentAndCSI, func() (string, error) {
+// Release deletes the PVC (after PodGone) and waits until the PV, the
+// VolumeState, the file and its loop device are gone.
+func (e *Walk) Release(ctx context.Context, sum *Summary) error {
+	return e.step("delete the PVC → PV, VolumeState, file and loop device gone", agentAndCSI, func() (string, error) {
 		zero := int64(0)
 		pod := quickstartPod()
 		if err := e.Client.Delete(ctx, pod, &client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
@@ -441,6 +490,9 @@ func (e *Env) Release(ctx context.Context, sum *Summary) error {
 			if _, err := os.Stat(sum.VolumeFile); !os.IsNotExist(err) {
 				return fmt.Errorf("file %s still there", sum.VolumeFile)
 			}
+			if devs := loopDevicesOf(sum.VolumeID); len(devs) > 0 {
+				return fmt.Errorf("loop devices %v still attached", devs)
+			}
 			return nil
 		})
 		if err != nil {
@@ -451,7 +503,7 @@ func (e *Env) Release(ctx context.Context, sum *Summary) error {
 }
 
 // waitVolumeReady polls (up to a minute) until the VolumeState id reports phase Ready.
-func (e *Env) waitVolumeReady(ctx context.Context, id string) (*storev1.VolumeState, error) {
+func (e *Walk) waitVolumeReady(ctx context.Context, id string) (*storev1.VolumeState, error) {
 	var vs storev1.VolumeState
 	err := poll(ctx, time.Minute, func() error {
 		if err := e.Client.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {

@@ -2,9 +2,12 @@ package controlplane
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/plinth-storage/plinth/internal/process"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
@@ -50,10 +53,9 @@ func ForTest(t testing.TB, opts Options) *ControlPlane {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, p := range cp.Processes() {
-				t.Logf("--- %s (pid %d) log %s, last lines:\n%s", p.Name, p.PID(), p.LogPath, indent(p.Tail(40)))
+				t.Logf("--- %s (pid %d) log %s, last lines:\n%s", p.Name, p.PID(), p.LogPath, process.Indent(p.Tail(40)))
 			}
-			if cp.tmpDir {
-				cp.opts.KeepDir = true
+			if cp.KeepDir() {
 				t.Logf("control plane folder kept: %s", cp.Dir)
 			}
 		}
@@ -80,4 +82,32 @@ func Eventually(t testing.TB, timeout, interval time.Duration, what string, f fu
 		}
 		time.Sleep(interval)
 	}
+}
+
+// EnvImages names the folder of the image archives of `make images` when they
+// are not under <test bin>/images.
+const EnvImages = "PLINTH_IMAGES"
+
+// ImageArchives returns the paths of the named archives of `make images`
+// (<name>.tar) in $PLINTH_IMAGES, or <test bin>/images when it is unset; a
+// missing archive fails t with how to build it.
+func ImageArchives(t testing.TB, names ...string) []string {
+	t.Helper()
+	dir := os.Getenv(EnvImages)
+	if dir == "" {
+		bin, err := TestBinDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join(bin, "images")
+	}
+	var out []string
+	for _, name := range names {
+		p := filepath.Join(dir, name+".tar")
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("image archive %s missing (run `make images`, or set %s): %v", p, EnvImages, err)
+		}
+		out = append(out, p)
+	}
+	return out
 }

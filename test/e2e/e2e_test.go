@@ -1,20 +1,23 @@
 // Package e2e runs the `plinth dev` scenario as a test: the whole GitOps
-// storage loop on real parts (control plane, plinth-scheduler, Plinth's
-// controller, agent with the file backend on loop devices, CSI driver and
-// sidecars, Flux's source-controller and kustomize-controller syncing the
-// policy from a Git repository served on loopback), asserting each step,
-// then the cases beyond the walk: the agent killed mid-provisioning and
-// restarted, a placement removed from Git while its StorageClass is in use.
+// storage loop on real parts (control plane, three real nodes with kubelet
+// and containerd, Plinth deployed from its kustomize bases as pods — the
+// controller, the agent DaemonSet with the file backend on loop devices, the
+// CSI driver with its sidecars, plinth-scheduler — and Flux's
+// source-controller and kustomize-controller syncing the policy from a Git
+// repository served on loopback), asserting each step, then the cases beyond
+// the walk: the agent crashing at named points mid-provisioning and
+// restarted by kubelet, a placement removed from Git while its StorageClass
+// is in use, and a StatefulSet on real nodes (devenv.Walk.Workload).
 //
 // Gated: runs when PLINTH_E2E=1 or PLINTH_INTEGRATION=1 (make test-e2e,
-// make test-integration); needs root (loop devices, mounts) and the binaries
-// of `make testbin` (Flux's included).
+// make test-integration); needs root (containerd, loop devices, mounts), the
+// binaries of `make testbin` (Flux's, kubelet and kube-proxy included) and
+// the image archives of `make images` ($PLINTH_IMAGES or <testbin>/images).
 package e2e
 
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,29 +29,13 @@ import (
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
-func gate(t *testing.T, bins ...string) {
+func gate(t testing.TB, bins ...string) {
 	t.Helper()
 	if os.Getenv("PLINTH_E2E") != "1" && os.Getenv(controlplane.EnvIntegration) != "1" {
 		t.Skip("SKIP: end-to-end suite; set PLINTH_E2E=1 (make test-e2e)")
 	}
 	prereq.Root(t, "the dev environment uses loop devices and mount")
 	controlplane.RequireBinaries(t, bins...)
-}
-
-func buildPlinth(t *testing.T) string {
-	t.Helper()
-	root, err := controlplane.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "plinth")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/plinth")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/plinth: %v\n%s", err, b)
-	}
-	return out
 }
 
 // logWriter sends the step lines to the test log.
@@ -61,7 +48,7 @@ func (w logWriter) Write(p []byte) (int, error) {
 
 func run(t *testing.T, flux bool) {
 	bins := []string{controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager,
-		controlplane.BinPlinthScheduler, controlplane.BinCSIProvisioner, controlplane.BinCSIAttacher, controlplane.BinCSIResizer}
+		controlplane.BinPlinthScheduler, controlplane.BinKubectl, controlplane.BinKubelet, controlplane.BinKubeProxy}
 	if flux {
 		bins = append(bins, devenv.BinSourceController, devenv.BinKustomizeController)
 	}
@@ -73,7 +60,7 @@ func run(t *testing.T, flux bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := devenv.Up(ctx, devenv.Options{Dir: dir, Plinth: buildPlinth(t), Flux: flux, Out: logWriter{t}})
+	env, err := devenv.Up(ctx, devenv.Options{Dir: dir, Images: os.Getenv("PLINTH_IMAGES"), Flux: flux, Out: logWriter{t}})
 	if err != nil {
 		t.Fatalf("up: %v", err)
 	}
@@ -93,7 +80,8 @@ func run(t *testing.T, flux bool) {
 			os.RemoveAll(dir)
 		}
 	})
-	sum, err := env.Scenario(ctx)
+	walk := devenv.NewWalk(env)
+	sum, err := walk.Scenario(ctx)
 	if err != nil {
 		t.Fatalf("scenario: %v", err)
 	}
@@ -108,7 +96,7 @@ func run(t *testing.T, flux bool) {
 	if _, err := os.Stat(sum.VolumeFile); !os.IsNotExist(err) {
 		t.Errorf("volume file %s after Release: %v", sum.VolumeFile, err)
 	}
-	for name, d := range map[string]time.Duration{"policy Ready": sum.PolicyReady, "PVC Bound": sum.PVCBound, "drift shown": sum.DriftShown,
+	for name, d := range map[string]time.Duration{"policy Ready": sum.PolicyReady, "PVC → pod Running": sum.PVCBound, "drift shown": sum.DriftShown,
 		"drift corrected": sum.DriftCorrected, "change Ready": sum.ChangeReady, "invalid rejected": sum.Rejected} {
 		if d <= 0 {
 			t.Errorf("%s: no measurement (%s)", name, d)
@@ -116,19 +104,22 @@ func run(t *testing.T, flux bool) {
 	}
 	t.Logf("policy Ready %s after the first %s, %s after the change; PVC Bound %s; drift shown %s, corrected %s; invalid rejected %s; scenario %s",
 		sum.PolicyReady, map[bool]string{true: "commit", false: "apply"}[flux], sum.ChangeReady, sum.PVCBound, sum.DriftShown, sum.DriftCorrected, sum.Rejected, sum.Total)
-	if !flux {
-		return
-	}
 	// The cases beyond the walk, on the same running parts.
-	if err := env.AgentRestartMidProvisioning(ctx); err != nil {
-		t.Errorf("agent restart mid-provisioning: %v", err)
+	if err := walk.AgentRestartMidProvisioning(ctx); err != nil {
+		t.Errorf("agent crashes at named points mid-provisioning: %v", err)
 	}
-	if err := env.PlacementRemovedInUse(ctx); err != nil {
+	if err := walk.PlacementRemovedInUse(ctx); err != nil {
 		t.Errorf("placement removed from Git while in use: %v", err)
 	}
-	for _, r := range env.Results() {
-		if strings.Contains(r.Detail, "window was missed") {
-			t.Logf("note: %s: the kill came after the agent had finished; the checks after the restart still ran", r.Title)
+	ws, err := walk.Workload(ctx)
+	if err != nil {
+		t.Errorf("StatefulSet on real nodes: %v", err)
+	} else {
+		for name, d := range map[string]time.Duration{"all Running": ws.AllRunning, "pod restart": ws.Restarted, "plugins back": ws.PluginsBack,
+			"expanded": ws.Expanded, "uncordoned": ws.Uncordoned, "released": ws.Released} {
+			if d <= 0 {
+				t.Errorf("StatefulSet %s: no measurement (%s)", name, d)
+			}
 		}
 	}
 }
@@ -140,12 +131,9 @@ func run(t *testing.T, flux bool) {
 // socket, hand edit → Drifted → corrected by committing driftPolicy Correct, a commit growing the
 // reserve and adding a placement → Ready and the Store's allocatable 1Gi lower, an invalid
 // placement committed → Stalled with the CUE message while the volume stays, unpublish/unstage,
-// PVC deleted → PV, VolumeState, file gone. Then: the agent killed mid-provisioning and
-// restarted → one PV, one VolumeState, one file and loop device, no orphan; a placement removed
-// from Git while a PVC uses its class → pruned by Flux, kept by Plinth's finalizer and reported
-// "in use by 1 PVCs", gone with the PVC.
+// PVC deleted → PV, VolumeState, file gone. Then: the agent crashing at named points
+// (devenv.AgentCrashPoints) while provisioning and restarted by kubelet → one PV, one
+// VolumeState, one file and loop device, no orphan; a placement removed from Git while a PVC
+// uses its class → pruned by Flux, kept by Plinth's finalizer and reported "in use by 1 PVCs",
+// gone with the PVC; the StatefulSet case.
 func TestDevScenario(t *testing.T) { run(t, true) }
-
-// TestDevScenarioNoFlux is `plinth dev up --no-flux`: the same walk with the policy applied
-// directly (the path for machines without the Flux binaries).
-func TestDevScenarioNoFlux(t *testing.T) { run(t, false) }

@@ -48,7 +48,10 @@ type cluster struct {
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	cp := controlplane.ForTest(t, controlplane.Options{})
+	// The one controller: it type-checks ValidatingAdmissionPolicies against the schemas of the
+	// kinds they match and writes the result into their status (testNodeScope reads it).
+	cp := controlplane.ForTest(t, controlplane.Options{ControllerManager: true,
+		Controllers: []string{"validatingadmissionpolicy-status-controller"}})
 	c := &cluster{cp: cp, cfg: cp.Admin.Config, warnings: &warnings{}}
 	cfg := rest.CopyConfig(cp.Admin.Config)
 	cfg.WarningHandler = c.warnings
@@ -198,7 +201,9 @@ func TestAPIServer(t *testing.T) {
 	t.Run("server-side dry-run", func(t *testing.T) { testServerSideDryRun(t, c) })
 	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
 	t.Run("CSI node start-up under its RBAC", func(t *testing.T) { testCSINodeStartup(t, c) })
+	t.Run("node-scoped agent and CSI node", func(t *testing.T) { testNodeScope(t, c) })
 	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
+	t.Run("Helm chart server-side dry-run", func(t *testing.T) { testHelmChartDryRun(t, c) })
 }
 
 // Every object of every kustomization is accepted by the real API server (server-side apply,

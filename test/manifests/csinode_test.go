@@ -10,7 +10,6 @@ import (
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	"github.com/plinth-storage/plinth/csi"
 	"github.com/plinth-storage/plinth/csi/nvme"
@@ -49,8 +48,9 @@ func testCSINodeStartup(t *testing.T, c *cluster) {
 			t.Fatal(err)
 		}
 	}
-	as := rest.CopyConfig(c.cfg)
-	as.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + namespace + ":plinth-csi-node"}
+	// A token bound to a pod on the node, as kubelet mounts it: the node-scope admission policy
+	// (kustomize/rbac/node_scope.yaml) lets the plugin patch only the Node its token names.
+	as := boundToken(t, ctx, c, "plinth-csi-node", "csi-node-startup", nodeName)
 	// The RBAC authorizer reads from informers: the role applied above may not be seen yet.
 	var d *csi.Driver
 	waitFor(t, 30*time.Second, "plinth-csi-node starts and patches its Node", func() error {

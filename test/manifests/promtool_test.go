@@ -78,3 +78,78 @@ func TestPromtoolDashboardExpressions(t *testing.T) {
 	}
 	checkRules(t, tool, "dashboards.yaml", map[string]any{"groups": []any{map[string]any{"name": "dashboards", "rules": rules}}})
 }
+
+// rulesTestFile is the promtool unit test file of the alerts (rule_files: plinth-rules.yaml).
+const rulesTestFile = "testdata/rules_test.yaml"
+
+// TestPromtoolTestRules runs `promtool test rules` on testdata/rules_test.yaml against the
+// PrometheusRule's spec, and requires every alert to have a case where it fires and one where
+// it stays quiet (an alert_rule_test with empty exp_alerts).
+func TestPromtoolTestRules(t *testing.T) {
+	tool := promtool(t)
+	spec, rules := alertRules(t)
+	raw, err := os.ReadFile(rulesTestFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tf struct {
+		RuleFiles []string `json:"rule_files"`
+		Tests     []struct {
+			AlertRuleTest []struct {
+				Alertname string           `json:"alertname"`
+				ExpAlerts []map[string]any `json:"exp_alerts"`
+			} `json:"alert_rule_test"`
+		} `json:"tests"`
+	}
+	if err := yaml.Unmarshal(raw, &tf); err != nil {
+		t.Fatalf("%s: %v", rulesTestFile, err)
+	}
+	if len(tf.RuleFiles) != 1 || tf.RuleFiles[0] != "plinth-rules.yaml" {
+		t.Fatalf("%s: rule_files %v, want [plinth-rules.yaml]", rulesTestFile, tf.RuleFiles)
+	}
+	fires, quiet := map[string]int{}, map[string]int{}
+	for _, tc := range tf.Tests {
+		for _, a := range tc.AlertRuleTest {
+			if len(a.ExpAlerts) > 0 {
+				fires[a.Alertname]++
+			} else {
+				quiet[a.Alertname]++
+			}
+		}
+	}
+	for _, r := range rules {
+		name, _ := r["alert"].(string)
+		if fires[name] == 0 {
+			t.Errorf("%s: no case where alert %s fires", rulesTestFile, name)
+		}
+		if quiet[name] == 0 {
+			t.Errorf("%s: no case where alert %s stays quiet", rulesTestFile, name)
+		}
+	}
+	dir := t.TempDir()
+	data, err := yaml.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "plinth-rules.yaml"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "rules_test.yaml"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(tool, "test", "rules", "rules_test.yaml")
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+	t.Logf("%d alerts, %d firing and %d quiet cases: %s", len(rules), sum(fires), sum(quiet), out)
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}

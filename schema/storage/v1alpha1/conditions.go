@@ -79,3 +79,21 @@ const (
 	// ReasonCorruptMark surfaces when the fencing mark file does not parse.
 	ReasonCorruptMark = "CorruptMark"
 )
+
+// ReasonStoreDraining surfaces on a VolumeState's Ready when its Store carries
+// plinth.dev/draining and the volume does not exist yet: a draining Store keeps serving the
+// volumes it holds and takes no new one (the agent retries at its refresh interval, in case
+// the mark is lifted).
+const ReasonStoreDraining = "StoreDraining"
+
+// Reasons of Ready=False the controller writes on the Agent and the Stores of a node whose
+// agent cannot answer (controllers/liveness); the agent's next report replaces them.
+const (
+	// ReasonNodeDeleted surfaces when the Node object of the Agent or Store no longer exists:
+	// its volumes left with it (DeleteVolume releases them).
+	ReasonNodeDeleted = "NodeDeleted"
+	// ReasonAgentSilent surfaces when the agent's last heartbeat is older than the
+	// controller's silence threshold (two minutes): the node may come back; DeleteVolume of
+	// its volumes answers UNAVAILABLE until it does.
+	ReasonAgentSilent = "AgentSilent"
+)

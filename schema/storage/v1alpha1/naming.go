@@ -64,3 +64,9 @@ const AnnotationDraining = "plinth.dev/draining"
 
 // IsDraining reports whether the Store carries the AnnotationDraining mark.
 func (s *Store) IsDraining() bool { return s.Annotations[AnnotationDraining] == "true" }
+
+// FinalizerVolume is the agent's finalizer on a VolumeState: held until the agent removed the
+// volume's export and volume. The CSI controller releases it itself only when the Node of the
+// volume's Store no longer exists (the volume left with the node; should the machine return,
+// its agent reports what is left as an orphan).
+const FinalizerVolume = "plinth.dev/volume"

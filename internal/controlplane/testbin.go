@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/plinth-storage/plinth/test/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,9 +15,9 @@ import (
 // EnvTestBin names the folder holding the test binaries (default <module root>/bin).
 const EnvTestBin = "PLINTH_TESTBIN"
 
-// EnvIntegration, when "1", turns missing test binaries from a skip into a failure
-// (prereq.Strict).
-const EnvIntegration = prereq.EnvIntegration
+// EnvIntegration, when "1", turns missing test binaries from a skip into a
+// failure (test/prereq.Strict reads the same variable).
+const EnvIntegration = "PLINTH_INTEGRATION"
 
 const modulePath = "github.com/plinth-storage/plinth"
 

@@ -693,6 +693,15 @@ func (cp *ControlPlane) Dead() error {
 	return errors.Join(errs...)
 }
 
+// KeepDir makes Stop keep a temporary Dir (one Start created) for reading
+// its logs; it reports whether Dir is such a folder.
+func (cp *ControlPlane) KeepDir() bool {
+	if cp.tmpDir {
+		cp.opts.KeepDir = true
+	}
+	return cp.tmpDir
+}
+
 // Stop ends every process the control plane started, newest first, by PID
 // (SIGTERM, then SIGKILL after 5 s), and removes a temporary Dir unless
 // KeepDir. Calling it again does nothing.

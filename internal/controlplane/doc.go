@@ -10,8 +10,9 @@
 // control planes run side by side.
 //
 // Binaries are found in $PLINTH_TESTBIN, or <module root>/bin when it is
-// unset. Tests use ForTest, which skips (visibly) when the binaries are missing
-// unless PLINTH_INTEGRATION=1, where missing binaries fail the test:
+// unset. It is product code (`plinth dev` runs it) and imports nothing of
+// test/; tests reach it through test/controlplane, which adds the testing
+// helpers (ForTest, RequireBinaries, Eventually) and names these types:
 //
 //	func TestMain(m *testing.M) { ... cp, err := controlplane.Start(ctx, controlplane.Options{}) ... }
 //	func TestX(t *testing.T) { cp := controlplane.ForTest(t, controlplane.Options{ControllerManager: true}) ... }

@@ -1,0 +1,336 @@
+package manifests
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+const chartDir = "../../charts/plinth"
+
+var updateChart = flag.Bool("update-chart", false, "regenerate charts/plinth/files and charts/plinth/crds from kustomize/")
+
+// The generated part of the chart is what ChartFiles builds from kustomize/ now: the chart
+// cannot drift from the bases. -update-chart rewrites it.
+func TestHelmChartIsGenerated(t *testing.T) {
+	want, err := ChartFiles(kustomizeRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string][]byte{}
+	for _, dir := range []string{"files", "crds"} {
+		err := filepath.WalkDir(filepath.Join(chartDir, dir), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, err := filepath.Rel(chartDir, p)
+			if err != nil {
+				return err
+			}
+			data, err := os.ReadFile(p)
+			have[filepath.ToSlash(rel)] = data
+			return err
+		})
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	if *updateChart {
+		for p := range have {
+			if _, ok := want[p]; !ok {
+				if err := os.Remove(filepath.Join(chartDir, p)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for p, data := range want {
+			full := filepath.Join(chartDir, p)
+			if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(full, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("wrote %d files into %s", len(want), chartDir)
+		return
+	}
+	var stale []string
+	for p, data := range want {
+		if !bytes.Equal(have[p], data) {
+			stale = append(stale, p)
+		}
+	}
+	for p := range have {
+		if _, ok := want[p]; !ok {
+			stale = append(stale, p+" (no longer built)")
+		}
+	}
+	sort.Strings(stale)
+	if len(stale) > 0 {
+		t.Errorf("charts/plinth is not what kustomize/ builds (run: go test ./test/manifests -run TestHelmChartIsGenerated -update-chart):\n%s",
+			strings.Join(stale, "\n"))
+	}
+	if len(want) < 20 {
+		t.Errorf("only %d generated chart files", len(want))
+	}
+}
+
+// The chart's default images are the kustomize images component's.
+func TestHelmChartImageDefaults(t *testing.T) {
+	images, err := ImageNames(kustomizeRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vals struct {
+		Images map[string]struct{ Repository, Tag string }
+	}
+	if err := yaml.Unmarshal(data, &vals); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for name, im := range vals.Images {
+		got[name] = im.Repository + ":" + im.Tag
+	}
+	if len(got) != len(images) {
+		t.Errorf("values.yaml images %v, want %v", got, images)
+	}
+	for name, ref := range images {
+		if got[name] != ref {
+			t.Errorf("values.yaml image %s = %q, want %q (kustomize/components/images)", name, got[name], ref)
+		}
+	}
+}
+
+// renderChart renders charts/plinth with Helm's engine (what `helm template` does) and values,
+// and returns the objects of the templates and the chart's CRDs.
+func renderChart(t *testing.T, values string) (objs, crds []*unstructured.Unstructured) {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartutil.ReadValues([]byte(values))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "plinth", Namespace: namespace, IsInstall: true},
+		chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	names := make([]string, 0, len(out))
+	for n := range out {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	decode := func(name, text string) []*unstructured.Unstructured {
+		var list []*unstructured.Unstructured
+		d := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(text), 4096)
+		for {
+			var m map[string]any
+			if err := d.Decode(&m); err != nil {
+				if err.Error() == "EOF" {
+					return list
+				}
+				t.Fatalf("%s: %v", name, err)
+			}
+			if len(m) > 0 {
+				list = append(list, &unstructured.Unstructured{Object: m})
+			}
+		}
+	}
+	for _, n := range names {
+		objs = append(objs, decode(n, out[n])...)
+	}
+	for _, f := range ch.CRDObjects() {
+		crds = append(crds, decode(f.Name, string(f.File.Data))...)
+	}
+	return objs, crds
+}
+
+// canonical is an object as comparable JSON (numbers and key order as JSON has them).
+func canonical(t *testing.T, o *unstructured.Unstructured) string {
+	t.Helper()
+	data, err := json.Marshal(o.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		t.Fatal(err)
+	}
+	data, _ = json.Marshal(v)
+	return string(data)
+}
+
+func canonicalSet(t *testing.T, objs ...[]*unstructured.Unstructured) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, l := range objs {
+		for _, o := range l {
+			if _, dup := out[ID(o)]; dup {
+				t.Errorf("%s twice", ID(o))
+			}
+			out[ID(o)] = canonical(t, o)
+		}
+	}
+	return out
+}
+
+// With its default values the chart renders exactly kustomize/default (CRDs included); with
+// monitoring.enabled exactly overlays/with-monitoring; createNamespace=false leaves out the
+// Namespace.
+func TestHelmChartEqualsKustomize(t *testing.T) {
+	b := allBuilds(t)
+	for _, c := range []struct{ values, build string }{
+		{"", "default"},
+		{"monitoring: {enabled: true}", "overlays/with-monitoring"},
+	} {
+		objs, crds := renderChart(t, c.values)
+		got, want := canonicalSet(t, objs, crds), canonicalSet(t, b[c.build])
+		for id, w := range want {
+			if g, ok := got[id]; !ok {
+				t.Errorf("values %q: %s of kustomize/%s not rendered", c.values, id, c.build)
+			} else if g != w {
+				t.Errorf("values %q: %s differs from kustomize/%s:\n%s\nwant\n%s", c.values, id, c.build, g, w)
+			}
+		}
+		for id := range got {
+			if _, ok := want[id]; !ok {
+				t.Errorf("values %q: %s rendered, not in kustomize/%s", c.values, id, c.build)
+			}
+		}
+		t.Logf("values %q: %d objects and %d CRDs, equal to kustomize/%s", c.values, len(objs), len(crds), c.build)
+	}
+	objs, _ := renderChart(t, "createNamespace: false")
+	for _, o := range objs {
+		if o.GetKind() == "Namespace" {
+			t.Errorf("createNamespace false renders %s", ID(o))
+		}
+	}
+}
+
+// customValues set every kind of value the chart has.
+const customValues = `
+images:
+  plinth: {repository: registry.example.com/plinth, tag: v9.9.9}
+  csi-provisioner: {repository: registry.example.com/csi-provisioner, tag: v1.2.3}
+monitoring: {enabled: true}
+agent:
+  nodeSelector: {example.com/storage: "true"}
+  tolerations: [{key: example.com/storage, operator: Exists, effect: NoSchedule}]
+  resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
+controller:
+  resources: {limits: {cpu: "2", memory: 1Gi}}
+`
+
+// What each value changes, and nothing else.
+func TestHelmChartValues(t *testing.T) {
+	objs, _ := renderChart(t, customValues)
+	def, _ := renderChart(t, "monitoring: {enabled: true}")
+	defs := canonicalSet(t, def)
+	changed := 0
+	for _, o := range objs {
+		if canonical(t, o) != defs[ID(o)] {
+			changed++
+		}
+		if k := o.GetKind(); k != "Deployment" && k != "DaemonSet" {
+			if canonical(t, o) != defs[ID(o)] {
+				t.Errorf("%s changed by values", ID(o))
+			}
+			continue
+		}
+		for _, c := range containers(o) {
+			img := c["image"].(string)
+			if strings.HasPrefix(img, "ghcr.io/plinth-storage/plinth:") || strings.HasPrefix(img, "registry.k8s.io/sig-storage/csi-provisioner:") {
+				t.Errorf("%s container %s: image %s, want the values' registry", ID(o), c["name"], img)
+			}
+		}
+	}
+	ds := find(t, objs, "DaemonSet", "plinth-agent")
+	sel, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "spec", "nodeSelector")
+	if sel["example.com/storage"] != "true" || sel["kubernetes.io/os"] != "linux" {
+		t.Errorf("agent nodeSelector %v: want the value merged over kubernetes.io/os", sel)
+	}
+	tol, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "tolerations")
+	if len(tol) != 1 || tol[0].(map[string]any)["key"] != "example.com/storage" {
+		t.Errorf("agent tolerations %v: want the value's", tol)
+	}
+	for _, c := range podContainers(ds, "containers") {
+		res, _ := json.Marshal(c["resources"])
+		if want := `{"limits":{"memory":"256Mi"},"requests":{"cpu":"50m","memory":"64Mi"}}`; string(res) != want {
+			t.Errorf("agent container %s resources %s, want %s", c["name"], res, want)
+		}
+	}
+	cd := find(t, objs, "Deployment", "plinth-controller")
+	res, _ := json.Marshal(podContainers(cd, "containers")[0]["resources"])
+	if want := `{"limits":{"cpu":"2","memory":"1Gi"}}`; string(res) != want {
+		t.Errorf("controller resources %s, want %s", res, want)
+	}
+	csi := find(t, objs, "Deployment", "plinth-csi-controller")
+	for _, c := range containers(csi) {
+		if c["name"] == "csi-attacher" && !strings.HasPrefix(c["image"].(string), "registry.k8s.io/sig-storage/csi-attacher:") {
+			t.Errorf("csi-attacher image %s changed", c["image"])
+		}
+	}
+	// Every workload running the plinth image (controller, agent, CSI controller and node);
+	// the scheduler's image and everything else stay.
+	if changed != 4 {
+		t.Errorf("%d objects changed by the values, want 4", changed)
+	}
+	if sd := find(t, objs, "Deployment", "plinth-scheduler"); canonical(t, sd) != defs[ID(sd)] {
+		t.Errorf("values changed the scheduler Deployment")
+	}
+}
+
+// podContainers returns the containers of a workload's pod template under field
+// ("containers" or "initContainers").
+func podContainers(o *unstructured.Unstructured, field string) []map[string]any {
+	cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", field)
+	var out []map[string]any
+	for _, c := range cs {
+		out = append(out, c.(map[string]any))
+	}
+	return out
+}
+
+// The chart rendered with values that touch everything is accepted by the real API server
+// (server-side apply, dry run, strict field validation, no warnings), CRDs included.
+func testHelmChartDryRun(t *testing.T, c *cluster) {
+	ctx := t.Context()
+	objs, crds := renderChart(t, customValues)
+	n := 0
+	for _, o := range slices.Concat(crds, objs) {
+		if err := c.apply(t, ctx, o, true); err != nil {
+			t.Errorf("charts/plinth: %s rejected: %v", ID(o), err)
+		}
+		n++
+	}
+	if n < 50 {
+		t.Errorf("only %d objects rendered", n)
+	}
+	t.Logf("%d objects of charts/plinth accepted by server-side dry-run", n)
+}

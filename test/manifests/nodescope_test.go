@@ -1,0 +1,294 @@
+package manifests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// nodeNameExtra is the user-info extra key under which the API server names the node of the
+// pod a service-account token is bound to.
+const nodeNameExtra = "authentication.kubernetes.io/node-name"
+
+// boundToken creates a pod of ServiceAccount sa on node in the plinth-system namespace and
+// returns a REST config that authenticates with a token bound to that pod (TokenRequest with
+// boundObjectRef, as kubelet asks for the projected token it mounts), after checking that the
+// API server put the pod's node into the token's user info.
+func boundToken(t *testing.T, ctx context.Context, c *cluster, sa, pod, node string) *rest.Config {
+	t.Helper()
+	p, err := c.kube.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: namespace},
+		Spec: corev1.PodSpec{ServiceAccountName: sa, NodeName: node,
+			Containers: []corev1.Container{{Name: "c", Image: "plinth"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := c.kube.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{BoundObjectRef: &authnv1.BoundObjectReference{
+			Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token of %s bound to pod %s: %v", sa, pod, err)
+	}
+	cfg := rest.AnonymousClientConfig(c.cfg)
+	cfg.BearerToken = tok.Status.Token
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	who, err := kc.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authnv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := who.Status.UserInfo.Extra[nodeNameExtra]; len(got) != 1 || got[0] != node {
+		t.Fatalf("token of %s bound to pod %s on %s: user info extra %s = %v, want [%s]", sa, pod, node, nodeNameExtra, got, node)
+	}
+	return cfg
+}
+
+// write is one request of a node-scope case: what it does and whether the policies let it through.
+type write struct {
+	what    string
+	allowed bool
+	do      func(ctx context.Context, dryRun bool) error
+}
+
+// The ValidatingAdmissionPolicies of kustomize/rbac/node_scope.yaml, applied for real with the
+// rest of the RBAC: an agent whose token is bound to a pod on node A writes node A's Agent,
+// Store and VolumeState (status patches, the finalizer update) and is refused every write to
+// node B's, and an update that would move its own VolumeState to node B; a token bound to no
+// pod carries no node and is refused even on node A; the CSI node plugin bound to node A patches
+// its Node's initiator label and host NQN annotation and is refused node B's Node and any other
+// label of its own.
+func testNodeScope(t *testing.T, c *cluster) {
+	ctx := t.Context()
+	for _, o := range allBuilds(t)["rbac"] {
+		if err := c.apply(t, ctx, o, false); err != nil {
+			t.Fatalf("apply %s: %v", ID(o), err)
+		}
+	}
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{storev1.AddToScheme, corev1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newClient := func(cfg *rest.Config) client.Client {
+		cl, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+	admin := newClient(c.cfg)
+
+	const nodeA, nodeB = "scope-node-a", "scope-node-b"
+	backend := policyv1.Backend{File: &policyv1.FileBackend{Directory: "/var/lib/plinth/volumes"}}
+	for _, n := range []string{nodeA, nodeB} {
+		label := map[string]string{policyv1.LabelNode: storev1.NameLabelValue(n)}
+		store := storev1.StoreName("pool", n)
+		objs := []client.Object{
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}},
+			&storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: label},
+				Spec: storev1.AgentSpec{NodeName: n, Stores: []string{store}}},
+			&storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: store, Labels: label},
+				Spec: storev1.StoreSpec{Pool: "pool", NodeName: n, Backend: backend}},
+			&storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: storev1.VolumeID(n), Labels: label},
+				Spec: storev1.VolumeStateSpec{CSIName: n, StoreName: store, CapacityBytes: 1 << 20, VolumeMode: "Filesystem",
+					Policy: storev1.FrozenPolicy{Placement: "fast", Pool: "pool", Protocol: "local", Backend: backend,
+						ProtocolSpec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}}}},
+		}
+		for _, o := range objs {
+			if err := admin.Create(ctx, o); err != nil {
+				t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+			}
+		}
+	}
+
+	agent := newClient(boundToken(t, ctx, c, "plinth-agent", "agent-a", nodeA))
+	unbound := rest.AnonymousClientConfig(c.cfg)
+	tok, err := c.kube.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "plinth-agent", &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unbound.BearerToken = tok.Status.Token
+	agentUnbound := newClient(unbound)
+	csiNode := newClient(boundToken(t, ctx, c, "plinth-csi-node", "csi-node-a", nodeA))
+
+	opts := func(dryRun bool) []client.SubResourcePatchOption {
+		if dryRun {
+			return []client.SubResourcePatchOption{client.DryRunAll}
+		}
+		return nil
+	}
+	statusPatch := func(cl client.Client, o client.Object, patch string) func(context.Context, bool) error {
+		return func(ctx context.Context, dryRun bool) error {
+			return cl.Status().Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(patch)), opts(dryRun)...)
+		}
+	}
+	patch := func(cl client.Client, o client.Object, patch string) func(context.Context, bool) error {
+		return func(ctx context.Context, dryRun bool) error {
+			var o2 []client.PatchOption
+			if dryRun {
+				o2 = append(o2, client.DryRunAll)
+			}
+			return cl.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(patch)), o2...)
+		}
+	}
+	// update reads the object and writes it back changed, as the agent's Update does (the verb
+	// RBAC grants it on VolumeStates; it has no patch there).
+	update := func(cl client.Client, o client.Object, change func(client.Object)) func(context.Context, bool) error {
+		return func(ctx context.Context, dryRun bool) error {
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+				return err
+			}
+			change(o)
+			var uo []client.UpdateOption
+			if dryRun {
+				uo = append(uo, client.DryRunAll)
+			}
+			return cl.Update(ctx, o, uo...)
+		}
+	}
+	addFinalizer := func(o client.Object) { o.SetFinalizers(append(o.GetFinalizers(), "plinth.dev/volume")) }
+	toNodeB := func(o client.Object) {
+		l := o.GetLabels()
+		l[policyv1.LabelNode] = nodeB
+		o.SetLabels(l)
+	}
+	agentOf := func(n string) client.Object { return &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: n}} }
+	storeOf := func(n string) client.Object {
+		return &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: storev1.StoreName("pool", n)}}
+	}
+	volOf := func(n string) client.Object {
+		return &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: storev1.VolumeID(n)}}
+	}
+	nodeOf := func(n string) client.Object { return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}} }
+	const (
+		agentStatus = `{"status":{"hostNQN":"nqn.2014-08.org.nvmexpress:uuid:0f6c1f7e-2d55-4a39-9a71-1b9d1d9a5c01"}}`
+		storeStatus = `{"status":{"capacity":{"total":1048576,"allocatable":1048576,"provisioned":0,"available":1048576}}}`
+		volStatus   = `{"status":{"phase":"Ready","actualBytes":1048576}}`
+		initiator   = `{"metadata":{"labels":{"plinth.dev/nvme-initiator":"true"},"annotations":{"plinth.dev/host-nqn":"nqn.2014-08.org.nvmexpress:uuid:0f6c1f7e-2d55-4a39-9a71-1b9d1d9a5c01"}}}`
+	)
+	// The agent writes the main resource only for VolumeState finalizers (agents/agent
+	// volumestate_controller.go, an Update).
+	cases := []write{
+		{"agent A: status of Agent A", true, statusPatch(agent, agentOf(nodeA), agentStatus)},
+		{"agent A: status of Store pool.A", true, statusPatch(agent, storeOf(nodeA), storeStatus)},
+		{"agent A: status of VolumeState of A", true, statusPatch(agent, volOf(nodeA), volStatus)},
+		{"agent A: finalizer of VolumeState of A", true, update(agent, volOf(nodeA), addFinalizer)},
+		{"CSI node A: initiator label and host NQN of Node A", true, patch(csiNode, nodeOf(nodeA), initiator)},
+
+		{"agent A: status of Agent B", false, statusPatch(agent, agentOf(nodeB), agentStatus)},
+		{"agent A: status of Store pool.B", false, statusPatch(agent, storeOf(nodeB), storeStatus)},
+		{"agent A: status of VolumeState of B", false, statusPatch(agent, volOf(nodeB), volStatus)},
+		{"agent A: finalizer of VolumeState of B", false, update(agent, volOf(nodeB), addFinalizer)},
+		{"agent A: moves VolumeState of A to B", false, update(agent, volOf(nodeA), toNodeB)},
+		{"agent bound to no pod: status of Agent A", false, statusPatch(agentUnbound, agentOf(nodeA), agentStatus)},
+		{"agent bound to no pod: status of VolumeState of A", false, statusPatch(agentUnbound, volOf(nodeA), volStatus)},
+		{"CSI node A: initiator label of Node B", false, patch(csiNode, nodeOf(nodeB), initiator)},
+		{"CSI node A: another label of Node A", false, patch(csiNode, nodeOf(nodeA), `{"metadata":{"labels":{"node-role.kubernetes.io/storage":""}}}`)},
+		{"CSI node A: unschedulable Node A", false, patch(csiNode, nodeOf(nodeA), `{"spec":{"unschedulable":true}}`)},
+	}
+
+	// RBAC and the admission policies are read from informers: wait (dry run, no effect) until
+	// the first allowed write passes and one refused write of each policy is refused.
+	probes := []write{cases[0], cases[5], cases[7], cases[12]}
+	for _, p := range probes {
+		waitFor(t, 60*time.Second, "policies in force: "+p.what, func() error {
+			err := p.do(ctx, true)
+			if p.allowed {
+				return err
+			}
+			if err == nil {
+				return fmt.Errorf("allowed, want refused")
+			}
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+				return fmt.Errorf("not refused by a policy yet: %v", err)
+			}
+			return nil
+		})
+	}
+
+	// The API server type-checks each policy's expressions against the schemas of the kinds it
+	// matches (the CRDs' and Node's) and reports mistakes as warnings in its status.
+	for _, name := range []string{"plinth-agent-node-scope", "plinth-agent-volume-node-scope", "plinth-csi-node-scope"} {
+		waitFor(t, 60*time.Second, "type check of ValidatingAdmissionPolicy "+name, func() error {
+			p, err := c.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if p.Status.ObservedGeneration != p.Generation {
+				return fmt.Errorf("status.observedGeneration %d, generation %d", p.Status.ObservedGeneration, p.Generation)
+			}
+			if p.Status.TypeChecking != nil && len(p.Status.TypeChecking.ExpressionWarnings) > 0 {
+				t.Errorf("ValidatingAdmissionPolicy %s: type-check warnings %+v", name, p.Status.TypeChecking.ExpressionWarnings)
+			}
+			return nil
+		})
+	}
+
+	var allowed, refused int
+	for _, w := range cases {
+		err := w.do(ctx, false)
+		switch {
+		case w.allowed && err == nil:
+			allowed++
+		case w.allowed:
+			t.Errorf("%s: refused: %v", w.what, err)
+		case err == nil:
+			t.Errorf("%s: allowed, want refused by a node-scope policy", w.what)
+		case !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'plinth-"):
+			t.Errorf("%s: refused, but not by a node-scope policy: %v", w.what, err)
+		default:
+			refused++
+			if !strings.Contains(err.Error(), "may ") && !strings.Contains(err.Error(), "carry no node") {
+				t.Errorf("%s: refused without the policy's message: %v", w.what, err)
+			}
+			t.Logf("%s: %v", w.what, err)
+		}
+	}
+	if allowed != 5 || refused != 10 {
+		t.Errorf("%d writes allowed and %d refused, want 5 and 10", allowed, refused)
+	}
+
+	// What was allowed landed, what was refused did not.
+	var va, vb storev1.VolumeState
+	if err := errors.Join(admin.Get(ctx, client.ObjectKeyFromObject(volOf(nodeA)), &va),
+		admin.Get(ctx, client.ObjectKeyFromObject(volOf(nodeB)), &vb)); err != nil {
+		t.Fatal(err)
+	}
+	if va.Status.Phase != storev1.VolumeReady || vb.Status.Phase != "" || len(vb.Finalizers) != 0 ||
+		va.Labels[policyv1.LabelNode] != nodeA {
+		t.Errorf("VolumeState of A: phase %q, labels %v; of B: phase %q, finalizers %v", va.Status.Phase, va.Labels,
+			vb.Status.Phase, vb.Finalizers)
+	}
+	var na, nb corev1.Node
+	if err := errors.Join(admin.Get(ctx, client.ObjectKey{Name: nodeA}, &na), admin.Get(ctx, client.ObjectKey{Name: nodeB}, &nb)); err != nil {
+		t.Fatal(err)
+	}
+	if na.Labels[policyv1.LabelNVMeInitiator] != "true" || na.Spec.Unschedulable || len(nb.Labels) != 0 {
+		t.Errorf("Node A labels %v unschedulable %v; Node B labels %v", na.Labels, na.Spec.Unschedulable, nb.Labels)
+	}
+	// Leave the finalizer to nobody: the cluster is shared by later subtests.
+	if err := admin.Patch(ctx, volOf(nodeA), client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,15 @@
+// Package observability proves Plinth's dashboards and alerts on real data: a real Prometheus
+// (Debian's /usr/bin/prometheus, on loopback, in a temporary folder) scrapes a running Plinth
+// — the controller, the agent (file backend on loop devices), the CSI controller and node
+// plugins run as processes on the real control plane of test/controlplane — with a scrape
+// configuration generated from the shipped ServiceMonitor (kustomize/monitoring), and loads the
+// shipped PrometheusRule. The test then runs every PromQL target of every dashboard panel
+// (template variables substituted as Grafana would) and checks the expectation table, and
+// waits for the drift, capacity, failed-volume and fencing alerts to fire after the scenario
+// made them true by hand.
+//
+// The harness (Plinth, Prometheus, Target, Panels) is exported so that another cluster — real
+// nodes with real kubelets — can be pointed at: a kubelet is one more Target (job kubelet,
+// scheme https), whose kubelet_volume_stats_* feed the PVC panels this host-only harness
+// leaves empty.
+package observability
