@@ -294,7 +294,11 @@ func testRBAC(t *testing.T, c *cluster) {
 			allow("update", "coordination.k8s.io", "leases", "", namespace), allow("create", "events.k8s.io", "events", "", namespace),
 			allow("get", "kustomize.toolkit.fluxcd.io", "kustomizations", "", "flux-system"), allow("get", "argoproj.io", "applications", "", "argocd"),
 			deny("delete", pol, "storagepools", "", ""), deny("create", pol, "placements", "", ""),
-			deny("create", sto, "volumestates", "", ""), deny("update", sto, "volumestates", "", ""), deny("patch", sto, "stores", "status", ""),
+			// Liveness marks (a deleted Node, a silent agent) patch the status of Agents and
+			// Stores; the controller never replaces it.
+			allow("patch", sto, "stores", "status", ""), allow("patch", sto, "agents", "status", ""),
+			deny("update", sto, "stores", "status", ""), deny("update", sto, "agents", "status", ""),
+			deny("create", sto, "volumestates", "", ""), deny("update", sto, "volumestates", "", ""),
 			deny("patch", "", "nodes", "", ""), deny("delete", "", "persistentvolumeclaims", "", "default"), deny("create", "", "persistentvolumes", "", ""),
 			deny("get", "", "configmaps", "", "default"), deny("get", "", "secrets", "", namespace), deny("list", "argoproj.io", "applications", "", "argocd"),
 			deny("patch", "kustomize.toolkit.fluxcd.io", "kustomizations", "", "flux-system"),
