@@ -86,8 +86,8 @@ type Driver struct {
 	scheme *runtime.Scheme
 	kube   client.Client // cache-backed reads in controller modes, direct otherwise
 	live   client.Reader // direct reads where freshness matters
-	hub    *hub
-	snaps  *snapHub // snapshot.go
+	hub    *hub[*storev1.VolumeState]
+	snaps  *hub[*storev1.VolumeSnapshotState] // snapshot.go
 
 	stages    stage.Dir
 	mounter   *mount.Mounter

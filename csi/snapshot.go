@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -18,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -30,82 +28,6 @@ import (
 // polling) until that node's agent reports it ready to use; DeleteSnapshot deletes it and waits
 // until the agent removed it from the backend and released its finalizer. A snapshot lives on
 // its source's Store; volumes restored or cloned from it are made on that Store too.
-
-// snapHub fans VolumeSnapshotState informer events out to the calls waiting on one snapshot.
-type snapHub struct {
-	mu   sync.Mutex
-	subs map[string]map[chan *storev1.VolumeSnapshotState]struct{}
-}
-
-func newSnapHub() *snapHub {
-	return &snapHub{subs: map[string]map[chan *storev1.VolumeSnapshotState]struct{}{}}
-}
-
-func (h *snapHub) subscribe(name string) (chan *storev1.VolumeSnapshotState, func()) {
-	ch := make(chan *storev1.VolumeSnapshotState, 1)
-	h.mu.Lock()
-	if h.subs[name] == nil {
-		h.subs[name] = map[chan *storev1.VolumeSnapshotState]struct{}{}
-	}
-	h.subs[name][ch] = struct{}{}
-	h.mu.Unlock()
-	return ch, func() {
-		h.mu.Lock()
-		delete(h.subs[name], ch)
-		if len(h.subs[name]) == 0 {
-			delete(h.subs, name)
-		}
-		h.mu.Unlock()
-	}
-}
-
-// notify hands the newest state (nil = deleted) to each waiter, replacing an unread older one.
-func (h *snapHub) notify(name string, ss *storev1.VolumeSnapshotState) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for ch := range h.subs[name] {
-		select {
-		case ch <- ss:
-		default:
-			select {
-			case <-ch:
-			default:
-			}
-			ch <- ss
-		}
-	}
-}
-
-func (h *snapHub) handler() toolscache.ResourceEventHandler {
-	get := func(obj any) (string, *storev1.VolumeSnapshotState) {
-		switch o := obj.(type) {
-		case *storev1.VolumeSnapshotState:
-			return o.Name, o
-		case toolscache.DeletedFinalStateUnknown:
-			if ss, ok := o.Obj.(*storev1.VolumeSnapshotState); ok {
-				return ss.Name, nil
-			}
-		}
-		return "", nil
-	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if n, ss := get(obj); n != "" {
-				h.notify(n, ss)
-			}
-		},
-		UpdateFunc: func(_, obj any) {
-			if n, ss := get(obj); n != "" {
-				h.notify(n, ss)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if n, _ := get(obj); n != "" {
-				h.notify(n, nil)
-			}
-		},
-	}
-}
 
 // waitSnapshot is waitVolume for a VolumeSnapshotState: done sees the live state (nil when
 // absent), then every state the informer delivers, until it says finished or fails, or the

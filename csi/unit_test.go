@@ -126,7 +126,7 @@ func TestCheckCapabilities(t *testing.T) {
 // waitOn, from the state CreateVolume created: a late event of a deleted earlier VolumeState of
 // the same name (another UID, Ready) must not end the wait; the created one's Ready does.
 func TestWaitOnIgnoresEarlierIncarnation(t *testing.T) {
-	d := &Driver{opts: Options{WaitTimeout: time.Minute}, hub: &hub{subs: map[string]map[chan *storev1.VolumeState]struct{}{}}}
+	d := &Driver{opts: Options{WaitTimeout: time.Minute}, hub: newHub[*storev1.VolumeState]()}
 	ch, unsubscribe := d.hub.subscribe("vol-a")
 	defer unsubscribe()
 	state := func(uid string, ready bool) *storev1.VolumeState {

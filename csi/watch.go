@@ -18,17 +18,22 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// hub fans VolumeState informer events out to the calls waiting on one volume.
-type hub struct {
+// hub fans informer events of one kind (VolumeState, VolumeSnapshotState) out to the calls
+// waiting on one object by name.
+type hub[T client.Object] struct {
 	mu   sync.Mutex
-	subs map[string]map[chan *storev1.VolumeState]struct{}
+	subs map[string]map[chan T]struct{}
 }
 
-func (h *hub) subscribe(name string) (chan *storev1.VolumeState, func()) {
-	ch := make(chan *storev1.VolumeState, 1)
+func newHub[T client.Object]() *hub[T] {
+	return &hub[T]{subs: map[string]map[chan T]struct{}{}}
+}
+
+func (h *hub[T]) subscribe(name string) (chan T, func()) {
+	ch := make(chan T, 1)
 	h.mu.Lock()
 	if h.subs[name] == nil {
-		h.subs[name] = map[chan *storev1.VolumeState]struct{}{}
+		h.subs[name] = map[chan T]struct{}{}
 	}
 	h.subs[name][ch] = struct{}{}
 	h.mu.Unlock()
@@ -42,49 +47,52 @@ func (h *hub) subscribe(name string) (chan *storev1.VolumeState, func()) {
 	}
 }
 
-// notify hands the newest state (nil = deleted) to each waiter, replacing an unread older one.
-func (h *hub) notify(name string, vs *storev1.VolumeState) {
+// notify hands the newest state (the zero value, nil, = deleted) to each waiter, replacing an
+// unread older one.
+func (h *hub[T]) notify(name string, obj T) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for ch := range h.subs[name] {
 		select {
-		case ch <- vs:
+		case ch <- obj:
 		default:
 			select {
 			case <-ch:
 			default:
 			}
-			ch <- vs
+			ch <- obj
 		}
 	}
 }
 
-func (h *hub) handler() toolscache.ResourceEventHandler {
-	get := func(obj any) (string, *storev1.VolumeState) {
+func (h *hub[T]) handler() toolscache.ResourceEventHandler {
+	get := func(obj any) (string, T) {
+		var none T
 		switch o := obj.(type) {
-		case *storev1.VolumeState:
-			return o.Name, o
+		case T:
+			return o.GetName(), o
 		case toolscache.DeletedFinalStateUnknown:
-			if vs, ok := o.Obj.(*storev1.VolumeState); ok {
-				return vs.Name, nil
+			if t, ok := o.Obj.(T); ok {
+				return t.GetName(), none
 			}
 		}
-		return "", nil
+		return "", none
 	}
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if n, vs := get(obj); n != "" {
-				h.notify(n, vs)
+			if n, t := get(obj); n != "" {
+				h.notify(n, t)
 			}
 		},
 		UpdateFunc: func(_, obj any) {
-			if n, vs := get(obj); n != "" {
-				h.notify(n, vs)
+			if n, t := get(obj); n != "" {
+				h.notify(n, t)
 			}
 		},
 		DeleteFunc: func(obj any) {
 			if n, _ := get(obj); n != "" {
-				h.notify(n, nil)
+				var none T
+				h.notify(n, none)
 			}
 		},
 	}
@@ -118,7 +126,7 @@ func (d *Driver) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("api cache: %w", err)
 	}
-	d.hub = &hub{subs: map[string]map[chan *storev1.VolumeState]struct{}{}}
+	d.hub = newHub[*storev1.VolumeState]()
 	inf, err := ca.GetInformer(ctx, &storev1.VolumeState{}, cache.BlockUntilSynced(false))
 	if err != nil {
 		return fmt.Errorf("volumestate informer: %w", err)
@@ -126,7 +134,7 @@ func (d *Driver) connect(ctx context.Context) error {
 	if _, err := inf.AddEventHandler(d.hub.handler()); err != nil {
 		return err
 	}
-	d.snaps = newSnapHub()
+	d.snaps = newHub[*storev1.VolumeSnapshotState]()
 	sinf, err := ca.GetInformer(ctx, &storev1.VolumeSnapshotState{}, cache.BlockUntilSynced(false))
 	if err != nil {
 		return fmt.Errorf("volumesnapshotstate informer: %w", err)
