@@ -16,7 +16,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -29,10 +28,11 @@ import (
 // until the agent removed it from the backend and released its finalizer. A snapshot lives on
 // its source's Store; volumes restored or cloned from it are made on that Store too.
 
-// waitSnapshot is waitVolume for a VolumeSnapshotState: done sees the live state (nil when
+// waitSnapshot is waitVolume for a VolumeSnapshotState (through waitOn): done sees the live state (nil when
 // absent), then every state the informer delivers, until it says finished or fails, or the
 // wait is over. States of an earlier object of the same name are ignored once one is known.
 func (d *Driver) waitSnapshot(ctx context.Context, name string, ss *storev1.VolumeSnapshotState, ch <-chan *storev1.VolumeSnapshotState, done func(*storev1.VolumeSnapshotState) (bool, error)) error {
+	// The first read counts against the wait too.
 	ctx, cancel := context.WithTimeout(ctx, d.opts.WaitTimeout)
 	defer cancel()
 	if ch == nil {
@@ -46,26 +46,7 @@ func (d *Driver) waitSnapshot(ctx context.Context, name string, ss *storev1.Volu
 			return err
 		}
 	}
-	var uid types.UID
-	if ss != nil {
-		uid = ss.UID
-	}
-	for {
-		ok, err := done(ss)
-		if err != nil || ok {
-			return err
-		}
-		for {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case ss = <-ch:
-			}
-			if ss == nil || uid == "" || ss.UID == uid {
-				break
-			}
-		}
-	}
+	return waitOn(ctx, d.opts.WaitTimeout, ch, ss, done)
 }
 
 // snapshotReady is the wait condition of CreateSnapshot: ready to use, or failed.

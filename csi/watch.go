@@ -181,20 +181,24 @@ func (d *Driver) waitVolume(ctx context.Context, name string, done func(vs *stor
 	return d.waitOn(ctx, ch, vs, done)
 }
 
-// waitOn calls done with vs (the state the caller knows, nil when absent), then with every
-// state the informer delivers on ch (a subscription taken before vs was read or written),
-// until done says finished or fails, or the wait is over (the caller's deadline or
-// WaitTimeout). When vs is known, states of another object of the same name (a deleted
+// waitOn calls done with obj (the state the caller knows of a VolumeState or
+// VolumeSnapshotState, nil when absent), then with every state the informer delivers on ch (a
+// subscription taken before obj was read or written), until done says finished or fails, or the
+// wait is over (the caller's deadline or timeout). When obj is known, states of another object of the same name (a deleted
 // earlier incarnation whose events arrive late) are ignored.
-func (d *Driver) waitOn(ctx context.Context, ch <-chan *storev1.VolumeState, vs *storev1.VolumeState, done func(vs *storev1.VolumeState) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, d.opts.WaitTimeout)
+func waitOn[T interface {
+	comparable
+	client.Object
+}](ctx context.Context, timeout time.Duration, ch <-chan T, obj T, done func(T) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	var none T
 	var uid types.UID
-	if vs != nil {
-		uid = vs.UID
+	if obj != none {
+		uid = obj.GetUID()
 	}
 	for {
-		ok, err := done(vs)
+		ok, err := done(obj)
 		if err != nil || ok {
 			return err
 		}
@@ -202,11 +206,16 @@ func (d *Driver) waitOn(ctx context.Context, ch <-chan *storev1.VolumeState, vs 
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case vs = <-ch:
+			case obj = <-ch:
 			}
-			if vs == nil || uid == "" || vs.UID == uid {
+			if obj == none || uid == "" || obj.GetUID() == uid {
 				break
 			}
 		}
 	}
+}
+
+// waitOn is the generic waitOn for VolumeStates, bounded by WaitTimeout.
+func (d *Driver) waitOn(ctx context.Context, ch <-chan *storev1.VolumeState, vs *storev1.VolumeState, done func(vs *storev1.VolumeState) (bool, error)) error {
+	return waitOn(ctx, d.opts.WaitTimeout, ch, vs, done)
 }

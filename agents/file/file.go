@@ -198,21 +198,8 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 	size := backend.RoundUp(sizeBytes, UnitBytes)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if st, err := os.Stat(path); err == nil {
-		if st.Size() < size {
-			return backend.Volume{}, fmt.Errorf("volume %s exists with %d bytes, %d requested: %w", id, st.Size(), size, backend.ErrAlreadyExists)
-		}
-		if _, err := f.attach(path); err != nil {
-			return backend.Volume{}, err
-		}
-		return f.volume(id, path, st.Size())
-	}
-	c, err := f.capacity()
-	if err != nil {
-		return backend.Volume{}, err
-	}
-	if avail := c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); size > avail {
-		return backend.Volume{}, fmt.Errorf("volume %s: %d bytes requested, %d available: %w", id, size, avail, backend.ErrInsufficientCapacity)
+	if v, exists, err := f.adoptOrCheckRoom(id, path, size); exists || err != nil {
+		return v, err
 	}
 	// temp file + rename: a crash never leaves a short file under the final name.
 	tmp := path + ".tmp"
@@ -246,6 +233,32 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 		return backend.Volume{}, fmt.Errorf("create volume %s: %w", id, err)
 	}
 	return f.volume(id, path, size)
+}
+
+// adoptOrCheckRoom begins every creation (new, restored, cloned): an
+// existing file of the volume at least size bytes is adopted (attached and
+// returned with exists true; a smaller one is ErrAlreadyExists), else the
+// directory must have room for size bytes (ErrInsufficientCapacity). The
+// caller holds f.mu.
+func (f *File) adoptOrCheckRoom(id, path string, size int64) (v backend.Volume, exists bool, err error) {
+	if st, err := os.Stat(path); err == nil {
+		if st.Size() < size {
+			return backend.Volume{}, false, fmt.Errorf("volume %s exists with %d bytes, %d requested: %w", id, st.Size(), size, backend.ErrAlreadyExists)
+		}
+		if _, err := f.attach(path); err != nil {
+			return backend.Volume{}, false, err
+		}
+		v, err := f.volume(id, path, st.Size())
+		return v, true, err
+	}
+	c, err := f.capacity()
+	if err != nil {
+		return backend.Volume{}, false, err
+	}
+	if avail := c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); size > avail {
+		return backend.Volume{}, false, fmt.Errorf("volume %s: %d bytes requested, %d available: %w", id, size, avail, backend.ErrInsufficientCapacity)
+	}
+	return backend.Volume{}, false, nil
 }
 
 // Expand grows the file and tells the loop device (LOOP_SET_CAPACITY).

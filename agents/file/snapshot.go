@@ -145,21 +145,8 @@ func (f *File) CreateVolumeFrom(ctx context.Context, id, source string, sizeByte
 		return backend.Volume{}, err
 	}
 	size := max(backend.RoundUp(sizeBytes, UnitBytes), sst.Size())
-	if st, err := os.Stat(path); err == nil {
-		if st.Size() < size {
-			return backend.Volume{}, fmt.Errorf("volume %s exists with %d bytes, %d requested: %w", id, st.Size(), size, backend.ErrAlreadyExists)
-		}
-		if _, err := f.attach(path); err != nil {
-			return backend.Volume{}, err
-		}
-		return f.volume(id, path, st.Size())
-	}
-	c, err := f.capacity()
-	if err != nil {
-		return backend.Volume{}, err
-	}
-	if avail := c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); size > avail {
-		return backend.Volume{}, fmt.Errorf("volume %s: %d bytes requested, %d available: %w", id, size, avail, backend.ErrInsufficientCapacity)
+	if v, exists, err := f.adoptOrCheckRoom(id, path, size); exists || err != nil {
+		return v, err
 	}
 	if strings.HasPrefix(source, backend.VolumeIDPrefix) {
 		if devs, err := f.attached(src); err == nil {

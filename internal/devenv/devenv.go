@@ -364,8 +364,9 @@ func (e *Env) LogTails(n int) map[string]string {
 	return e.CP.LogTails(n)
 }
 
-// Down stops every process Up started (by PID, newest first), unmounts what
-// the kubelet stand-in mounted and detaches the loop devices of the volumes.
+// Down stops every process Up started (by PID, newest first), unmounts what is
+// still mounted under the work directory (volumes of a node stopped mid-way) and detaches
+// the loop devices of the volumes.
 // The work directory stays for reading logs.
 func (e *Env) Down() error {
 	var errs []error
