@@ -433,3 +433,44 @@ func (e *Walk) PodWithVolume(ctx context.Context, name, class string) (time.Dura
 	}
 	return took, e.unclaim(ctx, name, pv.Spec.CSI.VolumeHandle)
 }
+
+// PodWithoutVolume creates a busybox pod like PodWithVolume's, scheduled by
+// the same profile but with no volume, waits until it is Running, then
+// deletes it and waits until it is gone. It returns the time from its
+// creation to Running: the floor under PodWithVolume's figure (scheduling,
+// sandbox and container start on a real kubelet, no storage work).
+func (e *Walk) PodWithoutVolume(ctx context.Context, name string) (time.Duration, error) {
+	pod := quickstartPod()
+	pod.Name = name
+	pod.Spec.Volumes = nil
+	pod.Spec.Containers[0].VolumeMounts = nil
+	start := time.Now()
+	if err := e.Client.Create(ctx, pod); err != nil {
+		return 0, err
+	}
+	var took time.Duration
+	err := poll(ctx, 2*time.Minute, func() error {
+		var p corev1.Pod
+		if err := e.Client.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+			return err
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("pod %s %s: %s", name, p.Status.Phase, podWhy(&p))
+		}
+		took = time.Since(start)
+		return nil
+	})
+	if err != nil {
+		return time.Since(start), err
+	}
+	zero := int64(0)
+	if err := e.Client.Delete(ctx, pod, &client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+		return took, err
+	}
+	return took, poll(ctx, 2*time.Minute, func() error {
+		if err := e.Client.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("pod %s still there (%v)", name, err)
+		}
+		return nil
+	})
+}
