@@ -2,7 +2,6 @@ package policy_test
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,9 +50,9 @@ func TestApplyStatusAndNodeSelector(t *testing.T) {
 	if pl.Status.StorageClass != "a-fast" || pl.Status.InUseBy == nil || *pl.Status.InUseBy != 0 || len(pl.Finalizers) != 1 {
 		t.Errorf("placement status %+v finalizers %v", pl.Status, pl.Finalizers)
 	}
-	if err := contains(inventoryText(t, c), "storage.k8s.io v1 StorageClass a-fast ", "storage.plinth.dev v1alpha1 Store apool.a1 ", "storage.plinth.dev v1alpha1 Agent a1 "); err != nil {
-		t.Error(err)
-	}
+	waitInventory(t, c, "lists the class, Store and Agent", func(inv string) error {
+		return contains(inv, "storage.k8s.io v1 StorageClass a-fast ", "storage.plinth.dev v1alpha1 Store apool.a1 ", "storage.plinth.dev v1alpha1 Agent a1 ")
+	})
 	if got := conditions.Get(p, policy.StoresReadyCondition); got == nil || got.Status != metav1.ConditionUnknown {
 		t.Errorf("StoresReady before any agent reported: %+v", got)
 	}
@@ -132,9 +131,12 @@ func TestPruneInventoryOnlyAndInUse(t *testing.T) {
 	storageClass(t, c, "b-used")
 	storageClass(t, c, "b-keep")
 	storageClass(t, c, "b-foreign")
-	if inv := inventoryText(t, c); strings.Contains(inv, "b-keep") || !strings.Contains(inv, "b-used") {
-		t.Errorf("inventory: kept class must stay listed, opted-out class must leave:\n%s", inv)
-	}
+	waitInventory(t, c, "the kept class stays listed, the opted-out class leaves", func(inv string) error {
+		if err := contains(inv, "StorageClass b-used "); err != nil {
+			return err
+		}
+		return lacks(inv, "b-keep")
+	})
 
 	for _, cl := range claims {
 		deletePVC(t, c, cl)
@@ -500,9 +502,7 @@ func TestPruneInUseForced(t *testing.T) {
 		}
 		return fmt.Errorf("no %s event among %d", policy.ReasonPrunedInUse, len(evs.Items))
 	})
-	if inv := inventoryText(t, c); strings.Contains(inv, "k-force") {
-		t.Errorf("a force-pruned class stays in the inventory:\n%s", inv)
-	}
+	waitInventory(t, c, "drops the force-pruned class", func(inv string) error { return lacks(inv, "k-force") })
 	for _, cl := range claims {
 		deletePVC(t, c, cl)
 	}

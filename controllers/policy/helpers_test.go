@@ -180,13 +180,31 @@ func storageClass(t *testing.T, c client.Client, name string) *storagev1.Storage
 	return &sc
 }
 
-func inventoryText(t *testing.T, c client.Client) string {
+// waitInventory waits until the inventory ConfigMap's text satisfies check. The inventory is
+// saved after the apply and prune steps of the same reconcile, so an object seen created or
+// deleted is not yet proof that the inventory says so.
+func waitInventory(t *testing.T, c client.Client, what string, check func(inv string) error) {
 	t.Helper()
-	var cm corev1.ConfigMap
-	if err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: "plinth-inventory"}, &cm); err != nil {
-		t.Fatal(err)
+	eventually(t, 30e9, "inventory: "+what, func() error {
+		var cm corev1.ConfigMap
+		if err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: "plinth-inventory"}, &cm); err != nil {
+			return err
+		}
+		if err := check(cm.Data["inventory"]); err != nil {
+			return fmt.Errorf("%w\n%s", err, cm.Data["inventory"])
+		}
+		return nil
+	})
+}
+
+// lacks reports an error naming the first of subs that s contains.
+func lacks(s string, subs ...string) error {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return fmt.Errorf("still lists %q", sub)
+		}
 	}
-	return cm.Data["inventory"]
+	return nil
 }
 
 func contains(s string, subs ...string) error {

@@ -2,7 +2,6 @@ package policy_test
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -50,9 +49,7 @@ func TestSnapshotClassAppliedAndPruned(t *testing.T) {
 	if !found {
 		t.Errorf("status.produced lacks the VolumeSnapshotClass: %+v", cur.Status.Produced)
 	}
-	if inv := inventoryText(t, c); !strings.Contains(inv, "s-snapshots") {
-		t.Errorf("inventory lacks the VolumeSnapshotClass:\n%s", inv)
-	}
+	waitInventory(t, c, "lists the VolumeSnapshotClass", func(inv string) error { return contains(inv, " VolumeSnapshotClass s-snapshots ") })
 
 	update(t, c, &cur, func(pl *policyv1.Placement) { pl.Spec.SnapshotClass.DeletionPolicy = "Retain" })
 	eventually(t, 30e9, "deletionPolicy Retain applied", func() error {
@@ -68,9 +65,7 @@ func TestSnapshotClassAppliedAndPruned(t *testing.T) {
 
 	update(t, c, &cur, func(pl *policyv1.Placement) { pl.Spec.SnapshotClass = nil })
 	gone(t, c, snapshotClassObj(), "s-snapshots")
-	if inv := inventoryText(t, c); strings.Contains(inv, "s-snapshots") {
-		t.Errorf("inventory still lists the pruned VolumeSnapshotClass:\n%s", inv)
-	}
+	waitInventory(t, c, "drops the pruned VolumeSnapshotClass", func(inv string) error { return lacks(inv, "s-snapshots") })
 	deleteAll(t, c, &cur, p, proto)
 	gone(t, c, &storev1.Store{}, "spool.s1")
 }
