@@ -1,0 +1,529 @@
+package crossnode
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/plinth-storage/plinth/csi"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/kernel/apimux"
+	"github.com/plinth-storage/plinth/test/kernel/guest"
+	"github.com/plinth-storage/plinth/test/kernel/netrelay"
+)
+
+// The private network and the identities of the two guests.
+const (
+	storageNode = "storage-0"
+	// workerA and workerB are two node plugins in the worker guest: two Nodes, two host NQNs
+	// (a second initiator identity, as a second worker would have), one kernel.
+	workerA = "worker-a"
+	workerB = "worker-b"
+
+	storageMAC  = "52:54:00:77:00:01"
+	workerMAC   = "52:54:00:77:00:02"
+	storageAddr = "192.168.77.1"
+	workerAddr  = "192.168.77.2"
+	netCIDR     = "192.168.77.0/24"
+
+	hostNQNA = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000a1"
+	hostNQNB = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000b2"
+
+	nvmePort = 4420
+	// The protocol's timers (seconds) and queue depth; the kernel must show them back.
+	// ctrlLossTmo / reconnectDelay = 6 reconnect attempts (drivers/nvme/host/fabrics.c counts
+	// attempts, not time); each attempt over a cut link fails after nvme-tcp's one SYN retry.
+	ctrlLossTmo    = 12
+	reconnectDelay = 2
+	maxQueueSize   = 64
+
+	pool = "xthin"
+	vg   = "plinth-x"
+)
+
+// vm is one guest with shell helpers.
+type vm struct {
+	name string
+	g    *guest.Guest
+}
+
+// try runs script in the guest; the exit code is -1 when the guest could not run it.
+func (v *vm) try(timeout time.Duration, script string) (string, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	res, err := v.g.Run(ctx, script, nil)
+	if err != nil {
+		return string(res.Output) + err.Error(), -1
+	}
+	return string(res.Output), res.ExitCode
+}
+
+// sh runs script and fails t unless it exits 0.
+func (v *vm) sh(t testing.TB, timeout time.Duration, script string) string {
+	t.Helper()
+	out, code := v.try(timeout, script)
+	if code != 0 {
+		t.Fatalf("%s: %s: exit %d\n%s", v.name, script, code, out)
+	}
+	return out
+}
+
+// suite is the booted pair and its clients, shared by the tests (one boot for all).
+type suite struct {
+	c       client.Client
+	relay   *netrelay.Relay
+	storage *vm
+	worker  *vm
+	ctrl    csipb.ControllerClient
+	nodeA   csipb.NodeClient
+	nodeB   csipb.NodeClient
+	params  map[string]string
+}
+
+func goBuild(t *testing.T, root, out, pkg string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+}
+
+func grpcClient(t *testing.T, target string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient("passthrough:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			if strings.HasPrefix(addr, "/") {
+				return (&net.Dialer{}).DialContext(ctx, "unix", addr)
+			}
+			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// setIP gives the NIC with mac the address in the guest (the guests' own addresses on the
+// relay's network).
+func setIP(t *testing.T, v *vm, mac, cidr string) {
+	v.sh(t, time.Minute, fmt.Sprintf(`for i in /sys/class/net/*; do [ "$(cat $i/address)" = %s ] && dev=${i##*/}; done
+[ -n "$dev" ] || { echo "no NIC with MAC %s"; exit 1; }
+ip addr add %s dev $dev && ip link set $dev up`, mac, mac, cidr))
+}
+
+func create(t *testing.T, c client.Client, obj client.Object) {
+	t.Helper()
+	if err := c.Create(t.Context(), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// start boots both guests and every part; it fails t (never skips) once the suite is asked for.
+func start(t *testing.T) *suite {
+	if os.Getenv("PLINTH_GUEST_CROSSNODE") != "1" {
+		t.Skip("boots two qemu guests (storage and worker): set PLINTH_GUEST_CROSSNODE=1 (after make testbin and make kernel-assets)")
+	}
+	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer)
+	ctrllog.SetLogger(testr.New(t))
+	t0 := time.Now()
+	cp := controlplane.ForTest(t, controlplane.Options{})
+	root, err := controlplane.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
+		Paths: []string{filepath.Join(root, "schema", "crd", "bases")}, ErrorIfPathMissing: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cp.Admin.Config, client.Options{Scheme: csi.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	goBuild(t, root, filepath.Join(work, "plinth"), "./cmd/plinth")
+	goBuild(t, root, filepath.Join(work, "apimux"), "./test/kernel/cmd/apimux")
+	t.Logf("TIMING control plane + builds %s", time.Since(t0).Round(time.Millisecond))
+
+	// The policy as the controller renders it: a thin pool on the storage guest's disk,
+	// exported over NVMe-oF/TCP on the private network with an ACL.
+	backend := policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: vg, Devices: []string{"/dev/vda"},
+		ThinPool: &policyv1.ThinPool{Name: "pool", SizePercent: 80}}}
+	for _, n := range []string{storageNode, workerA, workerB} {
+		create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+	}
+	create(t, c, &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: pool}, Spec: policyv1.StoragePoolSpec{Backend: backend}})
+	create(t, c, &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: pool + "-nvme"}, Spec: policyv1.ProtocolSpec{
+		NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: nvmePort, BindCIDR: netCIDR, ACL: ptr.To(true), MaxQueueSize: maxQueueSize,
+			CtrlLossTmo: ptr.To[int32](ctrlLossTmo), ReconnectDelay: reconnectDelay}}})
+	create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: pool + "-nvme"}, Spec: policyv1.PlacementSpec{
+		PoolRef: policyv1.LocalObjectReference{Name: pool}, ProtocolRef: policyv1.LocalObjectReference{Name: pool + "-nvme"},
+		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-nvme"},
+		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+	}})
+	store := storev1.StoreName(pool, storageNode)
+	create(t, c, &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: storageNode, Labels: map[string]string{policyv1.LabelNode: storev1.NameLabelValue(storageNode)}},
+		Spec: storev1.AgentSpec{NodeName: storageNode, Stores: []string{store}, NVMeoF: &storev1.NVMeoFEndpoint{Port: nvmePort, BindCIDR: netCIDR}}})
+	create(t, c, &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: store, Labels: map[string]string{
+		policyv1.LabelPool: storev1.NameLabelValue(pool), policyv1.LabelNode: storev1.NameLabelValue(storageNode)}},
+		Spec: storev1.StoreSpec{Pool: pool, NodeName: storageNode, Backend: backend, Reserve: "5%", OvercommitPercent: 400}})
+
+	relay, err := netrelay.Start(storageMAC, workerMAC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	demux := apimux.StartForTest(t, cp.URL)
+	portA, err := controlplane.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	portB, err := controlplane.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd := []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}}
+	opts := map[string]guest.Options{
+		storageNode: {DiskBytes: []int64{2 << 30}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0")},
+		"worker": {GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.B.NetdevArgs("p0"),
+			HostForwards: []guest.Forward{{HostPort: portA, GuestPort: 50051}, {HostPort: portB, GuestPort: 50052}}},
+	}
+	// Both boot at once (each on one vCPU): boot is mostly waiting on the other's emulation
+	// only at the start; the suite's wall time matters on CI's 2 cores.
+	bootStart := time.Now()
+	vms := map[string]*vm{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var bootErr []error
+	for name, o := range opts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := guest.Boot(t.Context(), o)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				bootErr = append(bootErr, fmt.Errorf("%s: %w", name, err))
+				return
+			}
+			vms[name] = &vm{name: name, g: g}
+		}()
+	}
+	wg.Wait()
+	for _, v := range vms {
+		t.Cleanup(func() { v.g.Stop() }) //nolint:errcheck
+	}
+	if len(bootErr) > 0 {
+		t.Fatalf("boot: %v", bootErr)
+	}
+	t.Logf("TIMING two guests booted %s", time.Since(bootStart).Round(time.Millisecond))
+	s := &suite{c: c, relay: relay, storage: vms[storageNode], worker: vms["worker"]}
+
+	kc, err := cp.KubeconfigFor("admin", "https://127.0.0.1:6443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vms {
+		for name, src := range map[string]string{"plinth": filepath.Join(work, "plinth"), "apimux": filepath.Join(work, "apimux")} {
+			data, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(v.g.ShareDir(), name), data, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(v.g.ShareDir(), "kubeconfig"), kc, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		v.sh(t, time.Minute, fmt.Sprintf("cp %[1]s/apimux %[1]s/plinth /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %[2]s:6443 >/tmp/apimux.log 2>&1 &)",
+			guest.SharePath, guest.GuestForwardAddr))
+	}
+	setIP(t, s.storage, storageMAC, storageAddr+"/24")
+	setIP(t, s.worker, workerMAC, workerAddr+"/24")
+	s.worker.sh(t, time.Minute, "ping -c 1 -W 10 "+storageAddr)
+
+	s.storage.sh(t, time.Minute, fmt.Sprintf("/tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/agent-state --refresh-interval 10s "+
+		"--metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >/tmp/agent.log 2>&1 &", storageNode, guest.SharePath))
+	// worker A uses the guest's /etc/nvme/hostnqn, worker B its own file: two identities
+	s.worker.sh(t, time.Minute, fmt.Sprintf("echo %s > /etc/nvme/hostnqn && echo %s > /tmp/hostnqn-b", hostNQNA, hostNQNB))
+	for _, n := range []struct {
+		name, nqnFile string
+		port          int
+	}{{workerA, "/etc/nvme/hostnqn", 50051}, {workerB, "/tmp/hostnqn-b", 50052}} {
+		s.worker.sh(t, time.Minute, fmt.Sprintf("/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig "+
+			"--state-dir /tmp/csi-%s --host-nqn-file %s --registration-dir= --health-address= -v 2 >/tmp/csi-%s.log 2>&1 &",
+			n.port, n.name, guest.SharePath, n.name, n.nqnFile, n.name))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := s.storage.try(time.Minute, "tail -n 80 /tmp/agent.log; lvs -a; find /sys/kernel/config/nvmet -maxdepth 4 | head -60; dmesg | tail -n 40")
+			t.Logf("storage guest:\n%s", out)
+			out, _ = s.worker.try(time.Minute, "tail -n 60 /tmp/csi-worker-a.log; echo ---- B; tail -n 40 /tmp/csi-worker-b.log; ls /sys/class/nvme-subsystem; dmesg | tail -n 60")
+			t.Logf("worker guest:\n%s", out)
+		}
+	})
+
+	// The controller service in this process, on the host.
+	d, err := csi.New(csi.Options{Mode: csi.ModeController, Endpoint: "unix://" + filepath.Join(work, "ctrl.sock"), Config: cp.Admin.Config,
+		WaitTimeout: 3 * time.Minute, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := d.Run(ctx); err != nil {
+			t.Errorf("csi controller: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-d.Serving():
+	case <-done:
+		t.Fatal("csi controller stopped at start")
+	}
+	s.ctrl = csipb.NewControllerClient(grpcClient(t, filepath.Join(work, "ctrl.sock")))
+	s.nodeA = csipb.NewNodeClient(grpcClient(t, fmt.Sprintf("127.0.0.1:%d", portA)))
+	s.nodeB = csipb.NewNodeClient(grpcClient(t, fmt.Sprintf("127.0.0.1:%d", portB)))
+	s.params = map[string]string{policyv1.ParamPlacement: pool + "-nvme", policyv1.ParamPool: pool, policyv1.ParamProtocol: pool + "-nvme"}
+
+	// The agent reports the thin pool and its address; both node plugins annotate their Nodes.
+	controlplane.Eventually(t, 5*time.Minute, 500*time.Millisecond, "store ready and node plugins registered", func() error {
+		var st storev1.Store
+		if err := c.Get(t.Context(), client.ObjectKey{Name: store}, &st); err != nil {
+			return err
+		}
+		if !apimeta.IsStatusConditionTrue(st.Status.Conditions, "Ready") || st.Status.Capacity == nil {
+			return fmt.Errorf("store %s not ready: %+v", store, st.Status.Conditions)
+		}
+		for name, nqn := range map[string]string{workerA: hostNQNA, workerB: hostNQNB} {
+			var n corev1.Node
+			if err := c.Get(t.Context(), client.ObjectKey{Name: name}, &n); err != nil {
+				return err
+			}
+			if n.Annotations[policyv1.AnnotationHostNQN] != nqn || n.Labels[policyv1.LabelNVMeInitiator] != "true" {
+				return fmt.Errorf("node %s: labels %v annotations %v", name, n.Labels, n.Annotations)
+			}
+		}
+		return nil
+	})
+	t.Logf("TIMING suite ready %s (since start)", time.Since(t0).Round(time.Millisecond))
+	return s
+}
+
+var ctrlName = regexp.MustCompile(`^nvme[0-9]+$`)
+
+// controllerAttrs reads, in the worker guest, the sysfs attributes of each controller of the
+// subsystem nqn: one map per controller (name, state, hostnqn, address, sqsize, ctrl_loss_tmo,
+// reconnect_delay, transport). None when not connected.
+func (s *suite) controllerAttrs(t testing.TB, nqn string) []map[string]string {
+	t.Helper()
+	out := s.worker.sh(t, time.Minute, fmt.Sprintf(`for sub in /sys/class/nvme-subsystem/*; do
+  [ "$(cat $sub/subsysnqn 2>/dev/null)" = %q ] || continue
+  for c in $sub/nvme*; do
+    n=${c##*/}; echo "$n" | grep -qE '^nvme[0-9]+$' || continue
+    echo "name=$n"
+    for a in state hostnqn address sqsize ctrl_loss_tmo reconnect_delay transport; do echo "$a=$(cat /sys/class/nvme/$n/$a 2>/dev/null | tr -d '\n')"; done
+    echo "--"
+  done
+done`, nqn))
+	var res []map[string]string
+	cur := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if line == "--" {
+			res = append(res, cur)
+			cur = map[string]string{}
+			continue
+		}
+		if k, v, ok := strings.Cut(line, "="); ok {
+			cur[k] = v
+		}
+	}
+	return res
+}
+
+// waitController polls the worker's sysfs until ok holds for the subsystem's controllers
+// (bounded by timeout); it returns the last attributes read.
+func (s *suite) waitController(t testing.TB, nqn, what string, timeout time.Duration, ok func([]map[string]string) bool) []map[string]string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		attrs := s.controllerAttrs(t, nqn)
+		if ok(attrs) {
+			return attrs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s; controllers of %s: %v", what, timeout, nqn, attrs)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func stateIs(state string) func([]map[string]string) bool {
+	return func(a []map[string]string) bool { return len(a) == 1 && a[0]["state"] == state }
+}
+
+func fsCap(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapability {
+	return &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: mode}}
+}
+
+// volume is one created, published and staged remote volume.
+type volume struct {
+	id, nqn, staging string
+	pc, vc           map[string]string
+	capability       *csipb.VolumeCapability
+}
+
+func (s *suite) createVolume(t *testing.T, name string, size int64) *volume {
+	t.Helper()
+	capability := fsCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	cv, err := s.ctrl.CreateVolume(t.Context(), &csipb.CreateVolumeRequest{Name: name, CapacityRange: &csipb.CapacityRange{RequiredBytes: size},
+		VolumeCapabilities: []*csipb.VolumeCapability{capability}, Parameters: s.params})
+	if err != nil {
+		t.Fatalf("CreateVolume: %v", err)
+	}
+	return &volume{id: cv.GetVolume().GetVolumeId(), vc: cv.GetVolume().GetVolumeContext(), capability: capability,
+		staging: "/tmp/staging-" + cv.GetVolume().GetVolumeId()}
+}
+
+func (s *suite) publish(t *testing.T, v *volume, node string) {
+	t.Helper()
+	pub, err := s.ctrl.ControllerPublishVolume(t.Context(), &csipb.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: node, VolumeCapability: v.capability})
+	if err != nil {
+		t.Fatalf("ControllerPublish to %s: %v", node, err)
+	}
+	v.pc = pub.GetPublishContext()
+	v.nqn = v.pc[csi.PublishNQN]
+}
+
+func (s *suite) stage(t *testing.T, node csipb.NodeClient, v *volume) {
+	t.Helper()
+	if _, err := node.NodeStageVolume(t.Context(), &csipb.NodeStageVolumeRequest{VolumeId: v.id, PublishContext: v.pc,
+		StagingTargetPath: v.staging, VolumeCapability: v.capability, VolumeContext: v.vc}); err != nil {
+		t.Fatalf("NodeStage: %v", err)
+	}
+}
+
+func (s *suite) unstage(t *testing.T, node csipb.NodeClient, v *volume) {
+	t.Helper()
+	if _, err := node.NodeUnstageVolume(t.Context(), &csipb.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging}); err != nil {
+		t.Fatalf("NodeUnstage: %v", err)
+	}
+}
+
+// allowedHosts lists, in the storage guest, the host NQNs linked into the subsystem's
+// allowed_hosts and its attr_allow_any_host.
+func (s *suite) allowedHosts(t testing.TB, nqn string) (hosts []string, anyHost string) {
+	t.Helper()
+	out := s.storage.sh(t, time.Minute, fmt.Sprintf("d=/sys/kernel/config/nvmet/subsystems/%s; cat $d/attr_allow_any_host; ls $d/allowed_hosts", nqn))
+	lines := strings.Fields(out)
+	if len(lines) == 0 {
+		t.Fatalf("no subsystem %s on the storage guest", nqn)
+	}
+	return lines[1:], lines[0]
+}
+
+// writeFile writes mib MiB of random data to name in the staging folder, synced to the device,
+// and returns its sha256.
+func (s *suite) writeFile(t testing.TB, v *volume, name string, mib int) string {
+	t.Helper()
+	out := s.worker.sh(t, 5*time.Minute, fmt.Sprintf("dd if=/dev/urandom of=%s/%s bs=1M count=%d conv=fsync 2>/dev/null && sha256sum %s/%s",
+		v.staging, name, mib, v.staging, name))
+	return strings.Fields(out)[0]
+}
+
+// readSum drops the worker's page cache (so the bytes come over the network) and returns the
+// file's sha256.
+func (s *suite) readSum(t testing.TB, v *volume, name string) string {
+	t.Helper()
+	out := s.worker.sh(t, 5*time.Minute, fmt.Sprintf("sync; echo 3 > /proc/sys/vm/drop_caches; sha256sum %s/%s", v.staging, name))
+	return strings.Fields(out)[0]
+}
+
+func TestCrossNode(t *testing.T) {
+	s := start(t)
+	suiteStart := time.Now()
+	defer func() { t.Logf("TIMING cross-node tests %s", time.Since(suiteStart).Round(time.Millisecond)) }()
+
+	v := s.createVolume(t, "pvc-crossnode-0", 256<<20)
+
+	// Expected: the LV is exported on the storage guest's private address only to worker A's
+	// host NQN; worker A stages it over the relay; data written reads back equal after the
+	// page cache is dropped; the kernel shows every Protocol field as set.
+	t.Run("RemoteVolumeEndToEnd", func(t *testing.T) {
+		s.publish(t, v, workerA)
+		if v.pc[csi.PublishAddress] != storageAddr || v.pc[csi.PublishPort] != fmt.Sprint(nvmePort) {
+			t.Fatalf("publish context %v: want address %s port %d (bindCIDR %s)", v.pc, storageAddr, nvmePort, netCIDR)
+		}
+		hosts, anyHost := s.allowedHosts(t, v.nqn)
+		if anyHost != "0" || len(hosts) != 1 || hosts[0] != hostNQNA {
+			t.Errorf("ACL of %s: allow_any_host=%s hosts %v, want 0 and only %s", v.nqn, anyHost, hosts, hostNQNA)
+		}
+		s.stage(t, s.nodeA, v)
+		sum := s.writeFile(t, v, "data", 32)
+		if got := s.readSum(t, v, "data"); got != sum {
+			t.Errorf("read back %s, wrote %s", got, sum)
+		}
+		v.vc["sum"] = sum
+	})
+
+	t.Run("ProtocolFieldsInTheKernel", func(t *testing.T) {
+		// initiator side (worker guest sysfs)
+		attrs := s.controllerAttrs(t, v.nqn)
+		if len(attrs) != 1 {
+			t.Fatalf("controllers of %s: %v, want 1", v.nqn, attrs)
+		}
+		a := attrs[0]
+		want := map[string]string{
+			"transport":       "tcp",
+			"hostnqn":         hostNQNA,
+			"ctrl_loss_tmo":   fmt.Sprint(ctrlLossTmo),
+			"reconnect_delay": fmt.Sprint(reconnectDelay),
+			"sqsize":          fmt.Sprint(maxQueueSize - 1), // the kernel keeps queue_size - 1 (0's based)
+			"state":           "live",
+		}
+		for k, w := range want {
+			if a[k] != w {
+				t.Errorf("worker sysfs %s of %s = %q, want %q", k, a["name"], a[k], w)
+			}
+		}
+		if !strings.Contains(a["address"], "traddr="+storageAddr) || !strings.Contains(a["address"], fmt.Sprintf("trsvcid=%d", nvmePort)) {
+			t.Errorf("worker sysfs address %q, want traddr=%s trsvcid=%d", a["address"], storageAddr, nvmePort)
+		}
+		// target side (storage guest configfs): the port bound in bindCIDR, on port 4420
+		out := s.storage.sh(t, time.Minute, fmt.Sprintf(`for p in /sys/kernel/config/nvmet/ports/*; do
+  [ -e $p/subsystems/%s ] && echo "$(cat $p/addr_trtype) $(cat $p/addr_traddr) $(cat $p/addr_trsvcid)"
+done`, v.nqn))
+		if strings.TrimSpace(out) != fmt.Sprintf("tcp %s %d", storageAddr, nvmePort) {
+			t.Errorf("nvmet ports linking %s: %q, want one: tcp %s %d", v.nqn, out, storageAddr, nvmePort)
+		}
+	})
+}
