@@ -37,8 +37,11 @@ import (
 // The private network and the identities of the two guests.
 const (
 	storageNode = "storage-0"
-	// workerA and workerB are two node plugins in the worker guest: two Nodes, two host NQNs
-	// (a second initiator identity, as a second worker would have), one kernel.
+	// workerA is the node plugin of the worker guest. workerB is a second node plugin with its
+	// own Node and host NQN, run in the STORAGE guest: a second initiator identity in another
+	// kernel (two identities in one kernel would share one multipath head, so the stale node's
+	// I/O could leave through the new node's path). B reaches the target on the storage guest's
+	// own address, A across the relay.
 	workerA = "worker-a"
 	workerB = "worker-b"
 
@@ -209,9 +212,10 @@ func start(t *testing.T) *suite {
 	}
 	fwd := []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}}
 	opts := map[string]guest.Options{
-		storageNode: {DiskBytes: []int64{2 << 30}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0")},
+		storageNode: {DiskBytes: []int64{2 << 30}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0"),
+			HostForwards: []guest.Forward{{HostPort: portB, GuestPort: 50052}}},
 		"worker": {GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.B.NetdevArgs("p0"),
-			HostForwards: []guest.Forward{{HostPort: portA, GuestPort: 50051}, {HostPort: portB, GuestPort: 50052}}},
+			HostForwards: []guest.Forward{{HostPort: portA, GuestPort: 50051}}},
 	}
 	// Both boot at once (each on one vCPU): boot is mostly waiting on the other's emulation
 	// only at the start; the suite's wall time matters on CI's 2 cores.
@@ -270,21 +274,23 @@ func start(t *testing.T) *suite {
 
 	s.storage.sh(t, time.Minute, fmt.Sprintf("/tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/agent-state --refresh-interval 10s "+
 		"--metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >/tmp/agent.log 2>&1 &", storageNode, guest.SharePath))
-	// worker A uses the guest's /etc/nvme/hostnqn, worker B its own file: two identities
-	s.worker.sh(t, time.Minute, fmt.Sprintf("echo %s > /etc/nvme/hostnqn && echo %s > /tmp/hostnqn-b", hostNQNA, hostNQNB))
+	// worker A uses the worker guest's /etc/nvme/hostnqn, worker B a file of its own
+	s.worker.sh(t, time.Minute, fmt.Sprintf("echo %s > /etc/nvme/hostnqn", hostNQNA))
+	s.storage.sh(t, time.Minute, fmt.Sprintf("echo %s > /tmp/hostnqn-b", hostNQNB))
 	for _, n := range []struct {
+		v             *vm
 		name, nqnFile string
 		port          int
-	}{{workerA, "/etc/nvme/hostnqn", 50051}, {workerB, "/tmp/hostnqn-b", 50052}} {
-		s.worker.sh(t, time.Minute, fmt.Sprintf("/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig "+
+	}{{s.worker, workerA, "/etc/nvme/hostnqn", 50051}, {s.storage, workerB, "/tmp/hostnqn-b", 50052}} {
+		n.v.sh(t, time.Minute, fmt.Sprintf("/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig "+
 			"--state-dir /tmp/csi-%s --host-nqn-file %s --registration-dir= --health-address= -v 2 >/tmp/csi-%s.log 2>&1 &",
 			n.port, n.name, guest.SharePath, n.name, n.nqnFile, n.name))
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := s.storage.try(time.Minute, "tail -n 80 /tmp/agent.log; lvs -a; find /sys/kernel/config/nvmet -maxdepth 4 | head -60; dmesg | tail -n 40")
+			out, _ := s.storage.try(time.Minute, "tail -n 80 /tmp/agent.log; echo ---- B; tail -n 40 /tmp/csi-worker-b.log; lvs -a; find /sys/kernel/config/nvmet -maxdepth 4 | head -60; dmesg | tail -n 40")
 			t.Logf("storage guest:\n%s", out)
-			out, _ = s.worker.try(time.Minute, "tail -n 60 /tmp/csi-worker-a.log; echo ---- B; tail -n 40 /tmp/csi-worker-b.log; ls /sys/class/nvme-subsystem; dmesg | tail -n 60")
+			out, _ = s.worker.try(time.Minute, "tail -n 60 /tmp/csi-worker-a.log; ls /sys/class/nvme-subsystem; dmesg | tail -n 60")
 			t.Logf("worker guest:\n%s", out)
 		}
 	})
@@ -340,12 +346,12 @@ func start(t *testing.T) *suite {
 
 var ctrlName = regexp.MustCompile(`^nvme[0-9]+$`)
 
-// controllerAttrs reads, in the worker guest, the sysfs attributes of each controller of the
+// controllerAttrs reads, in guest v, the sysfs attributes of each controller of the
 // subsystem nqn: one map per controller (name, state, hostnqn, address, sqsize, ctrl_loss_tmo,
 // reconnect_delay, transport). None when not connected.
-func (s *suite) controllerAttrs(t testing.TB, nqn string) []map[string]string {
+func (s *suite) controllerAttrs(t testing.TB, v *vm, nqn string) []map[string]string {
 	t.Helper()
-	out := s.worker.sh(t, time.Minute, fmt.Sprintf(`for sub in /sys/class/nvme-subsystem/*; do
+	out := v.sh(t, time.Minute, fmt.Sprintf(`for sub in /sys/class/nvme-subsystem/*; do
   [ "$(cat $sub/subsysnqn 2>/dev/null)" = %q ] || continue
   for c in $sub/nvme*; do
     n=${c##*/}; echo "$n" | grep -qE '^nvme[0-9]+$' || continue
@@ -369,13 +375,13 @@ done`, nqn))
 	return res
 }
 
-// waitController polls the worker's sysfs until ok holds for the subsystem's controllers
+// waitController polls guest v's sysfs until ok holds for the subsystem's controllers
 // (bounded by timeout); it returns the last attributes read.
-func (s *suite) waitController(t testing.TB, nqn, what string, timeout time.Duration, ok func([]map[string]string) bool) []map[string]string {
+func (s *suite) waitController(t testing.TB, v *vm, nqn, what string, timeout time.Duration, ok func([]map[string]string) bool) []map[string]string {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		attrs := s.controllerAttrs(t, nqn)
+		attrs := s.controllerAttrs(t, v, nqn)
 		if ok(attrs) {
 			return attrs
 		}
@@ -460,12 +466,76 @@ func (s *suite) writeFile(t testing.TB, v *volume, name string, mib int) string 
 	return strings.Fields(out)[0]
 }
 
-// readSum drops the worker's page cache (so the bytes come over the network) and returns the
+// readSum drops guest g's page cache (so the bytes come over the network) and returns the
 // file's sha256.
-func (s *suite) readSum(t testing.TB, v *volume, name string) string {
+func (s *suite) readSum(t testing.TB, g *vm, v *volume, name string) string {
 	t.Helper()
-	out := s.worker.sh(t, 5*time.Minute, fmt.Sprintf("sync; echo 3 > /proc/sys/vm/drop_caches; sha256sum %s/%s", v.staging, name))
+	out := g.sh(t, 5*time.Minute, fmt.Sprintf("sync; echo 3 > /proc/sys/vm/drop_caches; sha256sum %s/%s", v.staging, name))
 	return strings.Fields(out)[0]
+}
+
+type bgResult struct {
+	out  string
+	code int
+}
+
+// background runs script in guest g without waiting for it; the channel yields its output and
+// exit code.
+func background(g *vm, timeout time.Duration, script string) <-chan bgResult {
+	ch := make(chan bgResult, 1)
+	go func() {
+		out, code := g.try(timeout, script)
+		ch <- bgResult{out, code}
+	}()
+	return ch
+}
+
+// directWriteScript makes mib MiB of random data in /tmp/<name>.src, prints its sha256, then
+// writes it with O_DIRECT and fsync to <staging>/<name>, the dd's pid in /tmp/<name>.pid.
+func directWriteScript(v *volume, name string, mib int) string {
+	return fmt.Sprintf(`dd if=/dev/urandom of=/tmp/%[1]s.src bs=1M count=%[3]d 2>/dev/null && sha256sum /tmp/%[1]s.src || exit 99
+dd if=/tmp/%[1]s.src of=%[2]s/%[1]s bs=1M oflag=direct conv=fsync & echo $! > /tmp/%[1]s.pid; wait $!`, name, v.staging, mib)
+}
+
+// waitBlocked waits until the dd of directWriteScript(name) sleeps uninterruptibly in the
+// kernel (state D in /proc/<pid>/stat): its I/O is held, neither done nor failed.
+func waitBlocked(t testing.TB, g *vm, name string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, _ := g.try(time.Minute, fmt.Sprintf(`p=$(cat /tmp/%s.pid 2>/dev/null) && [ -n "$p" ] && cut -d' ' -f3 /proc/$p/stat`, name))
+		if strings.TrimSpace(out) == "D" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the write %s is not blocked in the kernel after %s (state %q)", name, timeout, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// await bounds the wait for a background command: a hang is a failure, not a wait.
+func await(t testing.TB, ch <-chan bgResult, what string, timeout time.Duration) bgResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(timeout):
+		t.Fatalf("%s: still running after %s (a hang)", what, timeout)
+	}
+	return bgResult{}
+}
+
+// mounted returns the device mounted at the staging folder in guest g and its filesystem UUID.
+func mounted(t testing.TB, g *vm, v *volume) (dev, uuid string) {
+	t.Helper()
+	out := g.sh(t, time.Minute, fmt.Sprintf(`d=$(awk -v p=%s '$2==p {print $1}' /proc/mounts | head -n 1); [ -n "$d" ] || { echo "nothing mounted"; exit 1; }
+echo $d; blkid -o value -s UUID $d`, v.staging))
+	f := strings.Fields(out)
+	if len(f) != 2 {
+		t.Fatalf("mount of %s: %q", v.staging, out)
+	}
+	return f[0], f[1]
 }
 
 func TestCrossNode(t *testing.T) {
@@ -474,6 +544,7 @@ func TestCrossNode(t *testing.T) {
 	defer func() { t.Logf("TIMING cross-node tests %s", time.Since(suiteStart).Round(time.Millisecond)) }()
 
 	v := s.createVolume(t, "pvc-crossnode-0", 256<<20)
+	sums := map[string]string{} // file in the volume → sha256 of what was written
 
 	// Expected: the LV is exported on the storage guest's private address only to worker A's
 	// host NQN; worker A stages it over the relay; data written reads back equal after the
@@ -489,15 +560,15 @@ func TestCrossNode(t *testing.T) {
 		}
 		s.stage(t, s.nodeA, v)
 		sum := s.writeFile(t, v, "data", 32)
-		if got := s.readSum(t, v, "data"); got != sum {
+		if got := s.readSum(t, s.worker, v, "data"); got != sum {
 			t.Errorf("read back %s, wrote %s", got, sum)
 		}
-		v.vc["sum"] = sum
+		sums["data"] = sum
 	})
 
 	t.Run("ProtocolFieldsInTheKernel", func(t *testing.T) {
 		// initiator side (worker guest sysfs)
-		attrs := s.controllerAttrs(t, v.nqn)
+		attrs := s.controllerAttrs(t, s.worker, v.nqn)
 		if len(attrs) != 1 {
 			t.Fatalf("controllers of %s: %v, want 1", v.nqn, attrs)
 		}
@@ -524,6 +595,146 @@ func TestCrossNode(t *testing.T) {
 done`, v.nqn))
 		if strings.TrimSpace(out) != fmt.Sprintf("tcp %s %d", storageAddr, nvmePort) {
 			t.Errorf("nvmet ports linking %s: %q, want one: tcp %s %d", v.nqn, out, storageAddr, nvmePort)
+		}
+	})
+
+	if t.Failed() {
+		return // the faults need the staged volume
+	}
+
+	// Expected: a cut shorter than ctrlLossTmo: the worker's controller leaves "live" (keep-alive
+	// fails) and reconnects; a write issued during the cut is held in the kernel (the dd sleeps
+	// in D state), neither failed nor done; after the link returns, the controller is live again
+	// (the same one: never removed), the write completes with exit 0 and both files verify.
+	t.Run("ShortCutStallsThenResumes", func(t *testing.T) {
+		before := s.controllerAttrs(t, s.worker, v.nqn)
+		s.relay.Cut()
+		cutAt := time.Now()
+		s.waitController(t, s.worker, v.nqn, "controller leaves live after the cut", 2*time.Minute, func(a []map[string]string) bool {
+			return len(a) == 1 && a[0]["state"] != "live"
+		})
+		w := background(s.worker, 10*time.Minute, directWriteScript(v, "short", 4))
+		waitBlocked(t, s.worker, "short", 2*time.Minute)
+		if a := s.controllerAttrs(t, s.worker, v.nqn); len(a) != 1 || a[0]["name"] != before[0]["name"] {
+			s.relay.Restore()
+			t.Fatalf("controller during a short cut: %v, want %s still there", a, before[0]["name"])
+		}
+		s.relay.Restore()
+		restoreAt := time.Now()
+		after := s.waitController(t, s.worker, v.nqn, "controller live again", 2*time.Minute, stateIs("live"))
+		t.Logf("MEASURE reconnect after the link returned: %s (link cut for %s)", time.Since(restoreAt).Round(100*time.Millisecond), restoreAt.Sub(cutAt).Round(100*time.Millisecond))
+		if after[0]["name"] != before[0]["name"] {
+			t.Errorf("controller %s after the cut, was %s: removed and made anew", after[0]["name"], before[0]["name"])
+		}
+		r := await(t, w, "write held during the cut", 5*time.Minute)
+		if r.code != 0 {
+			t.Fatalf("write across the short cut: exit %d\n%s", r.code, r.out)
+		}
+		sums["short"] = strings.Fields(r.out)[0]
+		for name, want := range sums {
+			if got := s.readSum(t, s.worker, v, name); got != want {
+				t.Errorf("%s reads %s, wrote %s", name, got, want)
+			}
+		}
+		if c := s.relay.Counts(); c.DroppedAB+c.DroppedBA == 0 {
+			t.Errorf("the relay dropped no frame during the cut: %+v", c)
+		}
+	})
+
+	// Expected: a cut longer than ctrlLossTmo: the worker's kernel removes the controller after
+	// its reconnect attempts (ctrlLossTmo/reconnectDelay of them); the write held meanwhile fails
+	// with EIO (not a hang); NodeGetVolumeHealth reports the volume INACCESSIBLE; after the link
+	// returns, NodeUnstage + NodeStage bring it back with the same filesystem (same UUID: not
+	// reformatted) and every file written before the cut verifies.
+	t.Run("LongCutFailsWithEIOThenRestage", func(t *testing.T) {
+		_, uuid := mounted(t, s.worker, v)
+		s.relay.Cut()
+		cutAt := time.Now()
+		w := background(s.worker, 10*time.Minute, directWriteScript(v, "long", 4))
+		s.waitController(t, s.worker, v.nqn, "controller removed after ctrl_loss_tmo", 5*time.Minute, func(a []map[string]string) bool { return len(a) == 0 })
+		t.Logf("MEASURE controller removed %s after the cut (ctrlLossTmo %ds, reconnectDelay %ds)", time.Since(cutAt).Round(100*time.Millisecond), ctrlLossTmo, reconnectDelay)
+		r := await(t, w, "write after the controller was removed", 2*time.Minute)
+		if r.code == 0 || !strings.Contains(r.out, "I/O error") && !strings.Contains(r.out, "Input/output error") {
+			t.Errorf("write with the controller gone: exit %d, want an I/O error\n%s", r.code, r.out)
+		}
+		h, err := s.nodeA.NodeGetVolumeHealth(t.Context(), &csipb.NodeGetVolumeHealthRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+		if err != nil {
+			t.Errorf("NodeGetVolumeHealth: %v", err)
+		} else if st := h.GetVolumeHealth().GetHealthStatuses(); len(st) == 0 || st[0].GetStatus() != csipb.VolumeHealthErrorType_INACCESSIBLE {
+			t.Errorf("volume health with the controller gone: %v, want INACCESSIBLE", st)
+		} else {
+			t.Logf("reported: %s: %s", st[0].GetReason(), st[0].GetMessage())
+		}
+		s.relay.Restore()
+		s.unstage(t, s.nodeA, v)
+		s.stage(t, s.nodeA, v)
+		if _, u := mounted(t, s.worker, v); u != uuid {
+			t.Errorf("filesystem UUID %s after restage, was %s: reformatted", u, uuid)
+		}
+		for name, want := range sums {
+			if got := s.readSum(t, s.worker, v, name); got != want {
+				t.Errorf("%s reads %s after restage, wrote %s", name, got, want)
+			}
+		}
+	})
+
+	// Expected: an RWO volume moves from worker A to worker B while A is still staged (a node
+	// cut off from its control plane keeps its mount). ControllerUnpublish(A) returns only once
+	// the target lists no host (allow_any_host stays 0); the target cuts A's live connection at
+	// that point, so A's controller leaves "live" and never comes back (its reconnects are
+	// refused); a write A attempts afterwards fails with EIO and never reaches the LV. Publish to
+	// B is allowed only then; B (another kernel, another host NQN) stages the same filesystem,
+	// reads every file, and the file A tried to write is not there.
+	t.Run("RWOMoveRevokesTheOldHostFirst", func(t *testing.T) {
+		if _, err := s.ctrl.ControllerPublishVolume(t.Context(), &csipb.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: workerB, VolumeCapability: v.capability}); err == nil {
+			t.Fatal("publish to B while published to A succeeded (RWO)")
+		}
+		if _, err := s.ctrl.ControllerUnpublishVolume(t.Context(), &csipb.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: workerA}); err != nil {
+			t.Fatalf("ControllerUnpublish A: %v", err)
+		}
+		if hosts, anyHost := s.allowedHosts(t, v.nqn); anyHost != "0" || len(hosts) != 0 {
+			t.Fatalf("after unpublishing A: allow_any_host=%s hosts %v, want 0 and none", anyHost, hosts)
+		}
+		s.waitController(t, s.worker, v.nqn, "A's connection cut by the target", 2*time.Minute, func(a []map[string]string) bool {
+			return len(a) == 0 || a[0]["state"] != "live"
+		})
+		w := background(s.worker, 10*time.Minute, directWriteScript(v, "stale", 1))
+		s.publish(t, v, workerB)
+		if hosts, anyHost := s.allowedHosts(t, v.nqn); anyHost != "0" || len(hosts) != 1 || hosts[0] != hostNQNB {
+			t.Errorf("after publishing to B: allow_any_host=%s hosts %v, want only %s", anyHost, hosts, hostNQNB)
+		}
+		r := await(t, w, "A's write after the revocation", 5*time.Minute)
+		if r.code == 0 {
+			t.Errorf("A wrote after its host NQN was revoked:\n%s", r.out)
+		}
+		if a := s.controllerAttrs(t, s.worker, v.nqn); len(a) != 0 {
+			t.Errorf("A still has controllers of %s: %v", v.nqn, a)
+		}
+		s.stage(t, s.nodeB, v)
+		for name, want := range sums {
+			if got := s.readSum(t, s.storage, v, name); got != want {
+				t.Errorf("B reads %s = %s, A wrote %s", name, got, want)
+			}
+		}
+		if out, code := s.storage.try(time.Minute, "ls -l "+v.staging+"/stale"); code == 0 {
+			t.Errorf("A's write after the revocation reached the volume: %s", out)
+		}
+		s.unstage(t, s.nodeB, v)
+		s.unstage(t, s.nodeA, v) // A's dead mount
+		if _, err := s.ctrl.ControllerUnpublishVolume(t.Context(), &csipb.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: workerB}); err != nil {
+			t.Errorf("ControllerUnpublish B: %v", err)
+		}
+	})
+
+	t.Run("DeleteLeavesNothing", func(t *testing.T) {
+		if _, err := s.ctrl.DeleteVolume(t.Context(), &csipb.DeleteVolumeRequest{VolumeId: v.id}); err != nil {
+			t.Fatalf("DeleteVolume: %v", err)
+		}
+		if out := s.storage.sh(t, time.Minute, fmt.Sprintf("lvs --noheadings -o lv_name %s | grep -v '^ *pool$'; ls -A /sys/kernel/config/nvmet/subsystems; ls -A /sys/class/nvme-subsystem; true", vg)); strings.TrimSpace(out) != "" {
+			t.Errorf("left on the storage guest: %s", out)
+		}
+		if out := s.worker.sh(t, time.Minute, "ls -A /sys/class/nvme-subsystem; grep /tmp/staging /proc/mounts; true"); strings.TrimSpace(out) != "" {
+			t.Errorf("left on the worker guest: %s", out)
 		}
 	})
 }
