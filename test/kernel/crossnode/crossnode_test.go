@@ -102,7 +102,45 @@ type suite struct {
 	ctrl    csipb.ControllerClient
 	nodeA   csipb.NodeClient
 	nodeB   csipb.NodeClient
-	params  map[string]string
+	// storageOpts boot the storage guest again (same WorkDir: same disk) in a reboot.
+	storageOpts guest.Options
+}
+
+// apimuxScript starts the guest's end of the API mux (the binaries are in the share).
+var apimuxScript = fmt.Sprintf("cp %[1]s/apimux %[1]s/plinth /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %[2]s:6443 >/tmp/apimux.log 2>&1 &)",
+	guest.SharePath, guest.GuestForwardAddr)
+
+// nodePluginScript starts a node plugin serving CSI on TCP port (forwarded to the host).
+func nodePluginScript(node, nqnFile string, port int) string {
+	return fmt.Sprintf("(/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig "+
+		"--state-dir /tmp/csi-%s --host-nqn-file %s --registration-dir= --health-address= -v 2 >/tmp/csi-%s.log 2>&1 &)",
+		port, node, guest.SharePath, node, nqnFile, node)
+}
+
+// setUpStorage starts, in the storage guest (at boot and after a reboot), the API mux, its
+// private address, the agent's state disk (/dev/vdb at /var/lib/plinth), the agent under a
+// restart loop and node plugin B. The loop restarts the agent
+// whenever it exits (as kubelet restarts a container) with the crash points named in
+// /tmp/agent-failpoints (internal/failpoint; "once" points are remembered in the agent's state
+// dir), recording each exit code in /tmp/agent-exits; /tmp/agent.pid is the running agent.
+func (s *suite) setUpStorage(t *testing.T) {
+	t.Helper()
+	s.storage.sh(t, time.Minute, apimuxScript)
+	setIP(t, s.storage, storageMAC, storageAddr+"/24")
+	// the agent's state (fencing marks) lives on the node's disk, as /var/lib/plinth does
+	s.storage.sh(t, time.Minute, "mkdir -p /var/lib/plinth && { blkid /dev/vdb >/dev/null || mkfs.ext4 -q /dev/vdb; } && mount /dev/vdb /var/lib/plinth")
+	s.storage.sh(t, time.Minute, fmt.Sprintf(`cat > /tmp/agent-loop.sh <<'EOF'
+while :; do
+  PLINTH_FAILPOINTS=$(cat /tmp/agent-failpoints 2>/dev/null) /tmp/plinth agent --node %s --kubeconfig %s/kubeconfig \
+    --state-dir /var/lib/plinth --refresh-interval 10s --metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >>/tmp/agent.log 2>&1 &
+  echo $! > /tmp/agent.pid
+  wait $!
+  echo $? >> /tmp/agent-exits
+done
+EOF
+(sh /tmp/agent-loop.sh >/dev/null 2>&1 &)`, storageNode, guest.SharePath))
+	// worker B: a second initiator identity, in this guest (see workerB)
+	s.storage.sh(t, time.Minute, fmt.Sprintf("echo %s > /tmp/hostnqn-b && %s", hostNQNB, nodePluginScript(workerB, "/tmp/hostnqn-b", 50052)))
 }
 
 func goBuild(t *testing.T, root, out, pkg string) {
@@ -189,6 +227,15 @@ func start(t *testing.T) *suite {
 		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-nvme"},
 		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
 	}})
+	// a second class for the storage reboot: the host keeps reconnecting for 10 minutes
+	create(t, c, &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: pool + "-patient"}, Spec: policyv1.ProtocolSpec{
+		NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: nvmePort, BindCIDR: netCIDR, ACL: ptr.To(true),
+			CtrlLossTmo: ptr.To[int32](600), ReconnectDelay: reconnectDelay}}})
+	create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: pool + "-patient"}, Spec: policyv1.PlacementSpec{
+		PoolRef: policyv1.LocalObjectReference{Name: pool}, ProtocolRef: policyv1.LocalObjectReference{Name: pool + "-patient"},
+		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-patient"},
+		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+	}})
 	store := storev1.StoreName(pool, storageNode)
 	create(t, c, &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: storageNode, Labels: map[string]string{policyv1.LabelNode: storev1.NameLabelValue(storageNode)}},
 		Spec: storev1.AgentSpec{NodeName: storageNode, Stores: []string{store}, NVMeoF: &storev1.NVMeoFEndpoint{Port: nvmePort, BindCIDR: netCIDR}}})
@@ -212,7 +259,7 @@ func start(t *testing.T) *suite {
 	}
 	fwd := []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}}
 	opts := map[string]guest.Options{
-		storageNode: {DiskBytes: []int64{2 << 30}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0"),
+		storageNode: {WorkDir: t.TempDir(), DiskBytes: []int64{2 << 30, 64 << 20}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0"),
 			HostForwards: []guest.Forward{{HostPort: portB, GuestPort: 50052}}},
 		"worker": {GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.B.NetdevArgs("p0"),
 			HostForwards: []guest.Forward{{HostPort: portA, GuestPort: 50051}}},
@@ -239,14 +286,18 @@ func start(t *testing.T) *suite {
 		}()
 	}
 	wg.Wait()
-	for _, v := range vms {
-		t.Cleanup(func() { v.g.Stop() }) //nolint:errcheck
-	}
+	s := &suite{c: c, relay: relay, storage: vms[storageNode], worker: vms["worker"], storageOpts: opts[storageNode]}
+	t.Cleanup(func() { // the guests of the moment: the storage guest may have been rebooted
+		for _, v := range []*vm{s.storage, s.worker} {
+			if v != nil {
+				v.g.Stop() //nolint:errcheck
+			}
+		}
+	})
 	if len(bootErr) > 0 {
 		t.Fatalf("boot: %v", bootErr)
 	}
 	t.Logf("TIMING two guests booted %s", time.Since(bootStart).Round(time.Millisecond))
-	s := &suite{c: c, relay: relay, storage: vms[storageNode], worker: vms["worker"]}
 
 	kc, err := cp.KubeconfigFor("admin", "https://127.0.0.1:6443")
 	if err != nil {
@@ -265,27 +316,13 @@ func start(t *testing.T) *suite {
 		if err := os.WriteFile(filepath.Join(v.g.ShareDir(), "kubeconfig"), kc, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		v.sh(t, time.Minute, fmt.Sprintf("cp %[1]s/apimux %[1]s/plinth /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %[2]s:6443 >/tmp/apimux.log 2>&1 &)",
-			guest.SharePath, guest.GuestForwardAddr))
 	}
-	setIP(t, s.storage, storageMAC, storageAddr+"/24")
+	s.setUpStorage(t)
+	s.worker.sh(t, time.Minute, apimuxScript)
 	setIP(t, s.worker, workerMAC, workerAddr+"/24")
 	s.worker.sh(t, time.Minute, "ping -c 1 -W 10 "+storageAddr)
-
-	s.storage.sh(t, time.Minute, fmt.Sprintf("/tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/agent-state --refresh-interval 10s "+
-		"--metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >/tmp/agent.log 2>&1 &", storageNode, guest.SharePath))
-	// worker A uses the worker guest's /etc/nvme/hostnqn, worker B a file of its own
-	s.worker.sh(t, time.Minute, fmt.Sprintf("echo %s > /etc/nvme/hostnqn", hostNQNA))
-	s.storage.sh(t, time.Minute, fmt.Sprintf("echo %s > /tmp/hostnqn-b", hostNQNB))
-	for _, n := range []struct {
-		v             *vm
-		name, nqnFile string
-		port          int
-	}{{s.worker, workerA, "/etc/nvme/hostnqn", 50051}, {s.storage, workerB, "/tmp/hostnqn-b", 50052}} {
-		n.v.sh(t, time.Minute, fmt.Sprintf("/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig "+
-			"--state-dir /tmp/csi-%s --host-nqn-file %s --registration-dir= --health-address= -v 2 >/tmp/csi-%s.log 2>&1 &",
-			n.port, n.name, guest.SharePath, n.name, n.nqnFile, n.name))
-	}
+	// worker A uses the worker guest's /etc/nvme/hostnqn
+	s.worker.sh(t, time.Minute, fmt.Sprintf("echo %s > /etc/nvme/hostnqn && %s", hostNQNA, nodePluginScript(workerA, "/etc/nvme/hostnqn", 50051)))
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := s.storage.try(time.Minute, "tail -n 80 /tmp/agent.log; echo ---- B; tail -n 40 /tmp/csi-worker-b.log; lvs -a; find /sys/kernel/config/nvmet -maxdepth 4 | head -60; dmesg | tail -n 40")
@@ -318,7 +355,6 @@ func start(t *testing.T) *suite {
 	s.ctrl = csipb.NewControllerClient(grpcClient(t, filepath.Join(work, "ctrl.sock")))
 	s.nodeA = csipb.NewNodeClient(grpcClient(t, fmt.Sprintf("127.0.0.1:%d", portA)))
 	s.nodeB = csipb.NewNodeClient(grpcClient(t, fmt.Sprintf("127.0.0.1:%d", portB)))
-	s.params = map[string]string{policyv1.ParamPlacement: pool + "-nvme", policyv1.ParamPool: pool, policyv1.ParamProtocol: pool + "-nvme"}
 
 	// The agent reports the thin pool and its address; both node plugins annotate their Nodes.
 	controlplane.Eventually(t, 5*time.Minute, 500*time.Millisecond, "store ready and node plugins registered", func() error {
@@ -408,11 +444,13 @@ type volume struct {
 	capability       *csipb.VolumeCapability
 }
 
-func (s *suite) createVolume(t *testing.T, name string, size int64) *volume {
+// createVolume creates a volume of the class placement (pool + "-nvme" or pool + "-patient").
+func (s *suite) createVolume(t *testing.T, name, placement string, size int64) *volume {
 	t.Helper()
 	capability := fsCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	params := map[string]string{policyv1.ParamPlacement: placement, policyv1.ParamPool: pool, policyv1.ParamProtocol: placement}
 	cv, err := s.ctrl.CreateVolume(t.Context(), &csipb.CreateVolumeRequest{Name: name, CapacityRange: &csipb.CapacityRange{RequiredBytes: size},
-		VolumeCapabilities: []*csipb.VolumeCapability{capability}, Parameters: s.params})
+		VolumeCapabilities: []*csipb.VolumeCapability{capability}, Parameters: params})
 	if err != nil {
 		t.Fatalf("CreateVolume: %v", err)
 	}
@@ -538,12 +576,25 @@ echo $d; blkid -o value -s UUID $d`, v.staging))
 	return f[0], f[1]
 }
 
+// readSeconds reads the first 64 MiB of dev in guest g with O_DIRECT in 128 KiB blocks and
+// returns the seconds taken (guest clock, /proc/uptime: 10 ms resolution).
+func readSeconds(t testing.TB, g *vm, dev string) float64 {
+	t.Helper()
+	out := g.sh(t, 5*time.Minute, fmt.Sprintf(`a=$(cut -d' ' -f1 /proc/uptime); dd if=%s of=/dev/null bs=128k count=512 iflag=direct 2>/dev/null || exit 1
+b=$(cut -d' ' -f1 /proc/uptime); echo "$a $b"`, dev))
+	var a, b float64
+	if _, err := fmt.Sscan(out, &a, &b); err != nil || b <= a {
+		t.Fatalf("read timing %q: %v", out, err)
+	}
+	return b - a
+}
+
 func TestCrossNode(t *testing.T) {
 	s := start(t)
 	suiteStart := time.Now()
 	defer func() { t.Logf("TIMING cross-node tests %s", time.Since(suiteStart).Round(time.Millisecond)) }()
 
-	v := s.createVolume(t, "pvc-crossnode-0", 256<<20)
+	v := s.createVolume(t, "pvc-crossnode-0", pool+"-nvme", 256<<20)
 	sums := map[string]string{} // file in the volume → sha256 of what was written
 
 	// Expected: the LV is exported on the storage guest's private address only to worker A's
@@ -602,6 +653,21 @@ done`, v.nqn))
 		return // the faults need the staged volume
 	}
 
+	// Measured, not asserted (emulation makes absolute numbers meaningless): sequential 128 KiB
+	// O_DIRECT reads of the same 64 MiB of the volume, remotely on worker A over the relay and
+	// locally from the LV on the storage guest, in this run.
+	t.Run("MeasureSequentialRead", func(t *testing.T) {
+		var vs storev1.VolumeState
+		if err := s.c.Get(t.Context(), client.ObjectKey{Name: v.id}, &vs); err != nil {
+			t.Fatal(err)
+		}
+		dev, _ := mounted(t, s.worker, v)
+		remote := readSeconds(t, s.worker, dev)
+		local := readSeconds(t, s.storage, vs.Status.DevicePath)
+		t.Logf("MEASURE sequential read 64 MiB bs=128k O_DIRECT: remote %.2fs (%.1f MiB/s), local %.2fs (%.1f MiB/s), remote/local bandwidth %.2f",
+			remote, 64/remote, local, 64/local, local/remote)
+	})
+
 	// Expected: a cut shorter than ctrlLossTmo: the worker's controller leaves "live" (keep-alive
 	// fails) and reconnects; a write issued during the cut is held in the kernel (the dd sleeps
 	// in D state), neither failed nor done; after the link returns, the controller is live again
@@ -643,7 +709,8 @@ done`, v.nqn))
 
 	// Expected: a cut longer than ctrlLossTmo: the worker's kernel removes the controller after
 	// its reconnect attempts (ctrlLossTmo/reconnectDelay of them); the write held meanwhile fails
-	// with EIO (not a hang); NodeGetVolumeHealth reports the volume INACCESSIBLE; after the link
+	// (not a hang): the kernel fails the held I/O with EIO, which the write sees as EIO or, when
+	// ext4 met it first and remounted read-only, EROFS; NodeGetVolumeHealth reports the volume INACCESSIBLE; after the link
 	// returns, NodeUnstage + NodeStage bring it back with the same filesystem (same UUID: not
 	// reformatted) and every file written before the cut verifies.
 	t.Run("LongCutFailsWithEIOThenRestage", func(t *testing.T) {
@@ -654,8 +721,13 @@ done`, v.nqn))
 		s.waitController(t, s.worker, v.nqn, "controller removed after ctrl_loss_tmo", 5*time.Minute, func(a []map[string]string) bool { return len(a) == 0 })
 		t.Logf("MEASURE controller removed %s after the cut (ctrlLossTmo %ds, reconnectDelay %ds)", time.Since(cutAt).Round(100*time.Millisecond), ctrlLossTmo, reconnectDelay)
 		r := await(t, w, "write after the controller was removed", 2*time.Minute)
-		if r.code == 0 || !strings.Contains(r.out, "I/O error") && !strings.Contains(r.out, "Input/output error") {
-			t.Errorf("write with the controller gone: exit %d, want an I/O error\n%s", r.code, r.out)
+		// The block layer fails the held I/O with EIO; the write sees EIO, or EROFS when ext4
+		// met the EIO first on its journal and remounted read-only (errors=remount-ro).
+		if r.code == 0 || !strings.Contains(r.out, "Input/output error") && !strings.Contains(r.out, "I/O error") && !strings.Contains(r.out, "Read-only file system") {
+			t.Errorf("write with the controller gone: exit %d, want EIO or EROFS\n%s", r.code, r.out)
+		}
+		if out, _ := s.worker.try(time.Minute, "dmesg | grep -c 'no available path - failing I/O'"); strings.TrimSpace(out) == "0" {
+			t.Errorf("the worker's kernel failed no I/O (no 'no available path - failing I/O' in dmesg)")
 		}
 		h, err := s.nodeA.NodeGetVolumeHealth(t.Context(), &csipb.NodeGetVolumeHealthRequest{VolumeId: v.id, StagingTargetPath: v.staging})
 		if err != nil {
@@ -723,6 +795,109 @@ done`, v.nqn))
 		s.unstage(t, s.nodeA, v) // A's dead mount
 		if _, err := s.ctrl.ControllerUnpublishVolume(t.Context(), &csipb.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: workerB}); err != nil {
 			t.Errorf("ControllerUnpublish B: %v", err)
+		}
+	})
+
+	// Expected: the agent is killed twice while exporting a new volume — once with the subsystem
+	// made and its namespace enabled but not yet linked into a port, once with the export
+	// complete but not yet reported — and restarted each time (the loop, as kubelet would).
+	// CreateVolume still completes; the agent exited exactly twice with the crash code; the
+	// restarted agent adopted what it found: one subsystem for the volume, one namespace, one
+	// port link, and still one nvmet port on the node (the shared one, not a second); the volume
+	// then serves worker A.
+	t.Run("AgentKilledMidExportIsAdopted", func(t *testing.T) {
+		s.storage.sh(t, time.Minute, "echo nvmet.subsystem.created=once,agent.export.created=once > /tmp/agent-failpoints && : > /tmp/agent-exits && kill $(cat /tmp/agent.pid)")
+		defer s.storage.sh(t, time.Minute, "rm -f /tmp/agent-failpoints")
+		v2 := s.createVolume(t, "pvc-crossnode-crash", pool+"-nvme", 64<<20)
+		exits := strings.Fields(s.storage.sh(t, time.Minute, "cat /tmp/agent-exits"))
+		crashes := 0
+		for _, e := range exits {
+			if e == "86" {
+				crashes++
+			}
+		}
+		if crashes != 2 || len(exits) != 3 {
+			t.Errorf("agent exits %v, want the kill's then 86 twice (failpoint.ExitCode)", exits)
+		}
+		out := s.storage.sh(t, time.Minute, fmt.Sprintf(`cd /sys/kernel/config/nvmet
+echo "subsystems=$(ls subsystems | grep -c ':%[1]s$')"
+echo "namespaces=$(ls subsystems/*:%[1]s/namespaces | wc -w) enabled=$(cat subsystems/*:%[1]s/namespaces/1/enable)"
+echo "links=$(ls ports/*/subsystems | grep -c ':%[1]s$')"
+echo "ports=$(ls ports | wc -w)"`, v2.id))
+		want := "subsystems=1\nnamespaces=1 enabled=1\nlinks=1\nports=1"
+		if strings.TrimSpace(out) != want {
+			t.Errorf("nvmet after the crashes:\n%s\nwant\n%s", out, want)
+		}
+		s.publish(t, v2, workerA)
+		s.stage(t, s.nodeA, v2)
+		sum := s.writeFile(t, v2, "data", 4)
+		if got := s.readSum(t, s.worker, v2, "data"); got != sum {
+			t.Errorf("read back %s, wrote %s", got, sum)
+		}
+		s.unstage(t, s.nodeA, v2)
+		if _, err := s.ctrl.ControllerUnpublishVolume(t.Context(), &csipb.ControllerUnpublishVolumeRequest{VolumeId: v2.id, NodeId: workerA}); err != nil {
+			t.Errorf("ControllerUnpublish: %v", err)
+		}
+		if _, err := s.ctrl.DeleteVolume(t.Context(), &csipb.DeleteVolumeRequest{VolumeId: v2.id}); err != nil {
+			t.Errorf("DeleteVolume: %v", err)
+		}
+	})
+
+	// Expected: a volume of the patient class (ctrlLossTmo 600 s) is staged on worker A with
+	// data; the storage guest powers off and boots again on the same disk. Meanwhile A's
+	// controller leaves "live" and keeps reconnecting (it is not removed) and a write issued
+	// then is held. After the boot the agent, started as at the first boot with nothing restored
+	// by hand, exports the volume again from its VolumeState (ACL with only A's host NQN, port on
+	// the private address); A's same controller is live again, the held write completes and every
+	// file verifies.
+	t.Run("StorageRebootRestoresExports", func(t *testing.T) {
+		v3 := s.createVolume(t, "pvc-crossnode-reboot", pool+"-patient", 64<<20)
+		s.publish(t, v3, workerA)
+		s.stage(t, s.nodeA, v3)
+		files := map[string]string{"before": s.writeFile(t, v3, "before", 4)}
+		before := s.controllerAttrs(t, s.worker, v3.nqn)
+		if len(before) != 1 || before[0]["ctrl_loss_tmo"] != "600" {
+			t.Fatalf("controllers of %s: %v, want one with ctrl_loss_tmo 600", v3.nqn, before)
+		}
+		downAt := time.Now()
+		s.storage.g.Stop() //nolint:errcheck
+		s.waitController(t, s.worker, v3.nqn, "controller leaves live with the storage guest down", 2*time.Minute, func(a []map[string]string) bool {
+			return len(a) == 1 && a[0]["state"] != "live"
+		})
+		w := background(s.worker, 10*time.Minute, directWriteScript(v3, "held", 2))
+		waitBlocked(t, s.worker, "held", 2*time.Minute)
+		g, err := guest.Boot(t.Context(), s.storageOpts)
+		if err != nil {
+			s.storage = nil
+			t.Fatalf("boot the storage guest again: %v", err)
+		}
+		s.storage = &vm{name: storageNode, g: g}
+		t.Logf("TIMING storage guest booted again in %s", g.BootTime.Round(time.Millisecond))
+		s.setUpStorage(t)
+		after := s.waitController(t, s.worker, v3.nqn, "A's controller live again after the reboot", 5*time.Minute, stateIs("live"))
+		t.Logf("MEASURE storage guest down → A's controller live again: %s", time.Since(downAt).Round(100*time.Millisecond))
+		if after[0]["name"] != before[0]["name"] {
+			t.Errorf("controller %s after the reboot, was %s: removed and made anew", after[0]["name"], before[0]["name"])
+		}
+		r := await(t, w, "write held during the reboot", 5*time.Minute)
+		if r.code != 0 {
+			t.Fatalf("write held during the reboot: exit %d\n%s", r.code, r.out)
+		}
+		files["held"] = strings.Fields(r.out)[0]
+		for name, want := range files {
+			if got := s.readSum(t, s.worker, v3, name); got != want {
+				t.Errorf("%s reads %s, wrote %s", name, got, want)
+			}
+		}
+		if hosts, anyHost := s.allowedHosts(t, v3.nqn); anyHost != "0" || len(hosts) != 1 || hosts[0] != hostNQNA {
+			t.Errorf("ACL after the reboot: allow_any_host=%s hosts %v, want only %s", anyHost, hosts, hostNQNA)
+		}
+		s.unstage(t, s.nodeA, v3)
+		if _, err := s.ctrl.ControllerUnpublishVolume(t.Context(), &csipb.ControllerUnpublishVolumeRequest{VolumeId: v3.id, NodeId: workerA}); err != nil {
+			t.Errorf("ControllerUnpublish: %v", err)
+		}
+		if _, err := s.ctrl.DeleteVolume(t.Context(), &csipb.DeleteVolumeRequest{VolumeId: v3.id}); err != nil {
+			t.Errorf("DeleteVolume: %v", err)
 		}
 	})
 
