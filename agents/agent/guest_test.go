@@ -31,6 +31,8 @@ import (
 // guestfwd at 10.0.2.100 (through test/kernel/apimux: guestfwd carries every
 // guest connection over one byte stream). The test drives it from the host
 // through the API and inspects the kernel with commands run in the guest.
+// The agent runs under a restart loop (guestAgentLoop); CrashPoints, last,
+// crashes it at named points on thick LVM, thin LVM and ZFS in the same boot.
 //
 // It boots one guest (about 2–4 minutes under software emulation), so it
 // runs only with PLINTH_GUEST_AGENT=1, after make testbin and make
@@ -112,7 +114,8 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 
 	bootStart := time.Now()
 	gg, err := guest.Boot(ctx, guest.Options{
-		DiskBytes:     []int64{2 << 30, 1 << 30}, // vda: the VG; vdb: a device with data
+		// vda: the VG; vdb: a device with data; vdc: the thick VG and vdd: the zpool of CrashPoints
+		DiskBytes:     []int64{2 << 30, 1 << 30, 512 << 20, 512 << 20},
 		GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
 		Timeout:       20 * time.Minute,
 	})
@@ -145,12 +148,10 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 	// a device that carries data: the agent must never touch it
 	g.sh("mkfs.ext4 -q /dev/vdb")
 	const refresh = 5 * time.Second
-	g.sh(fmt.Sprintf("cp %s/plinth /tmp/plinth && /tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/plinth-state "+
-		"--refresh-interval %s --metrics-bind-address 127.0.0.1:18080 --health-probe-bind-address 127.0.0.1:18081 --v 1 >/tmp/agent.log 2>&1 &",
-		guest.SharePath, guestNode, guest.SharePath, refresh))
+	g.sh(fmt.Sprintf("cp %s/plinth /tmp/plinth && %s", guest.SharePath, guestAgentLoop(refresh, guest.SharePath)))
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := g.try("tail -n 80 /tmp/agent.log; cat /tmp/apimux.log; lvs -a; ls -R /sys/kernel/config/nvmet | head -50")
+			out, _ := g.try("tail -n 80 /tmp/agent.log; echo exits: $(cat /tmp/agent-exits); cat /tmp/apimux.log; lvs -a; zfs list -t all; ls -R /sys/kernel/config/nvmet | head -50")
 			t.Logf("guest agent log and kernel state:\n%s", out)
 		}
 	})
@@ -365,4 +366,6 @@ rmdir $C/subsystems/$N`, nqn))
 			t.Error("subsystem still there")
 		}
 	})
+
+	t.Run("CrashPoints", func(t *testing.T) { guestCrashPoints(t, e, guestT{t, gg}, a, storeName, thin) })
 }
