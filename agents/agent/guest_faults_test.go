@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -194,15 +195,17 @@ func guestCrashPoints(t *testing.T, e *env, g guestT, a *storev1.Agent, thinStor
 		t.Run(st.pool, func(t *testing.T) {
 			g := guestT{t, g.g}
 			caseStart := time.Now()
+			step := func(what string) { t.Logf("TIMING %s +%s", what, time.Since(caseStart).Round(time.Millisecond)) }
 			eventually(t, 3*time.Minute, "Store Ready", func() error { return storeReady(ctx, e.c, st.s) })
+			step("store ready")
 			// each backend arms the three points afresh, all at once: each is hit
 			// once, in the order of the work (create, expand, delete)
-			exits := g.rearm(points[0] + "=once," + points[1] + "=once," + points[2] + "=once")
+			armed := g.rearm(points[0] + "=once," + points[1] + "=once," + points[2] + "=once")
+			step("rearmed")
 			vs := newVolumeState("pvc-crash-"+st.pool, guestNode, st.pool, st.s.Name, 64<<20, local, st.b)
-			crashes := 0
+			exits := armed
 			crash := func(point string) {
 				t.Helper()
-				crashes++
 				exits++
 				// Expected: the agent's next exit is with failpoint.ExitCode at the point, said once in its log.
 				if code := g.waitExit(exits, 2*time.Minute); code != failpoint.ExitCode {
@@ -213,8 +216,9 @@ func guestCrashPoints(t *testing.T, e *env, g guestT, a *storev1.Agent, thinStor
 					t.Fatalf("log has %s lines %q, want %d", msg, c, crashesOf[point]+1)
 				}
 				crashesOf[point]++
+				step("crashed at " + point)
 			}
-			resume := func() { g.sh("echo go > /tmp/agent-resume") }
+			resume := func() { g.sh("echo go > /tmp/agent-resume"); step("resumed") }
 			readyAt := func(want int64) *storev1.VolumeState {
 				t.Helper()
 				var got *storev1.VolumeState
@@ -225,6 +229,7 @@ func guestCrashPoints(t *testing.T, e *env, g guestT, a *storev1.Agent, thinStor
 					}
 					return err
 				})
+				step("ready")
 				return got
 			}
 			converged := func(got *storev1.VolumeState, want int64) {
@@ -248,6 +253,7 @@ func guestCrashPoints(t *testing.T, e *env, g guestT, a *storev1.Agent, thinStor
 				}
 				// Expected: the Store's next refresh reports no drift (no orphan) and want provisioned.
 				assertStoreClean(t, ctx, e.c, st.s, want)
+				step("store clean")
 			}
 
 			// create: crash with the volume made, before the status says so
@@ -310,15 +316,17 @@ func guestCrashPoints(t *testing.T, e *env, g guestT, a *storev1.Agent, thinStor
 			resume()
 			// Expected: the VolumeState gone (finalizer released), no volume, the mark released.
 			eventually(t, 2*time.Minute, "VolumeState deleted after the restart", func() error { return gone(ctx, e.c, vs) })
+			step("deleted")
 			if vols := g.guestVolumes(st.b); len(vols) != 0 {
 				t.Errorf("volumes after the delete: %v, want none", vols)
 			}
 			if m, found := g.guestMark(vs.Name); !found || !m.Released {
 				t.Errorf("mark after the delete: %+v found=%v, want released", m, found)
 			}
-			// Expected: three crashes, each at its point, nothing else stopped the agent.
-			if crashes != 3 {
-				t.Errorf("%d crashes, want 3", crashes)
+			// Expected: since the re-arming restart, three exits, each at its crash point;
+			// nothing else stopped the agent.
+			if all := g.exits(); len(all) != armed+3 || !slices.Equal(all[armed:], []int{failpoint.ExitCode, failpoint.ExitCode, failpoint.ExitCode}) {
+				t.Errorf("agent exits %v, want three of %d after the first %d", all, failpoint.ExitCode, armed)
 			}
 			t.Logf("TIMING guest crash-points %s %s", st.pool, time.Since(caseStart).Round(time.Millisecond))
 		})
