@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,6 +46,7 @@ type Config struct {
 type File struct {
 	cfg Config
 	mu  sync.Mutex
+	idx *loopIndex
 }
 
 var _ backend.Backend = (*File)(nil)
@@ -72,7 +74,7 @@ func New(cfg Config) (*File, error) {
 	if cfg.Directory, err = filepath.EvalSymlinks(cfg.Directory); err != nil {
 		return nil, fmt.Errorf("file backend: %w", err)
 	}
-	return &File{cfg: cfg}, nil
+	return &File{cfg: cfg, idx: indexOf(cfg.Directory)}, nil
 }
 
 func (f *File) path(id string) (string, error) {
@@ -135,13 +137,124 @@ func devicesOf(path string, byFile map[fileKey][]string, byPath map[string][]str
 	return out, nil
 }
 
-// attached returns the loop devices bound to the file at path (see loops).
+// attached returns the loop devices bound to the file at path, from the
+// directory's index (loopIndex): one stat and one LOOP_GET_STATUS64 per device
+// found, not a scan of every bound loop device.
 func (f *File) attached(path string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return f.idx.lookup(f, path, fileKey{uint64(st.Dev), st.Ino})
+}
+
+// rescan replaces the directory's index with a fresh scan of the loop devices.
+func (f *File) rescan() error {
+	f.idx.mu.Lock()
+	defer f.idx.mu.Unlock()
+	return f.idx.scanLocked(f)
+}
+
+// loopIndex is which loop devices are bound to which files, built by one scan
+// (File.loops) at the first lookup and at every List — once per Store refresh —
+// and kept up to date in between by the backend's own attaches and detaches. A
+// device found in it is checked against the kernel (LOOP_GET_STATUS64 must
+// still name the file) and a stale entry causes a fresh scan; a file absent from
+// it is taken as unattached: only this backend attaches the files of its
+// directory, so a device bound by anyone else (an agent of an earlier container)
+// predates the process and is in the first scan. One index per directory, shared
+// by the File instances the agent rebuilds for a Store.
+type loopIndex struct {
+	mu      sync.Mutex
+	scanned bool
+	byFile  map[fileKey][]string
+	byPath  map[string][]string
+}
+
+var (
+	indexesMu sync.Mutex
+	indexes   = map[string]*loopIndex{}
+)
+
+// indexOf returns the shared index of directory dir.
+func indexOf(dir string) *loopIndex {
+	indexesMu.Lock()
+	defer indexesMu.Unlock()
+	ix, ok := indexes[dir]
+	if !ok {
+		ix = &loopIndex{}
+		indexes[dir] = ix
+	}
+	return ix
+}
+
+func (ix *loopIndex) scanLocked(f *File) error {
 	byFile, byPath, err := f.loops()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return devicesOf(path, byFile, byPath)
+	ix.byFile, ix.byPath, ix.scanned = byFile, byPath, true
+	return nil
+}
+
+// lookup returns the devices bound to the file at path whose numbers are k.
+func (ix *loopIndex) lookup(f *File, path string, k fileKey) ([]string, error) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if !ix.scanned {
+		if err := ix.scanLocked(f); err != nil {
+			return nil, err
+		}
+	}
+	for _, dev := range ix.byFile[k] {
+		info, err := loopStatus(dev)
+		if err != nil || info.Device != k.dev || info.Inode != k.ino {
+			// detached or rebound behind our back: read the kernel again
+			if err := ix.scanLocked(f); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	out := append(append([]string(nil), ix.byFile[k]...), ix.byPath[path]...)
+	sort.Strings(out)
+	return out, nil
+}
+
+// added records that this backend bound dev to the file whose numbers are k.
+func (ix *loopIndex) added(k fileKey, dev string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.scanned && !slices.Contains(ix.byFile[k], dev) {
+		ix.byFile[k] = append(ix.byFile[k], dev)
+	}
+}
+
+// removed records that this backend unbound dev.
+func (ix *loopIndex) removed(dev string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for k, devs := range ix.byFile {
+		if i := slices.Index(devs, dev); i >= 0 {
+			if devs = slices.Delete(devs, i, i+1); len(devs) == 0 {
+				delete(ix.byFile, k)
+			} else {
+				ix.byFile[k] = devs
+			}
+		}
+	}
+	for p, devs := range ix.byPath {
+		if i := slices.Index(devs, dev); i >= 0 {
+			if devs = slices.Delete(devs, i, i+1); len(devs) == 0 {
+				delete(ix.byPath, p)
+			} else {
+				ix.byPath[p] = devs
+			}
+		}
+	}
 }
 
 // volume describes the volume file at path of size bytes. Its SizeBytes is
@@ -329,6 +442,7 @@ func (f *File) Delete(ctx context.Context, id string) error {
 		if err := detach(d); err != nil {
 			return fmt.Errorf("delete volume %s: %w", id, err)
 		}
+		f.idx.removed(d)
 	}
 	failpoint.Hit(failpoint.FileDeleteDetached)
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -353,36 +467,37 @@ func (f *File) Get(ctx context.Context, id string) (backend.Volume, error) {
 	return f.volume(id, path, st.Size())
 }
 
-// List returns the volumes in the directory (files named <volume id>.img).
+// List returns the volumes in the directory (files named <volume id>.img). It
+// scans the loop devices once (a Store refresh) and renews the directory's index
+// with that scan.
 func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 	ents, err := os.ReadDir(f.cfg.Directory)
 	if err != nil {
 		return nil, err
 	}
+	f.idx.mu.Lock()
+	err = f.idx.scanLocked(f)
+	byFile, byPath := f.idx.byFile, f.idx.byPath
 	var out []backend.Volume
-	var byFile map[fileKey][]string
-	var byPath map[string][]string
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), suffix)
-		if !ok || !e.Type().IsRegular() || backend.ValidateVolumeID(id) != nil {
+		if !ok || !e.Type().IsRegular() || backend.ValidateVolumeID(id) != nil || err != nil {
 			continue
 		}
-		info, err := e.Info()
-		if err != nil {
+		info, ierr := e.Info()
+		if ierr != nil {
 			continue
 		}
 		path := filepath.Join(f.cfg.Directory, e.Name())
-		if byFile == nil {
-			// One scan of the loop devices for the whole list.
-			if byFile, byPath, err = f.loops(); err != nil {
-				return nil, err
-			}
-		}
-		devs, err := devicesOf(path, byFile, byPath)
-		if err != nil {
-			return nil, err
+		var devs []string
+		if devs, err = devicesOf(path, byFile, byPath); err != nil {
+			break
 		}
 		out = append(out, f.volumeOn(id, path, info.Size(), devs))
+	}
+	f.idx.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
 	return out, nil // ReadDir is sorted by name = id
 }
@@ -448,5 +563,15 @@ func (f *File) attach(path string) (string, error) {
 	if len(devs) > 0 {
 		return devs[0], nil
 	}
-	return attachLoop(f.cfg.DevDir, path)
+	dev, err := attachLoop(f.cfg.DevDir, path)
+	if err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err == nil {
+		f.idx.added(fileKey{uint64(st.Dev), st.Ino}, dev)
+	} else if err := f.rescan(); err != nil {
+		return "", err
+	}
+	return dev, nil
 }

@@ -65,6 +65,10 @@ func newBackend(t *testing.T, cfg Config) *File {
 func waitDetached(t *testing.T, f *File, path string) {
 	t.Helper()
 	for i := 0; i < 100; i++ {
+		// the kernel's word, not the index's
+		if err := f.rescan(); err != nil {
+			t.Fatal(err)
+		}
 		devs, err := f.attached(path)
 		if err != nil {
 			t.Fatal(err)
