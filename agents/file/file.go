@@ -42,11 +42,59 @@ type Config struct {
 	SysDir string
 }
 
-// File is the file backend. Safe for concurrent use; mutations are serialised.
+// File is the file backend. Safe for concurrent use: operations on different volumes run
+// at once (a burst of new volumes is not queued behind each other's fsync and loop
+// attach), operations on one volume are serialised, and capacity checks are atomic with the
+// creation they admit. Snapshot operations exclude every other operation.
 type File struct {
 	cfg Config
-	mu  sync.Mutex
-	idx *loopIndex
+	// mu is held shared by volume operations and exclusively by snapshot operations.
+	mu sync.RWMutex
+	// capMu makes a capacity check and the reservation it admits one step; pending holds
+	// the bytes of creations admitted whose file is not in the directory yet. Guarded by capMu.
+	capMu   sync.Mutex
+	pending map[string]int64
+	ids     keyedLock
+	idx     *loopIndex
+}
+
+// keyedLock serialises the operations on one volume id.
+type keyedLock struct {
+	mu    sync.Mutex
+	held  map[string]chan struct{}
+	inits sync.Once
+}
+
+// lock takes id's lock and returns its release.
+func (k *keyedLock) lock(id string) func() {
+	k.inits.Do(func() { k.held = map[string]chan struct{}{} })
+	for {
+		k.mu.Lock()
+		ch, busy := k.held[id]
+		if !busy {
+			ch = make(chan struct{})
+			k.held[id] = ch
+			k.mu.Unlock()
+			return func() {
+				k.mu.Lock()
+				delete(k.held, id)
+				close(ch)
+				k.mu.Unlock()
+			}
+		}
+		k.mu.Unlock()
+		<-ch
+	}
+}
+
+// volumeOp begins an operation on volume id: mu shared, id's lock; call the result to end it.
+func (f *File) volumeOp(id string) func() {
+	f.mu.RLock()
+	unlock := f.ids.lock(id)
+	return func() {
+		unlock()
+		f.mu.RUnlock()
+	}
 }
 
 var _ backend.Backend = (*File)(nil)
@@ -74,7 +122,7 @@ func New(cfg Config) (*File, error) {
 	if cfg.Directory, err = filepath.EvalSymlinks(cfg.Directory); err != nil {
 		return nil, fmt.Errorf("file backend: %w", err)
 	}
-	return &File{cfg: cfg, idx: indexOf(cfg.Directory)}, nil
+	return &File{cfg: cfg, idx: indexOf(cfg.Directory), pending: map[string]int64{}}, nil
 }
 
 func (f *File) path(id string) (string, error) {
@@ -309,11 +357,21 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 		return backend.Volume{}, err
 	}
 	size := backend.RoundUp(sizeBytes, UnitBytes)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if v, exists, err := f.adoptOrCheckRoom(id, path, size); exists || err != nil {
+	defer f.volumeOp(id)()
+	f.capMu.Lock()
+	v, exists, err := f.adoptOrCheckRoom(id, path, size)
+	if exists || err != nil {
+		f.capMu.Unlock()
 		return v, err
 	}
+	// admitted: the bytes count as provisioned until the file is in the directory
+	f.pending[id] = size
+	f.capMu.Unlock()
+	defer func() {
+		f.capMu.Lock()
+		delete(f.pending, id)
+		f.capMu.Unlock()
+	}()
 	// temp file + rename: a crash never leaves a short file under the final name.
 	tmp := path + ".tmp"
 	fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -335,7 +393,12 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, path)
+		// the file enters the directory and leaves pending in one step: counted once
+		f.capMu.Lock()
+		if err = os.Rename(tmp, path); err == nil {
+			delete(f.pending, id)
+		}
+		f.capMu.Unlock()
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -352,7 +415,7 @@ func (f *File) Create(ctx context.Context, id string, sizeBytes int64) (backend.
 // existing file of the volume at least size bytes is adopted (attached and
 // returned with exists true; a smaller one is ErrAlreadyExists), else the
 // directory must have room for size bytes (ErrInsufficientCapacity). The
-// caller holds f.mu.
+// caller holds f.capMu (and mu exclusively or id's lock).
 func (f *File) adoptOrCheckRoom(id, path string, size int64) (v backend.Volume, exists bool, err error) {
 	if st, err := os.Stat(path); err == nil {
 		if st.Size() < size {
@@ -384,31 +447,9 @@ func (f *File) Expand(ctx context.Context, id string, sizeBytes int64) (backend.
 		return backend.Volume{}, err
 	}
 	size := backend.RoundUp(sizeBytes, UnitBytes)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	st, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return backend.Volume{}, fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
-	}
-	if err != nil {
+	defer f.volumeOp(id)()
+	if size, err = f.grow(id, path, size); err != nil {
 		return backend.Volume{}, err
-	}
-	if st.Size() >= size {
-		// the file is big enough; a loop device may still show less (a crash
-		// after the truncate below): tell it
-		size = st.Size()
-	} else {
-		c, err := f.capacity()
-		if err != nil {
-			return backend.Volume{}, err
-		}
-		if grow, avail := size-st.Size(), c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); grow > avail {
-			return backend.Volume{}, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
-		}
-		if err := os.Truncate(path, size); err != nil {
-			return backend.Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
-		}
-		failpoint.Hit(failpoint.FileExpandTruncated)
 	}
 	devs, err := f.attached(path)
 	if err != nil {
@@ -425,6 +466,37 @@ func (f *File) Expand(ctx context.Context, id string, sizeBytes int64) (backend.
 	return f.volume(id, path, size)
 }
 
+// grow makes the file at path at least size bytes when the directory has room (the check
+// and the truncate one step under capMu) and returns its size.
+func (f *File) grow(id, path string, size int64) (int64, error) {
+	f.capMu.Lock()
+	defer f.capMu.Unlock()
+	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if st.Size() >= size {
+		// the file is big enough; a loop device may still show less (a crash
+		// after the truncate below): the caller tells it
+		return st.Size(), nil
+	}
+	c, err := f.capacity()
+	if err != nil {
+		return 0, err
+	}
+	if grow, avail := size-st.Size(), c.Available(f.cfg.ReserveBytes, f.cfg.OvercommitPercent); grow > avail {
+		return 0, fmt.Errorf("expand volume %s by %d bytes, %d available: %w", id, grow, avail, backend.ErrInsufficientCapacity)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		return 0, fmt.Errorf("expand volume %s: %w", id, err)
+	}
+	failpoint.Hit(failpoint.FileExpandTruncated)
+	return size, nil
+}
+
 // Delete detaches the loop device(s) and removes the file. A device still
 // open exclusively (mounted, held by a filesystem) → backend.ErrInUse.
 func (f *File) Delete(ctx context.Context, id string) error {
@@ -432,8 +504,7 @@ func (f *File) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.volumeOp(id)()
 	devs, err := f.attached(path)
 	if err != nil {
 		return err
@@ -505,9 +576,13 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 // Capacity is the filesystem of the directory (statfs): total size, space
 // free for unprivileged use, and the sum of the volume files' sizes.
 func (f *File) Capacity(ctx context.Context) (backend.Capacity, error) {
+	f.capMu.Lock()
+	defer f.capMu.Unlock()
 	return f.capacity()
 }
 
+// capacity is Capacity, the creations admitted but not yet in the directory counted as
+// provisioned; the caller holds capMu.
 func (f *File) capacity() (backend.Capacity, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(f.cfg.Directory, &st); err != nil {
@@ -533,6 +608,9 @@ func (f *File) capacity() (backend.Capacity, error) {
 		}
 	}
 	c.ProvisionedBytes += f.snapshotBytes()
+	for _, n := range f.pending {
+		c.ProvisionedBytes += n
+	}
 	if c.TotalBytes > 0 {
 		c.DataUsedRatio = float64(c.TotalBytes-c.FreeBytes) / float64(c.TotalBytes)
 	}
@@ -546,8 +624,7 @@ func (f *File) DevicePath(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.volumeOp(id)()
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
 	}

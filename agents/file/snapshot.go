@@ -145,7 +145,10 @@ func (f *File) CreateVolumeFrom(ctx context.Context, id, source string, sizeByte
 		return backend.Volume{}, err
 	}
 	size := max(backend.RoundUp(sizeBytes, UnitBytes), sst.Size())
-	if v, exists, err := f.adoptOrCheckRoom(id, path, size); exists || err != nil {
+	f.capMu.Lock()
+	v, exists, err := f.adoptOrCheckRoom(id, path, size)
+	f.capMu.Unlock()
+	if exists || err != nil {
 		return v, err
 	}
 	if strings.HasPrefix(source, backend.VolumeIDPrefix) {
