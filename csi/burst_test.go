@@ -91,7 +91,8 @@ func BenchmarkPVCBurst(b *testing.B) {
 		d.start = func(b *testing.B) string { return startDriverCommand(b, cmd) }
 		drivers = append(drivers, d)
 	}
-	for _, d := range drivers {
+	for i := range drivers {
+		d := &drivers[i] // start may fill in params
 		b.Run(d.row, func(b *testing.B) {
 			b.ReportAllocs()
 			runBurst(b, cp, d, n)
@@ -99,7 +100,7 @@ func BenchmarkPVCBurst(b *testing.B) {
 	}
 }
 
-func runBurst(b *testing.B, cp *controlplane.ControlPlane, d burstDriver, n int) {
+func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int) {
 	ctx := context.Background()
 	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
 	if err != nil {
