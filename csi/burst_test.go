@@ -23,6 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
@@ -127,12 +129,27 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	}
 	defer p.Stop() //nolint:errcheck
 
-	pvcW, err := cs.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, metav1.ListOptions{})
+	// watches that resume where they were when the API server ends them (a loaded server does)
+	pvcList, err := cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pvcW, err := watchtools.NewRetryWatcherWithContext(ctx, pvcList.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, o)
+		}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer pvcW.Stop()
-	pvW, err := cs.CoreV1().PersistentVolumes().Watch(ctx, metav1.ListOptions{})
+	pvList, err := cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pvW, err := watchtools.NewRetryWatcherWithContext(ctx, pvList.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().PersistentVolumes().Watch(ctx, o)
+		}})
 	if err != nil {
 		b.Fatal(err)
 	}
