@@ -145,11 +145,27 @@ type fileKey struct{ dev, ino uint64 }
 // device whose node cannot be opened is listed under byPath by that path, the
 // only thing left to go on.
 func (f *File) loops() (byFile map[fileKey][]string, byPath map[string][]string, err error) {
-	m, err := filepath.Glob(filepath.Join(f.cfg.SysDir, "block", "loop*", "loop", "backing_file"))
+	m, err := f.bound()
 	if err != nil {
 		return nil, nil, err
 	}
+	byFile, byPath = f.loopsOf(m)
+	return byFile, byPath, nil
+}
+
+// bound lists the backing_file entries of the bound loop devices in sysfs, sorted: which
+// devices are bound, without opening any.
+func (f *File) bound() ([]string, error) {
+	m, err := filepath.Glob(filepath.Join(f.cfg.SysDir, "block", "loop*", "loop", "backing_file"))
+	if err != nil {
+		return nil, err
+	}
 	sort.Strings(m)
+	return m, nil
+}
+
+// loopsOf is loops for the bound devices m.
+func (f *File) loopsOf(m []string) (byFile map[fileKey][]string, byPath map[string][]string) {
 	byFile, byPath = map[fileKey][]string{}, map[string][]string{}
 	for _, bf := range m {
 		dev := filepath.Join(f.cfg.DevDir, filepath.Base(filepath.Dir(filepath.Dir(bf))))
@@ -167,7 +183,7 @@ func (f *File) loops() (byFile map[fileKey][]string, byPath map[string][]string,
 			}
 		}
 	}
-	return byFile, byPath, nil
+	return byFile, byPath
 }
 
 // devicesOf returns the loop devices bound to the file at path, given the
@@ -207,8 +223,11 @@ func (f *File) rescan() error {
 }
 
 // loopIndex is which loop devices are bound to which files, built by one scan
-// (File.loops) at the first lookup and at every List — once per Store refresh —
-// and kept up to date in between by the backend's own attaches and detaches. A
+// (File.loops) at the first lookup and again at a List — a Store refresh — that
+// finds another set of bound devices in sysfs, and kept up to date in between by
+// the backend's own attaches and detaches. (A device detached and bound to another
+// file by someone else between two refreshes keeps the set: the check below finds it
+// when its old file is looked up.) A
 // device found in it is checked against the kernel (LOOP_GET_STATUS64 must
 // still name the file) and a stale entry causes a fresh scan; a file absent from
 // it is taken as unattached: only this backend attaches the files of its
@@ -220,6 +239,8 @@ type loopIndex struct {
 	scanned bool
 	byFile  map[fileKey][]string
 	byPath  map[string][]string
+	// bound is what File.bound listed at the last scan.
+	bound []string
 }
 
 var (
@@ -240,11 +261,28 @@ func indexOf(dir string) *loopIndex {
 }
 
 func (ix *loopIndex) scanLocked(f *File) error {
-	byFile, byPath, err := f.loops()
+	m, err := f.bound()
 	if err != nil {
 		return err
 	}
-	ix.byFile, ix.byPath, ix.scanned = byFile, byPath, true
+	ix.byFile, ix.byPath = f.loopsOf(m)
+	ix.bound, ix.scanned = m, true
+	return nil
+}
+
+// refreshLocked scans again only when the set of bound devices changed since the last scan
+// (a directory listing of sysfs, no device opened): an idle agent's refresh costs no
+// LOOP_GET_STATUS64 per device.
+func (ix *loopIndex) refreshLocked(f *File) error {
+	m, err := f.bound()
+	if err != nil {
+		return err
+	}
+	if ix.scanned && slices.Equal(m, ix.bound) {
+		return nil
+	}
+	ix.byFile, ix.byPath = f.loopsOf(m)
+	ix.bound, ix.scanned = m, true
 	return nil
 }
 
@@ -539,15 +577,15 @@ func (f *File) Get(ctx context.Context, id string) (backend.Volume, error) {
 }
 
 // List returns the volumes in the directory (files named <volume id>.img). It
-// scans the loop devices once (a Store refresh) and renews the directory's index
-// with that scan.
+// renews the directory's index (a Store refresh): a scan of the loop devices when
+// the set of bound devices changed since the last one.
 func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 	ents, err := os.ReadDir(f.cfg.Directory)
 	if err != nil {
 		return nil, err
 	}
 	f.idx.mu.Lock()
-	err = f.idx.scanLocked(f)
+	err = f.idx.refreshLocked(f)
 	byFile, byPath := f.idx.byFile, f.idx.byPath
 	var out []backend.Volume
 	for _, e := range ents {
