@@ -49,16 +49,14 @@ func labelIs(m *dto.Metric, name, value string) bool {
 	return false
 }
 
-// TestHostVolumeWorkers: the agent acts on several volumes at once, and never on one volume
+// testVolumeWorkers (TestHostFileBackend/VolumeWorkers, on that test's control plane): the agent acts on several volumes at once, and never on one volume
 // from two workers at once. Two new volumes are held inside their reconcile (right after the
 // backend created them) until both are there — with one worker the second never arrives and
 // the test fails. While the first is held, its spec changes (a new generation, queued again);
 // the change is applied only after the held reconcile ends: no reconcile of a volume starts
 // while another of the same volume runs (the queue hands a name to one worker at a time, and
 // the volume's fencing lock is held throughout).
-func TestHostVolumeWorkers(t *testing.T) {
-	requireLoop(t)
-	e := newEnv(t)
+func testVolumeWorkers(t *testing.T, e *env) {
 	ctx := context.Background()
 	const nodeName = "node-workers"
 	dir, state := t.TempDir(), t.TempDir()
