@@ -273,7 +273,7 @@ func (e *Env) imagesDir() (string, error) {
 
 // ImageArchives are the archives Up imports into every node: Plinth's, its
 // sidecars', the sandbox image and busybox (for the users' own pods).
-var ImageArchives = []string{"plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "pause", "busybox"}
+var ImageArchives = []string{"plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "pause", "busybox"}
 
 func (e *Env) startNodes(ctx context.Context) (string, error) {
 	dir, err := e.imagesDir()
