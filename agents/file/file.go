@@ -417,7 +417,7 @@ func (f *File) capacity() (backend.Capacity, error) {
 			c.ProvisionedBytes += info.Size()
 		}
 	}
-	c.ProvisionedBytes += f.snapshotBytes()
+	c.SnapshotBytes = f.snapshotBytes()
 	if c.TotalBytes > 0 {
 		c.DataUsedRatio = float64(c.TotalBytes-c.FreeBytes) / float64(c.TotalBytes)
 	}

@@ -7,7 +7,9 @@
 // repository served on loopback), asserting each step, then the cases beyond
 // the walk: the agent crashing at named points mid-provisioning and
 // restarted by kubelet, a placement removed from Git while its StorageClass
-// is in use, and a StatefulSet on real nodes (devenv.Walk.Workload).
+// is in use, and a StatefulSet on real nodes (devenv.Walk.Workload), with a
+// VolumeSnapshot of one replica's volume restored into a larger PVC through
+// snapshot-controller and csi-snapshotter.
 //
 // Gated: runs when PLINTH_E2E=1 or PLINTH_INTEGRATION=1 (make test-e2e,
 // make test-integration); needs root (containerd, loop devices, mounts), the
@@ -116,7 +118,7 @@ func run(t *testing.T, flux bool) {
 		t.Errorf("StatefulSet on real nodes: %v", err)
 	} else {
 		for name, d := range map[string]time.Duration{"all Running": ws.AllRunning, "pod restart": ws.Restarted, "plugins back": ws.PluginsBack,
-			"expanded": ws.Expanded, "uncordoned": ws.Uncordoned, "released": ws.Released} {
+			"expanded": ws.Expanded, "restored": ws.Restored, "uncordoned": ws.Uncordoned, "released": ws.Released} {
 			if d <= 0 {
 				t.Errorf("StatefulSet %s: no measurement (%s)", name, d)
 			}
