@@ -22,7 +22,8 @@ kube-apiserver, kube-controller-manager and kube-scheduler from bin/ (make testb
 nodes (a kubelet, containerd and CNI bridge each, one kube-proxy) with the images of make images,
 Plinth deployed as users deploy it (kustomize build kustomize/overlays/dev, server-side apply:
 controller, agent DaemonSet with the file backend on loop devices, CSI controller with
-csi-provisioner, csi-attacher and csi-resizer, CSI node DaemonSet, plinth-scheduler), and Flux's
+csi-provisioner, csi-attacher, csi-resizer and csi-snapshotter, CSI node DaemonSet,
+plinth-scheduler, the snapshot CRDs and snapshot-controller), and Flux's
 source-controller and kustomize-controller with a Git repository served on loopback.
 
 "dev up" walks the quickstart (examples/quickstart) step by step: the policy is committed to the
