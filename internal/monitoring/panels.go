@@ -1,4 +1,4 @@
-package observability
+package monitoring
 
 import (
 	"context"
