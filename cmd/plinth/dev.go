@@ -68,7 +68,7 @@ func newDevUpCommand() *cobra.Command {
 				return fmt.Errorf("plinth dev up: %w (logs under %s)", err, env.Dir)
 			}
 			if keep {
-				fmt.Fprintf(cmd.OutOrStdout(), "\nplinth dev is up: export KUBECONFIG=%s\nCtrl-C or `plinth dev down --dir %s` stops it.\n", env.Kubeconfig, env.Dir)
+				fmt.Fprintf(cmd.OutOrStdout(), "\nplinth dev is up: export KUBECONFIG=%s\nPrometheus (Plinth, plinth-scheduler, kubelets; Plinth's alert rules): %s\nCtrl-C or `plinth dev down --dir %s` stops it.\n", env.Kubeconfig, env.Prom.URL, env.Dir)
 				<-ctx.Done()
 			}
 			return nil
