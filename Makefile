@@ -107,9 +107,9 @@ test-skips: skipcheck ## Print every test the last test phases skipped and fail 
 test-e2e: testbin ## End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
-dashboards-png: testbin ## Draw docs/dashboards/*.png: the dashboards' main panels from test/observability's real Prometheus data (needs root, loop devices, /usr/bin/prometheus).
+dashboards-png: testbin ## Draw docs/dashboards/*.png: the dashboards' main panels from the real-node scenario's Prometheus (test/e2e; needs root, the images of make images, /usr/bin/prometheus).
 	mkdir -p docs/dashboards
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 15m -run TestDashboardsAndAlertsOnRealData ./test/observability/
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 30m -run TestDevScenario ./test/e2e/
 
 test: lint verify-generate ## Everything CI runs; ends with the count of skipped tests (test-skips).
 	rm -rf $(SKIPS)
