@@ -90,6 +90,9 @@ type Options struct {
 	// Flux, when true, delivers the policy through a local Git repository
 	// synced by Flux's source-controller and kustomize-controller.
 	Flux bool
+	// NoPrometheus leaves Prometheus out (benchmarks: its scrapes would add load to what they
+	// measure). Walk.Scenario needs it.
+	NoPrometheus bool
 	// Out receives the step lines; nil means io.Discard.
 	Out io.Writer
 	// StartTimeout bounds each process's start-up and the rollout (default 5 minutes).
@@ -190,7 +193,12 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 		{"control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler", func() (string, error) { return e.startControlPlane(ctx) }},
 		{fmt.Sprintf("%d real nodes: containerd, kubelet, CNI bridge each; kube-proxy; images imported", opts.Nodes), func() (string, error) { return e.startNodes(ctx) }},
 		{"deploy Plinth: kustomize build " + DevOverlay + " | server-side apply; rollouts", func() (string, error) { return e.deployPlinth(ctx) }},
-		{"Prometheus: scrape configuration from " + ServiceMonitorFile + " + kubelets + plinth-scheduler, rules of " + PrometheusRuleFile, func() (string, error) { return e.startPrometheus(ctx) }},
+	}
+	if !opts.NoPrometheus {
+		steps = append(steps, struct {
+			title string
+			f     func() (string, error)
+		}{"Prometheus: scrape configuration from " + ServiceMonitorFile + " + kubelets + plinth-scheduler, rules of " + PrometheusRuleFile, func() (string, error) { return e.startPrometheus(ctx) }})
 	}
 	if opts.Flux {
 		steps = append(steps, struct {

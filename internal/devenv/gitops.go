@@ -2,6 +2,7 @@ package devenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -304,6 +305,9 @@ func (e *Walk) InvalidPolicy(ctx context.Context, sum *Summary) error {
 // evaluated), then the volume released. It prints a summary with timings.
 func (e *Walk) Scenario(ctx context.Context) (*Summary, error) {
 	sum := &Summary{}
+	if e.Prom == nil {
+		return sum, errors.New("the scenario reads Prometheus: Up without Options.NoPrometheus")
+	}
 	start := time.Now()
 	sum.ObserveStart = start
 	steps := []func(context.Context, *Summary) error{e.Policy, e.ShowRendered, e.Claim, e.PodIO, e.HandDrift, e.DriftAlert, e.CorrectDrift,
