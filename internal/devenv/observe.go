@@ -188,6 +188,16 @@ func (e *Walk) Observe(ctx context.Context, sum *Summary) error {
 		return err
 	}
 	if err := e.step("every dashboard panel's PromQL against Prometheus (expectation table, real nodes)", nil, func() (string, error) {
+		// kubelet gathers volume stats once a minute (volumeStatsAggPeriod): the quickstart
+		// PVC's appear up to a minute after its pod started.
+		began := time.Now()
+		if err := poll(ctx, 3*time.Minute, func() error {
+			return monitoring.NonEmpty(ctx, e.Prom.API, fmt.Sprintf(`kubelet_volume_stats_used_bytes{namespace=%q, persistentvolumeclaim=%q, cluster=%q}`,
+				QuickstartNamespace, QuickstartPVC, ClusterLabel))
+		}); err != nil {
+			return "", fmt.Errorf("kubelet's stats of PVC %s/%s (kubelet gathers them once a minute): %w", QuickstartNamespace, QuickstartPVC, err)
+		}
+		statsWait := time.Since(began)
 		// Three more scrapes of every target after the last change (rate() needs two samples);
 		// the alerts' wait has usually seen them already.
 		if err := poll(ctx, time.Minute, func() error {
@@ -208,7 +218,8 @@ func (e *Walk) Observe(ctx context.Context, sum *Summary) error {
 			files = append(files, fmt.Sprintf("%s %v", f, rep.Variables[f]))
 		}
 		sort.Strings(files)
-		return fmt.Sprintf("%s\nvariables: %s", rep, strings.Join(files, "; ")), nil
+		return fmt.Sprintf("kubelet_volume_stats_* of PVC %s/%s in Prometheus after %.1fs more\n%s\nvariables: %s",
+			QuickstartNamespace, QuickstartPVC, statsWait.Seconds(), rep, strings.Join(files, "; ")), nil
 	}); err != nil {
 		return err
 	}
