@@ -28,6 +28,7 @@ import (
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -213,6 +214,15 @@ func (d *Driver) nodeMode() bool       { return d.opts.Mode != ModeController }
 func (d *Driver) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Crash points named in $PLINTH_FAILPOINTS (empty in production) are armed first, "once"
+	// points recorded in the state folder so that the restarted plugin runs through.
+	armed, err := failpoint.Configure(os.Getenv(failpoint.Env), filepath.Join(d.opts.StateDir, "failpoints"))
+	if err != nil {
+		return fmt.Errorf("csi: %w", err)
+	}
+	if len(armed) > 0 {
+		d.log.Info("crash points armed: this process exits on purpose at them", "failpoints", armed, "exitCode", failpoint.ExitCode)
+	}
 	if err := d.connect(ctx); err != nil {
 		return err
 	}
