@@ -98,10 +98,11 @@ test-integration: testbin images $(CUE) skipcheck ## Every test of the main modu
 test-scheduler: testbin skipcheck ## The scheduler module's unit and integration tests (real scheduler, real API server).
 	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 20m ./... | $(SKIPCHECK) json -phase scheduler -dir $(SKIPS)
 
-test-kernel: kernel-assets testbin skipcheck ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server.
+test-kernel: kernel-assets testbin skipcheck ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server, then NVMe-oF across two guests with link faults.
 	test/kernel/run.sh | $(SKIPCHECK) text -phase kernel-guest -dir $(SKIPS)
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_AGENT=1 go test -json -count=1 -timeout 30m -run TestGuest ./agents/agent/ | $(SKIPCHECK) json -phase kernel-agent -dir $(SKIPS)
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -json -count=1 -timeout 45m -run TestGuestCSI ./csi/ | $(SKIPCHECK) json -phase kernel-csi -dir $(SKIPS)
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CROSSNODE=1 go test -json -count=1 -timeout 30m ./test/kernel/crossnode/ | $(SKIPCHECK) json -phase kernel-crossnode -dir $(SKIPS)
 
 test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
 	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
@@ -109,9 +110,9 @@ test-skips: skipcheck ## Print every test the last test phases skipped and fail 
 test-e2e: testbin ## End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
-dashboards-png: testbin ## Draw docs/dashboards/*.png: the dashboards' main panels from test/observability's real Prometheus data (needs root, loop devices, /usr/bin/prometheus).
+dashboards-png: testbin ## Draw docs/dashboards/*.png: the dashboards' main panels from the real-node scenario's Prometheus (test/e2e; needs root, the images of make images, /usr/bin/prometheus).
 	mkdir -p docs/dashboards
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 15m -run TestDashboardsAndAlertsOnRealData ./test/observability/
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 30m -run TestDevScenario ./test/e2e/
 
 test: lint verify-generate ## Everything CI runs; ends with the count of skipped tests (test-skips).
 	rm -rf $(SKIPS)

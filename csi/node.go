@@ -22,6 +22,7 @@ import (
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
@@ -201,6 +202,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	if err := s.d.stages.Save(rec); err != nil {
 		return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
 	}
+	failpoint.Hit(failpoint.CSIStageRecordSaved)
 	if block {
 		return &csipb.NodeStageVolumeResponse{}, nil
 	}
@@ -217,6 +219,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	if err := s.growToDevice(rec); err != nil {
 		return nil, err
 	}
+	failpoint.Hit(failpoint.CSIStageMounted)
 	return &csipb.NodeStageVolumeResponse{}, nil
 }
 
@@ -290,6 +293,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 			return nil, status.Errorf(codes.Internal, "disconnect: %v", err)
 		}
 	}
+	failpoint.Hit(failpoint.CSIUnstageUnmounted)
 	if err := s.d.stages.Remove(id); err != nil {
 		return nil, status.Errorf(codes.Internal, "remove stage record: %v", err)
 	}
@@ -384,6 +388,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 	if err := s.d.mounter.BindMount(source, target, req.GetReadonly(), capability.GetMount().GetMountFlags()); err != nil {
 		return nil, status.Errorf(codes.Internal, "bind mount: %v", err)
 	}
+	failpoint.Hit(failpoint.CSINodePublishMounted)
 	if !slices.Contains(rec.Targets, target) {
 		rec.Targets = append(rec.Targets, target)
 	}
