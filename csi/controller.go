@@ -244,6 +244,12 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if fs.FSType == "" {
 		fs.FSType = "ext4"
 	}
+	strategy := placement.Spec.Strategy
+	ov, err := pvcOverrides(ctx, s.d.live, params, &placement)
+	if err != nil {
+		return nil, err
+	}
+	ov.Apply(&fs, &strategy)
 
 	var stores storev1.StoreList
 	if err := s.d.kube.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(poolName)}); err != nil {
@@ -256,9 +262,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		if src, err = s.contentSource(ctx, cs); err != nil {
 			return nil, err
 		}
-		store, size, err = sourceStore(src, stores.Items, poolName, protocol.Spec.NVMeoFTCP != nil, placement.Spec.Strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+		store, size, err = sourceStore(src, stores.Items, poolName, protocol.Spec.NVMeoFTCP != nil, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
 	} else {
-		store, size, err = chooseStore(stores.Items, protocol.Spec.NVMeoFTCP != nil, placement.Spec.Strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+		store, size, err = chooseStore(stores.Items, protocol.Spec.NVMeoFTCP != nil, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
 	}
 	if err != nil {
 		return nil, err
@@ -285,6 +291,9 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 				Filesystem:   fs,
 			},
 		},
+	}
+	if ov != nil {
+		vs.Spec.Policy.Overrides = ov.Annotations
 	}
 	if src != nil {
 		vs.Spec.ContentSource = &src.spec

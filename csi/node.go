@@ -22,6 +22,7 @@ import (
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
@@ -201,6 +202,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	if err := s.d.stages.Save(rec); err != nil {
 		return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
 	}
+	failpoint.Hit(failpoint.CSIStageRecordSaved)
 	if block {
 		return &csipb.NodeStageVolumeResponse{}, nil
 	}
@@ -214,7 +216,33 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		}
 		return nil, status.Errorf(codes.Internal, "format and mount %s: %v", rec.Device, err)
 	}
+	if err := s.growToDevice(rec); err != nil {
+		return nil, err
+	}
+	failpoint.Hit(failpoint.CSIStageMounted)
 	return &csipb.NodeStageVolumeResponse{}, nil
+}
+
+// growToDevice grows the filesystem staged for rec to its device. A volume restored from a
+// snapshot, or cloned, larger than its source holds the source's filesystem on a larger device,
+// and kubelet asks for no NodeExpandVolume then (the PVC's capacity is the PV's from the start),
+// so staging does the resize, as mount-utils' resize-on-mount drivers do. The goal is the
+// device's size rounded down to a MiB, so that a device a few sectors beyond the filesystem's
+// last block runs no resize tool at every stage; a filesystem of that size is left alone.
+func (s *node) growToDevice(rec stage.Record) error {
+	switch rec.FSType {
+	case "ext2", "ext3", "ext4", "xfs":
+	default:
+		return nil
+	}
+	size, err := mount.DeviceSize(rec.Device)
+	if err != nil {
+		return status.Errorf(codes.Internal, "device size of %s: %v", rec.Device, err)
+	}
+	if _, _, err := s.d.mounter.Grow(rec.Device, rec.StagingPath, size&^(1<<20-1)); err != nil {
+		return status.Errorf(codes.Internal, "grow the filesystem on %s to its device (%d bytes): %v", rec.Device, size, err)
+	}
+	return nil
 }
 
 // NodeUnstageVolume works from the stage record alone (the CO sends no context, B19): unmount
@@ -265,6 +293,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 			return nil, status.Errorf(codes.Internal, "disconnect: %v", err)
 		}
 	}
+	failpoint.Hit(failpoint.CSIUnstageUnmounted)
 	if err := s.d.stages.Remove(id); err != nil {
 		return nil, status.Errorf(codes.Internal, "remove stage record: %v", err)
 	}
@@ -359,6 +388,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 	if err := s.d.mounter.BindMount(source, target, req.GetReadonly(), capability.GetMount().GetMountFlags()); err != nil {
 		return nil, status.Errorf(codes.Internal, "bind mount: %v", err)
 	}
+	failpoint.Hit(failpoint.CSINodePublishMounted)
 	if !slices.Contains(rec.Targets, target) {
 		rec.Targets = append(rec.Targets, target)
 	}

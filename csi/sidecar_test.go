@@ -138,7 +138,8 @@ func until(t testing.TB, timeout time.Duration, what string, f func() error) {
 // TestSidecars: a PVC becomes Bound to a PV of the right size with node affinity; a
 // VolumeAttachment (as the attach-detach controller would create it) is attached through
 // ControllerPublish; expanding the PVC grows the volume; deleting it removes the PV and the
-// volume; GetCapacity feeds CSIStorageCapacity.
+// volume; GetCapacity feeds CSIStorageCapacity; PVC annotations override what the Placement
+// allows (sidecarOverrides).
 func TestSidecars(t *testing.T) {
 	if testingShort() {
 		t.Skip("SKIP: -short")
@@ -260,6 +261,8 @@ func TestSidecars(t *testing.T) {
 		}
 		return nil
 	})
+
+	t.Run("overrides", func(t *testing.T) { sidecarOverrides(t, s, "side-local") })
 }
 
 // BenchmarkPVCBound measures PVC creation → Bound with the real sidecars, the controller, the

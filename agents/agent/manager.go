@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +35,9 @@ import (
 
 // node is the state the reconcilers of one agent share.
 type node struct {
+	// bootID identifies this kernel boot (/proc/sys/kernel/random/boot_id): exports
+	// recorded in another boot are gone with it and are restored, not reported.
+	bootID string
 	opts   Options
 	client client.Client
 	marks  *fencing.Store
@@ -110,7 +115,11 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent manager: %w", err)
 	}
+	// Without a boot id (a /proc without it) every boot looks the same: a missing export is
+	// then always drift, as before boots were told apart.
+	bootID, _ := os.ReadFile(filepath.Join(opts.ProcRoot, "sys", "kernel", "random", "boot_id"))
 	n := &node{
+		bootID: strings.TrimSpace(string(bootID)),
 		opts:   opts,
 		client: mgr.GetClient(),
 		marks:  marks,
@@ -192,7 +201,7 @@ func (n *node) dropStore(name string) {
 	n.mu.Lock()
 	delete(n.stores, name)
 	n.mu.Unlock()
-	for _, t := range []string{"total", "allocatable", "provisioned", "available"} {
+	for _, t := range []string{"total", "allocatable", "provisioned", "available", "snapshots"} {
 		StoreCapacityBytes.DeletePartialMatch(map[string]string{"store": name, "type": t})
 	}
 	StoreThinUsedRatio.DeletePartialMatch(map[string]string{"store": name})

@@ -118,13 +118,13 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		}
 		before = vs.DeepCopy()
 	}
-	return r.converge(ctx, &vs, before, store, be)
+	return r.converge(ctx, &vs, before, store, be, next)
 }
 
 // converge creates, expands and exports the volume. Its status is written once, when it
 // returns, from what vs holds then; the Creating phase is the one progress mark written
 // before the first backend call, so a reader sees the volume is being made.
-func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, store *storev1.Store, be backend.Backend) (res ctrl.Result, err error) {
+func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, store *storev1.Store, be backend.Backend, mark fencing.Mark) (res ctrl.Result, err error) {
 	defer func() {
 		if err == nil {
 			res, err = r.status(ctx, vs, before, res)
@@ -223,9 +223,16 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 		}
 		if d := exportDrift(want.spec, cur); d != nil {
 			pubChanged := vs.Spec.PublicationGeneration != vs.Status.ObservedPublicationGeneration
-			if vs.Status.Export != nil && !specChanged && !pubChanged && !correct {
+			// A whole export missing in a boot other than the one it was made in: the
+			// reboot took it (configfs is in memory), nobody removed it. Restored under
+			// either driftPolicy, as the LV is activated again.
+			rebooted := cur == nil && mark.ExportBootID != r.bootID
+			if vs.Status.Export != nil && !specChanged && !pubChanged && !correct && !rebooted {
 				drift = append(drift, *d)
 				return r.drifted(vs, drift), nil
+			}
+			if rebooted && vs.Status.Export != nil {
+				ctrl.LoggerFrom(ctx).Info("restoring the export after a reboot", "nqn", want.spec.NQN, "exportBootID", mark.ExportBootID, "bootID", r.bootID)
 			}
 			start := time.Now()
 			_, err := r.target.Export(ctx, want.spec)
@@ -241,6 +248,12 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			}
 		}
 		vs.Status.Export = &storev1.Export{NQN: want.spec.NQN, Address: want.spec.Endpoint.Address, Port: want.port}
+		if mark.ExportBootID != r.bootID {
+			mark.ExportBootID = r.bootID
+			if err := r.marks.Save(vs.Name, mark); err != nil {
+				return ctrl.Result{}, fmt.Errorf("record the export's boot: %w", err)
+			}
+		}
 	} else {
 		vs.Status.Export = nil
 	}

@@ -46,6 +46,10 @@ type Mark struct {
 	// Retired are UIDs of earlier, released lifecycles of the same name
 	// (at most MaxRetired, oldest first).
 	Retired []string `json:"retired,omitempty"`
+	// ExportBootID is the kernel boot (/proc/sys/kernel/random/boot_id) in which
+	// the node last made or saw the volume's NVMe-oF export. nvmet configfs does not
+	// survive a reboot: an export missing in another boot is restored, not drift.
+	ExportBootID string `json:"exportBootID,omitempty"`
 }
 
 // Work is what a reconcile wants to act on.
@@ -111,7 +115,7 @@ func Admit(m Mark, found bool, w Work) (Mark, error) {
 // Equal reports whether two marks are the same.
 func (m Mark) Equal(o Mark) bool {
 	if m.UID != o.UID || m.Generation != o.Generation || m.PublicationGeneration != o.PublicationGeneration ||
-		m.Released != o.Released || len(m.Retired) != len(o.Retired) {
+		m.Released != o.Released || m.ExportBootID != o.ExportBootID || len(m.Retired) != len(o.Retired) {
 		return false
 	}
 	for i := range m.Retired {

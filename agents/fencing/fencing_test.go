@@ -33,6 +33,9 @@ func TestAdmit(t *testing.T) {
 		{"released, not deleting", released, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 3}, ReasonRetiredLifecycle, released},
 		{"released, deletion resumes", released, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 3, Deleting: true}, "", released},
 		{"no UID", Mark{}, false, Work{Generation: 1}, ReasonLifecycleConflict, Mark{}},
+		// the export's boot stays with the lifecycle, and a new lifecycle starts without one
+		{"export boot kept", Mark{UID: "u1", Generation: 5, ExportBootID: "b1"}, true, Work{UID: "u1", Generation: 6}, "", Mark{UID: "u1", Generation: 6, ExportBootID: "b1"}},
+		{"export boot not inherited", Mark{UID: "u1", Released: true, ExportBootID: "b1"}, true, Work{UID: "u2", Generation: 1}, "", Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,6 +53,12 @@ func TestAdmit(t *testing.T) {
 				t.Fatalf("mark %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestEqualComparesExportBoot(t *testing.T) {
+	if (Mark{UID: "u1", ExportBootID: "b1"}).Equal(Mark{UID: "u1", ExportBootID: "b2"}) {
+		t.Error("marks of different export boots are equal: a new boot would never be saved")
 	}
 }
 

@@ -645,7 +645,8 @@ func (f *File) capacity() (backend.Capacity, error) {
 			c.ProvisionedBytes += info.Size()
 		}
 	}
-	c.ProvisionedBytes += f.snapshotBytes()
+	c.SnapshotBytes = f.snapshotBytes()
+	// Creations admitted but not renamed yet hold their room (see reserve).
 	for _, n := range f.pending {
 		c.ProvisionedBytes += n
 	}

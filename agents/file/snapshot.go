@@ -279,8 +279,8 @@ func syncDir(dir string) error {
 }
 
 // snapshotBytes is the space the snapshot files take (allocated blocks, not their apparent
-// size: a snapshot is read-only and never grows), counted as provisioned so that snapshots
-// reduce what new volumes may take.
+// size: a snapshot is read-only and never grows): Capacity.SnapshotBytes, which Available
+// subtracts so that snapshots reduce what new volumes may take.
 func (f *File) snapshotBytes() int64 {
 	ents, err := os.ReadDir(filepath.Join(f.cfg.Directory, snapshotDir))
 	if err != nil {

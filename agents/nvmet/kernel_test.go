@@ -440,3 +440,71 @@ func TestKernelOrderingRules(t *testing.T) {
 		t.Fatalf("export of a %d-byte NQN: %v, want ErrInvalidNQN", len(long), err)
 	}
 }
+
+// TestKernelRevokedHostIsCut shows on the real kernel why Export drops and re-makes the port
+// link when a host leaves the ACL: removing the allowed_hosts link alone leaves the host's live
+// controller working (its next direct read succeeds), while Export with the host gone cuts it —
+// the controller leaves and, its reconnects refused, the initiator removes it (ctrl_loss_tmo 2 s).
+func TestKernelRevokedHostIsCut(t *testing.T) {
+	requireGuest(t)
+	ctx := context.Background()
+	setupVG(t)
+	volID := volumeID("pvc-kernel-revoke")
+	dev := lvcreate(t, volID, "64M")
+	nqn, err := nvmet.VolumeNQN(volID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostNQN := sysAttr(t, "/etc/nvme/hostnqn")
+	hostID := sysAttr(t, "/etc/nvme/hostid")
+	tg := nvmet.New("")
+	spec := nvmet.ExportSpec{NQN: nqn, DevicePath: dev, ACL: true, Hosts: []string{hostNQN},
+		Endpoint: nvmet.Endpoint{Address: "127.0.0.1", ServiceID: "4420"}}
+	t.Cleanup(func() {
+		_ = exec.Command("nvme", "disconnect", "-n", nqn).Run()
+		if err := tg.Unexport(ctx, nqn); err != nil {
+			t.Errorf("cleanup unexport: %v", err)
+		}
+	})
+	if _, err := tg.Export(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "nvme", "connect", "-t", "tcp", "-a", "127.0.0.1", "-s", "4420", "-n", nqn,
+		"--hostnqn="+hostNQN, "--hostid="+hostID, "--ctrl-loss-tmo=2", "--reconnect-delay=1")
+	ndev, _ := findNamespace(t, nqn)
+	read := func() error {
+		return exec.Command("dd", "if="+ndev, "of=/dev/null", "bs=4096", "count=1", "iflag=direct").Run()
+	}
+
+	// The kernel's own behaviour: the ACL link removed by hand, the connection still serves I/O.
+	link := filepath.Join(nvmet.DefaultRoot, "subsystems", nqn, "allowed_hosts", hostNQN)
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := read(); err != nil {
+		t.Errorf("read after the ACL link alone was removed: %v (the kernel cut the host itself?)", err)
+	}
+	if err := os.Symlink(filepath.Join(nvmet.DefaultRoot, "hosts", hostNQN), link); err != nil {
+		t.Fatal(err)
+	}
+
+	// Export without the host: the host link goes, then the port link is dropped and made again.
+	res, err := tg.Export(ctx, nvmet.ExportSpec{NQN: nqn, DevicePath: dev, ACL: true, Endpoint: spec.Endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("revocation: %q", res.Changes)
+	gone := false
+	for range 600 { // bounded: ctrl_loss_tmo 2 s of refused reconnects, ~30 s at most under TCG
+		if gone = subsystemGone(nqn); gone {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !gone {
+		t.Fatalf("the revoked host's controller of %s is still there", nqn)
+	}
+	if err := read(); err == nil {
+		t.Error("the revoked host still reads the namespace")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"net"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"syscall"
@@ -235,6 +236,25 @@ func (t *Target) unlinkPortsLocked(nqn, keep string, c *changes) error {
 		}
 		if err == nil {
 			c.add("rmdir %s", t.portDir(p.name))
+		}
+	}
+	return nil
+}
+
+// dropPortLinks removes the subsystem's links from every port, keeping the ports (linkPort
+// links it again into the same port id; a port left without links is disabled until then).
+func (t *Target) dropPortLinks(nqn string, c *changes) error {
+	t.portsMu.Lock()
+	defer t.portsMu.Unlock()
+	ports, err := t.listPorts()
+	if err != nil {
+		return err
+	}
+	for _, p := range ports {
+		if slices.Contains(p.subsystems, nqn) {
+			if err := t.unlink(filepath.Join(t.portDir(p.name), "subsystems", nqn), c); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -253,8 +253,20 @@ func (t *Target) export(spec ExportSpec, family string, c *changes) (Result, err
 	}); err != nil {
 		return Result{}, fmt.Errorf("set serial (frozen once a host identified the subsystem): %w", err)
 	}
-	if err := t.reconcileHosts(spec.NQN, spec.ACL, spec.Hosts, c); err != nil {
+	revoked, err := t.reconcileHosts(spec.NQN, spec.ACL, spec.Hosts, c)
+	if err != nil {
 		return Result{}, err
+	}
+	if revoked {
+		// Removing a host from allowed_hosts only refuses its NEXT connect: the kernel keeps
+		// the controllers it already has (nvmet_allowed_hosts_drop_link), so a revoked host
+		// could go on writing. Dropping the subsystem's port links deletes every controller
+		// of the subsystem on those ports (nvmet_port_subsys_drop_link → nvmet_port_del_ctrls);
+		// linkPort below links it again, and only hosts still allowed reconnect (the
+		// initiator's reconnect loop): a brief reconnect for them, the fence for the revoked.
+		if err := t.dropPortLinks(spec.NQN, c); err != nil {
+			return Result{}, fmt.Errorf("cut the controllers of revoked hosts: %w", err)
+		}
 	}
 	if err := t.reconcileNamespace(spec.NQN, spec.DevicePath, id, c); err != nil {
 		return Result{}, err
@@ -308,13 +320,15 @@ func (t *Target) ensureAttr(path, want string, c *changes, norm func(string) str
 	return t.write(path, want, c)
 }
 
-func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, c *changes) error {
+// reconcileHosts converges attr_allow_any_host and allowed_hosts; revoked is true when the
+// ACL stays on and a host that was allowed no longer is (its live controllers must be cut).
+func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, c *changes) (revoked bool, err error) {
 	sdir := t.subsysDir(nqn)
 	anyPath := filepath.Join(sdir, "attr_allow_any_host")
 	adir := filepath.Join(sdir, "allowed_hosts")
 	var removed []string
 
-	err := func() error {
+	err = func() error {
 		t.hostsMu.RLock()
 		defer t.hostsMu.RUnlock()
 		current, err := t.fs.ReadDir(adir)
@@ -357,9 +371,9 @@ func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, c *changes
 		return nil
 	}()
 	if err != nil {
-		return err
+		return false, err
 	}
-	return t.pruneHosts(removed, c)
+	return acl && len(removed) > 0, t.pruneHosts(removed, c)
 }
 
 // pruneHosts removes hosts/<h> entries no subsystem links any more.

@@ -343,6 +343,23 @@ func TestACLHosts(t *testing.T) {
 	if k.exists("hosts/" + hostA) {
 		t.Fatal("unreferenced hosts/A not removed")
 	}
+	// A revoked host keeps its live controllers unless the subsystem leaves its port: the
+	// host link goes first, then the port link is dropped and made again (same port).
+	pid := fmt.Sprint(DerivePortID(Port{Transport: "tcp", Family: "ipv4", Address: "127.0.0.1", ServiceID: "4420"}))
+	plink := "ports/" + pid + "/subsystems/" + n1
+	assertOrder(t, k.opsSnapshot(), "unlink "+s1+"/allowed_hosts/"+hostA, "unlink "+plink, "symlink "+plink)
+	if !k.exists(plink) {
+		t.Fatal("subsystem not linked into its port again after the revocation")
+	}
+	// Adding a host alone cuts nobody: no port link touched.
+	k.resetOps()
+	mustExport(t, tg, ExportSpec{NQN: n1, DevicePath: testDev, Endpoint: loopback, ACL: true, Hosts: []string{hostA, hostB, hostC}})
+	for _, op := range k.opsSnapshot() {
+		if strings.Contains(op, plink) {
+			t.Errorf("adding a host touched the port link: %q", k.opsSnapshot())
+		}
+	}
+	mustExport(t, tg, ExportSpec{NQN: n1, DevicePath: testDev, Endpoint: loopback, ACL: true, Hosts: []string{hostB, hostC}})
 	// ACL off: links removed before allow_any_host=1; hosts/B stays (n2 uses it).
 	k.resetOps()
 	mustExport(t, tg, ExportSpec{NQN: n1, DevicePath: testDev, Endpoint: loopback})

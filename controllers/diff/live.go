@@ -15,6 +15,7 @@ import (
 	"github.com/plinth-storage/plinth/controllers/plan"
 	"github.com/plinth-storage/plinth/controllers/policy"
 	"github.com/plinth-storage/plinth/controllers/storageclass"
+	"github.com/plinth-storage/plinth/internal/overrides"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
@@ -101,6 +102,7 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 	b.report(pl)
 	b.capacity()
 	b.protocolChanges()
+	b.overrides()
 	rep.Policy = policyChanges(before, after, func(string, string) (string, int) { return "", 0 })
 	b.finish()
 	return rep, nil
@@ -677,6 +679,41 @@ func (b *builder) protocolChanges() {
 			b.violation(RuleProtocolChangeExported, "Protocol", proto, fields[0], fmt.Sprintf(
 				"Protocol %s changes (%s) while %s over it: their hosts stay connected to the old endpoint", proto, strings.Join(fields, ", "), what))
 		}
+	}
+}
+
+// overrides reports the Pending PVCs of each proposed Placement's class whose override
+// annotations that Placement would refuse (live only): their CreateVolume would fail.
+func (b *builder) overrides() {
+	if b.cl == nil {
+		return
+	}
+	for _, name := range names(b.after.places, b.after.places) {
+		pl := b.after.places[name]
+		var refused []string
+		var reason string
+		for _, c := range b.cl.claims[pl.Spec.StorageClass.Name] {
+			if c.Status.Phase != corev1.ClaimPending {
+				continue
+			}
+			if _, err := overrides.Parse(c.Annotations, pl); err != nil {
+				refused = append(refused, c.Namespace+"/"+c.Name)
+				if reason == "" {
+					reason = err.Error()
+				}
+			}
+		}
+		if len(refused) == 0 {
+			continue
+		}
+		sort.Strings(refused)
+		field := "spec.overrides.allowed"
+		if pl.Spec.Overrides == nil {
+			field = ""
+		}
+		b.violation(RuleOverrideRefused, "Placement", name, field, fmt.Sprintf(
+			"%d Pending PVCs (%s) carry overrides this Placement refuses, so their provisioning would fail; first: %s",
+			len(refused), strings.Join(first(refused, 3), ", "), reason))
 	}
 }
 

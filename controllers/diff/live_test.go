@@ -94,6 +94,14 @@ func TestLive(t *testing.T) {
 	volume(t, c, "shared-0", "plinth-shared", "shared", "nvme", "thin.node-c", 150*gi, true)
 
 	refuseVolumeGroup(t, c, "vg-refused")
+	// A Pending claim (as created: no volume yet) that sets an override the base policy allows.
+	shared := "plinth-shared"
+	must(t, c.Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pending-0",
+			Annotations: map[string]string{policyv1.OverrideAnnotations[policyv1.OverrideMountOptions]: "noatime"}},
+		Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &shared, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
+	}))
 
 	opts := diff.LiveOptions{Client: c, Namespace: namespace}
 	type want struct {
@@ -162,6 +170,13 @@ func TestLive(t *testing.T) {
 		{"rejected", want{exit: diff.ExitViolations,
 			violations: []string{"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12",
 				"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12"}}},
+		{"overrides", want{exit: diff.ExitViolations,
+			violations: []string{"OverrideRefused Placement/shared spec.overrides.allowed testdata/live/overrides/placements.yaml:38"},
+			check: func(t *testing.T, r *diff.Report) {
+				if m := r.Violations[0].Message; !strings.Contains(m, "1 Pending PVCs (default/pending-0)") || !strings.Contains(m, "plinth.dev/mount-options") {
+					t.Errorf("message %q does not name the PVC and its annotation", m)
+				}
+			}}},
 		{"overcommit", want{exit: diff.ExitViolations,
 			objects:    []string{"change Store/thin.node-c"},
 			violations: []string{"OvercommitExceeded StoragePool/thin spec.overcommitPercent testdata/live/overcommit/pools.yaml:29"}}},

@@ -63,6 +63,10 @@ const (
 	// replacement policy forbids replacing it now: the controller keeps the class and the
 	// Placement stalls (ReplacementRequired) until the policy or the usage changes.
 	RuleReplacementNotAllowed = "ReplacementNotAllowed"
+	// RuleOverrideRefused: a Pending PVC of a Placement's class carries override annotations
+	// (plinth.dev/mkfs-options, ...) that the proposed Placement refuses, so its provisioning
+	// would fail. Bound PVCs keep the overrides frozen into their volumes and are not listed.
+	RuleOverrideRefused = "OverrideRefused"
 )
 
 // Report is what `plinth diff` prints. Byte sizes are int64 bytes.

@@ -1,6 +1,6 @@
 // Package failpoint holds Plinth's named crash points: places in the agent
-// (and the packages it drives) where a fault test stops the process on
-// purpose, at an exact step, instead of racing a timer.
+// (and the packages it drives) and in the CSI driver where a fault test stops
+// the process on purpose, at an exact step, instead of racing a timer.
 //
 // A point costs one map lookup when nothing is armed. It is armed in one of
 // two ways:
@@ -85,6 +85,18 @@ const (
 	// VolumeState and computed the new publications; the compare-and-swap
 	// update is not sent yet.
 	CSIPublishBeforeUpdate = "csi.publish.before-update"
+	// CSIStageRecordSaved: NodeStage saved the stage record (device known);
+	// the device is neither formatted nor mounted at the staging path.
+	CSIStageRecordSaved = "csi.stage.record-saved"
+	// CSIStageMounted: NodeStage mounted the filesystem at the staging path;
+	// kubelet has no answer yet and will call NodeStage again.
+	CSIStageMounted = "csi.stage.mounted"
+	// CSINodePublishMounted: NodePublish bind-mounted the target; the stage
+	// record does not list the target yet.
+	CSINodePublishMounted = "csi.node-publish.mounted"
+	// CSIUnstageUnmounted: NodeUnstage unmounted the staging path (and
+	// disconnected NVMe-oF); the stage record is not removed yet.
+	CSIUnstageUnmounted = "csi.unstage.unmounted"
 )
 
 // Known returns every point name, sorted.
@@ -94,6 +106,7 @@ func Known() []string {
 		AgentDeleteUnexported, AgentDeleteVolumeRemoved, AgentDeleteMarkReleased,
 		FencingMarkTorn, FileCreateSized, FileCreateRenamed, FileExpandTruncated, FileDeleteDetached,
 		NVMetSubsystemCreated, CSIPublishBeforeUpdate,
+		CSIStageRecordSaved, CSIStageMounted, CSINodePublishMounted, CSIUnstageUnmounted,
 	}
 	slices.Sort(k)
 	return k

@@ -6,9 +6,11 @@ package cueschema
 import (
 	_ "embed"
 	"fmt"
+	"strings"
 	"sync"
 
 	"cuelang.org/go/cue"
+	"cuelang.org/go/cue/errors"
 	"cuelang.org/go/cue/cuecontext"
 	"cuelang.org/go/cue/parser"
 )
@@ -66,4 +68,47 @@ var (
 func Shared() (*Schema, error) {
 	once.Do(func() { shared, sharedErr = Compile() })
 	return shared, sharedErr
+}
+
+// placementField guards the schema compiled for CheckPlacementField: a cue.Context serves one
+// evaluation at a time, and the CSI controller checks overrides of concurrent CreateVolumes.
+var placementField struct {
+	sync.Mutex
+	schema *Schema
+}
+
+// CheckPlacementField judges value (a Go value that encodes to JSON: a string, a []string) as
+// the Placement spec field at path (YAML names from spec down, such as
+// ["filesystem", "mkfsOptions"]) by the same schema as a Placement document. It returns nil
+// when the schema accepts it, or an error naming the rule it breaks; an unknown path is an
+// error too.
+func CheckPlacementField(path []string, value any) error {
+	placementField.Lock()
+	defer placementField.Unlock()
+	if placementField.schema == nil {
+		s, err := Compile()
+		if err != nil {
+			return err
+		}
+		placementField.schema = s
+	}
+	s := placementField.schema
+	sels := []cue.Selector{cue.Str("spec").Required()}
+	for _, p := range path {
+		sels = append(sels, cue.Str(p).Optional())
+	}
+	field := s.Defs["Placement"].LookupPath(cue.MakePath(sels...))
+	if !field.Exists() {
+		return fmt.Errorf("the Placement schema has no field spec.%s", strings.Join(path, "."))
+	}
+	v := field.Unify(s.Context.Encode(value))
+	if err := v.Validate(cue.Concrete(true)); err != nil {
+		var msgs []string
+		for _, e := range errors.Errors(err) {
+			format, args := e.Msg()
+			msgs = append(msgs, strings.TrimSuffix(fmt.Sprintf(format, args...), ":"))
+		}
+		return fmt.Errorf("spec.%s: %s", strings.Join(path, "."), strings.Join(msgs, "; "))
+	}
+	return nil
 }

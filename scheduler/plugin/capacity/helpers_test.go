@@ -83,8 +83,8 @@ func newFixture(t testing.TB) *fixture {
 	}
 	f.p.cache.setProtocol("local", protoLocal)
 	f.p.cache.setProtocol("nvme", protoNVMeoF)
-	f.p.cache.setStrategy("fast-binpack", policyv1.StrategyBinpack)
-	f.p.cache.setStrategy("fast-spread", policyv1.StrategySpreadout)
+	f.p.cache.setStrategy("fast-binpack", policyv1.StrategyBinpack, false)
+	f.p.cache.setStrategy("fast-spread", policyv1.StrategySpreadout, false)
 	f.class("binpack", "fast-binpack", "pool-a", "local")
 	f.class("spread", "fast-spread", "pool-a", "local")
 	f.class("remote", "fast-binpack", "pool-r", "nvme")

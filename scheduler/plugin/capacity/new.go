@@ -3,6 +3,7 @@ package capacity
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -119,7 +120,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 			if s == "" {
 				s = policyv1.StrategyBinpack // the CRD default
 			}
-			p.cache.setStrategy(pl.Name, s)
+			p.cache.setStrategy(pl.Name, s, pl.Spec.Overrides != nil && slices.Contains(pl.Spec.Overrides.Allowed, policyv1.OverrideStrategy))
 		}
 	}, func(u *unstructured.Unstructured) { p.cache.deleteStrategy(u.GetName()) }); err != nil {
 		return nil, err

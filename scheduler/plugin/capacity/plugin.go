@@ -210,6 +210,12 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		}
 		if !known {
 			strategy = p.args.DefaultStrategy
+		} else if v := pvc.Annotations[policyv1.OverrideAnnotations[policyv1.OverrideStrategy]]; v != "" && p.cache.strategyOverridable(placement) {
+			// A value the schema refuses is CreateVolume's to report; scoring keeps the
+			// placement's own strategy for it.
+			if s := policyv1.Strategy(v); s == policyv1.StrategyBinpack || s == policyv1.StrategySpreadout {
+				strategy = s
+			}
 		}
 		// Mixed placements: the strategy of the largest request decides the score.
 		if req > strategyBytes {

@@ -357,3 +357,42 @@ func TestUnknownProtocolWaits(t *testing.T) {
 		t.Fatalf("%v", s)
 	}
 }
+
+// A PVC's plinth.dev/strategy annotation turns the score around only where its Placement
+// allows the override; a value the schema refuses, or an override not allowed, keeps the
+// placement's strategy.
+func TestStrategyOverrideByPVC(t *testing.T) {
+	annotation := policyv1.OverrideAnnotations[policyv1.OverrideStrategy]
+	for _, tc := range []struct {
+		name        string
+		overridable bool
+		value       string
+		mostFree    bool // the node with the most free bytes scores highest
+	}{
+		{"allowed", true, "Spreadout", true},
+		{"not allowed", false, "Spreadout", false},
+		{"invalid value", true, "spreadout", false},
+		{"same as placement", true, "Binpack", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.p.cache.setStrategy("fast-binpack", policyv1.StrategyBinpack, tc.overridable)
+			f.store("pool-a", "small", avail(2*GiB))
+			f.store("pool-a", "large", avail(TiB))
+			pod := f.pod("p", "binpack", GiB)
+			obj, _, _ := f.pvcs.GetByKey("default/p-c0")
+			pvc := obj.(*corev1.PersistentVolumeClaim).DeepCopy()
+			pvc.Annotations = map[string]string{annotation: tc.value}
+			if err := f.pvcs.Update(pvc); err != nil {
+				t.Fatal(err)
+			}
+			r := f.cycle(pod, mkNode("small", nil), mkNode("large", nil))
+			if len(r.scores) != 2 {
+				t.Fatalf("scores %v, want both nodes scored", r.scores)
+			}
+			if got := r.scores["large"] > r.scores["small"]; got != tc.mostFree {
+				t.Errorf("scores %v: most free node first = %v, want %v", r.scores, got, tc.mostFree)
+			}
+		})
+	}
+}

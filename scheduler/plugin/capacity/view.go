@@ -52,20 +52,24 @@ type view struct {
 	mu         sync.RWMutex
 	slots      map[slotKey]*slot
 	strategies map[string]policyv1.Strategy
-	protocols  map[string]protoKind
-	bookings   map[string]*booking // by claim "namespace/name"
-	ttl        time.Duration
-	now        func() time.Time
+	// overridable holds the Placements whose PVCs may choose their own strategy
+	// (spec.overrides.allowed has strategy).
+	overridable map[string]bool
+	protocols   map[string]protoKind
+	bookings    map[string]*booking // by claim "namespace/name"
+	ttl         time.Duration
+	now         func() time.Time
 }
 
 func newView(ttl time.Duration) *view {
 	return &view{
-		slots:      map[slotKey]*slot{},
-		strategies: map[string]policyv1.Strategy{},
-		protocols:  map[string]protoKind{},
-		bookings:   map[string]*booking{},
-		ttl:        ttl,
-		now:        time.Now,
+		slots:       map[slotKey]*slot{},
+		strategies:  map[string]policyv1.Strategy{},
+		overridable: map[string]bool{},
+		protocols:   map[string]protoKind{},
+		bookings:    map[string]*booking{},
+		ttl:         ttl,
+		now:         time.Now,
 	}
 }
 
@@ -120,16 +124,26 @@ func (c *view) deleteStore(st *storev1.Store) {
 	}
 }
 
-func (c *view) setStrategy(placement string, s policyv1.Strategy) {
+// setStrategy records a Placement's strategy and whether its PVCs may override it.
+func (c *view) setStrategy(placement string, s policyv1.Strategy, overridable bool) {
 	c.mu.Lock()
 	c.strategies[placement] = s
+	c.overridable[placement] = overridable
 	c.mu.Unlock()
 }
 
 func (c *view) deleteStrategy(placement string) {
 	c.mu.Lock()
 	delete(c.strategies, placement)
+	delete(c.overridable, placement)
 	c.mu.Unlock()
+}
+
+// strategyOverridable reports whether PVCs of placement may choose their own strategy.
+func (c *view) strategyOverridable(placement string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.overridable[placement]
 }
 
 func (c *view) setProtocol(name string, p protoKind) {

@@ -57,6 +57,43 @@ type PlacementSpec struct {
 	// snapshots (file, ZFS, LVM with a thin pool).
 	// +optional
 	SnapshotClass *SnapshotClassTemplate `json:"snapshotClass,omitempty"`
+	// Overrides lists what a PVC of this placement may set for its own volume through
+	// annotations (see OverrideAnnotations). Without it, no PVC overrides anything.
+	// +optional
+	Overrides *Overrides `json:"overrides,omitempty"`
+}
+
+// OverrideParameter names a placement parameter a PVC may override.
+// +kubebuilder:validation:Enum=mkfsOptions;mountOptions;strategy
+type OverrideParameter string
+
+// The parameters a PVC may override, each through its annotation in OverrideAnnotations.
+const (
+	// OverrideMkfsOptions replaces filesystem.mkfsOptions (annotation value: arguments
+	// separated by white space, such as "-m 0 -E lazy_itable_init=0").
+	OverrideMkfsOptions OverrideParameter = "mkfsOptions"
+	// OverrideMountOptions adds to filesystem.mountOptions (annotation value: options
+	// separated by commas, as in fstab, such as "noatime,nodiscard"); the class's own options
+	// still reach the mount through the PersistentVolume.
+	OverrideMountOptions OverrideParameter = "mountOptions"
+	// OverrideStrategy replaces strategy (annotation value: Binpack or Spreadout).
+	OverrideStrategy OverrideParameter = "strategy"
+)
+
+// OverrideAnnotations maps each OverrideParameter to the PVC annotation that sets it. The CSI
+// controller reads them from the PVC that csi-provisioner names (--extra-create-metadata).
+var OverrideAnnotations = map[OverrideParameter]string{
+	OverrideMkfsOptions:  "plinth.dev/mkfs-options",
+	OverrideMountOptions: "plinth.dev/mount-options",
+	OverrideStrategy:     "plinth.dev/strategy",
+}
+
+// Overrides is what PVCs may change for their own volumes.
+type Overrides struct {
+	// Allowed lists the parameters a PVC may override; each is validated by the same rules as
+	// the placement's own field.
+	// +listType=set
+	Allowed []OverrideParameter `json:"allowed"`
 }
 
 // SnapshotClassTemplate is the VolumeSnapshotClass a Placement renders (driver csi.plinth.dev).

@@ -39,6 +39,10 @@ type FrozenPolicy struct {
 	// Filesystem is the placement's filesystem at creation.
 	// +optional
 	Filesystem policyv1alpha1.Filesystem `json:"filesystem,omitempty"`
+	// Overrides holds the PVC annotations (name → value) that changed the placement's
+	// parameters for this volume; the fields above already include their effect.
+	// +optional
+	Overrides map[string]string `json:"overrides,omitempty"`
 }
 
 // Publication is one node allowed to use the volume (CSI ControllerPublishVolume).

@@ -60,7 +60,9 @@ type Options struct {
 	// GuestForwards expose host ports (on 127.0.0.1) to the guest at
 	// GuestForwardAddr:GuestPort (qemu guestfwd).
 	GuestForwards []Forward
-	// WorkDir holds the share and disks (default a new temp dir, removed by Stop).
+	// WorkDir holds the share and disks (default a new temp dir, removed by Stop). A caller's
+	// WorkDir is kept by Stop, and a Boot with the same WorkDir reuses its disk files with
+	// their data: a reboot of the same machine.
 	WorkDir string
 	// Console receives the guest's serial console (default discarded).
 	Console io.Writer
@@ -69,6 +71,9 @@ type Options struct {
 	Timeout time.Duration
 	// BootTimeout bounds the wait for the guest to become ready (default 3 minutes).
 	BootTimeout time.Duration
+	// ExtraArgs are appended to the qemu command line, e.g. a second NIC on the private
+	// network of test/kernel/netrelay (its Side.NetdevArgs).
+	ExtraArgs []string
 }
 
 // Guest is a running guest.
@@ -166,7 +171,7 @@ func QemuArgs(o Options, share string, disks []string) []string {
 	for _, d := range disks {
 		args = append(args, "-drive", "file="+d+",if=virtio,format=raw,cache=unsafe,discard=unmap")
 	}
-	return args
+	return append(args, o.ExtraArgs...)
 }
 
 // Boot starts a guest and waits until it accepts commands. The caller must
@@ -189,13 +194,16 @@ func Boot(ctx context.Context, opts Options) (*Guest, error) {
 		g.work = opts.WorkDir
 	}
 	g.share = filepath.Join(g.work, "share")
+	// a reboot in a kept WorkDir: the last boot's commands and ready mark must not count
+	os.RemoveAll(filepath.Join(g.share, "cmd"))
+	os.Remove(filepath.Join(g.share, "ready"))
 	if err := os.MkdirAll(filepath.Join(g.share, "cmd"), 0o755); err != nil {
 		return nil, err
 	}
 	var disks []string
 	for i, sz := range opts.DiskBytes {
 		p := filepath.Join(g.work, fmt.Sprintf("disk%d.raw", i))
-		f, err := os.Create(p)
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644) // kept data: see WorkDir
 		if err == nil {
 			err = f.Truncate(sz)
 			f.Close()
