@@ -646,7 +646,7 @@ func (f *File) capacity() (backend.Capacity, error) {
 		}
 	}
 	c.SnapshotBytes = f.snapshotBytes()
-	// Creations admitted but not renamed yet hold their room (see reserve).
+	// Creations admitted but not renamed yet hold their room (Create puts them in pending).
 	for _, n := range f.pending {
 		c.ProvisionedBytes += n
 	}
