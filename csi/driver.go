@@ -171,6 +171,19 @@ func New(opts Options) (*Driver, error) {
 		Help:    "Duration of CSI gRPC calls in seconds, by method and gRPC status code.",
 		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"method", "code"})
+	// The successful series of the calls that change a volume exist from the start at 0, so
+	// that rate() sees the first call as an increase (a series born at 1 shows no rate until
+	// a second call: a single publish would never reach the latency panels).
+	var methods []string
+	if d.controllerMode() {
+		methods = append(methods, "CreateVolume", "DeleteVolume", "ControllerPublishVolume", "ControllerUnpublishVolume", "ControllerExpandVolume")
+	}
+	if d.nodeMode() {
+		methods = append(methods, "NodeStageVolume", "NodeUnstageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeExpandVolume")
+	}
+	for _, m := range methods {
+		d.duration.WithLabelValues(m, codes.OK.String())
+	}
 	d.registered = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "plinth_csi_kubelet_registered",
 		Help: "1 when kubelet's last registration status for the node plugin said registered, 0 before that or when it said failed.",

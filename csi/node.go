@@ -216,8 +216,33 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		}
 		return nil, status.Errorf(codes.Internal, "format and mount %s: %v", rec.Device, err)
 	}
+	if err := s.growToDevice(rec); err != nil {
+		return nil, err
+	}
 	failpoint.Hit(failpoint.CSIStageMounted)
 	return &csipb.NodeStageVolumeResponse{}, nil
+}
+
+// growToDevice grows the filesystem staged for rec to its device. A volume restored from a
+// snapshot, or cloned, larger than its source holds the source's filesystem on a larger device,
+// and kubelet asks for no NodeExpandVolume then (the PVC's capacity is the PV's from the start),
+// so staging does the resize, as mount-utils' resize-on-mount drivers do. The goal is the
+// device's size rounded down to a MiB, so that a device a few sectors beyond the filesystem's
+// last block runs no resize tool at every stage; a filesystem of that size is left alone.
+func (s *node) growToDevice(rec stage.Record) error {
+	switch rec.FSType {
+	case "ext2", "ext3", "ext4", "xfs":
+	default:
+		return nil
+	}
+	size, err := mount.DeviceSize(rec.Device)
+	if err != nil {
+		return status.Errorf(codes.Internal, "device size of %s: %v", rec.Device, err)
+	}
+	if _, _, err := s.d.mounter.Grow(rec.Device, rec.StagingPath, size&^(1<<20-1)); err != nil {
+		return status.Errorf(codes.Internal, "grow the filesystem on %s to its device (%d bytes): %v", rec.Device, size, err)
+	}
+	return nil
 }
 
 // NodeUnstageVolume works from the stage record alone (the CO sends no context, B19): unmount

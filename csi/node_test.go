@@ -396,3 +396,49 @@ func TestNodeTornStageRecord(t *testing.T) {
 		t.Error("staging still mounted after unstage")
 	}
 }
+
+// A volume restored from a snapshot larger than its source: the source's 320 MiB xfs, with a
+// file, on a device of 640 MiB (the backend copied the snapshot and grew the copy). Kubelet asks
+// for no NodeExpandVolume then, so NodeStageVolume grows the filesystem to the device; the data
+// stays, and staging again runs no resize (the filesystem has the device's size).
+func TestNodeStageGrowsARestoredFilesystem(t *testing.T) {
+	prereq.Commands(t, "mkfs.xfs", "xfs_growfs")
+	dev, file := loopDevice(t, 320<<20)
+	m := mount.New()
+	src := t.TempDir()
+	if err := m.FormatAndMount(dev, src, "xfs", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "data"), []byte("restored"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unmount(src, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(file, 640<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("losetup", "--set-capacity", dev).CombinedOutput(); err != nil {
+		t.Fatalf("losetup --set-capacity: %v %s", err, out)
+	}
+	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
+	ctx := t.Context()
+	staging := filepath.Join(t.TempDir(), "staging")
+	const id = "vol-0000000000000000000000000000000000000033"
+	req := &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: fsCap("xfs", rwo), PublishContext: localPublish(dev)}
+	if _, err := node.NodeStageVolume(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		node.NodeUnstageVolume(context.Background(), &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}) //nolint:errcheck
+	})
+	if got, err := mount.FilesystemSize(dev, staging); err != nil || got != 640<<20 {
+		t.Errorf("filesystem %d bytes (%v) after stage, want the device's 640 MiB", got, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(staging, "data")); err != nil || string(b) != "restored" {
+		t.Errorf("data after the grow: %q, %v", b, err)
+	}
+	if _, err := node.NodeStageVolume(ctx, req); err != nil {
+		t.Errorf("stage again: %v", err)
+	}
+}

@@ -347,6 +347,8 @@ func TestHostFileBackend(t *testing.T) {
 			t.Errorf("orphan deleted by the agent: %v", err)
 		}
 	})
+
+	t.Run("VolumeWorkers", func(t *testing.T) { testVolumeWorkers(t, e) })
 }
 
 func containsFinalizer(o client.Object, f string) bool {

@@ -201,7 +201,7 @@ func (n *node) dropStore(name string) {
 	n.mu.Lock()
 	delete(n.stores, name)
 	n.mu.Unlock()
-	for _, t := range []string{"total", "allocatable", "provisioned", "available"} {
+	for _, t := range []string{"total", "allocatable", "provisioned", "available", "snapshots"} {
 		StoreCapacityBytes.DeletePartialMatch(map[string]string{"store": name, "type": t})
 	}
 	StoreThinUsedRatio.DeletePartialMatch(map[string]string{"store": name})

@@ -11,10 +11,11 @@ import (
 // Metrics of the agent (DESIGN.md "Metrics"); no per-volume labels.
 var (
 	// StoreCapacityBytes is plinth_store_capacity_bytes{store,pool,type}, type
-	// one of total, allocatable, provisioned, available (bytes).
+	// one of total, allocatable, provisioned, available, snapshots (bytes; the
+	// Store's status.capacity).
 	StoreCapacityBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "plinth_store_capacity_bytes",
-		Help: "Capacity of a Store in bytes, by type (total, allocatable, provisioned, available).",
+		Help: "Capacity of a Store in bytes, by type (total, allocatable, provisioned, available, snapshots).",
 	}, []string{"store", "pool", "type"})
 	// StoreThinUsedRatio is plinth_store_thin_used_ratio{store,part}, part data
 	// or metadata, 0..1.

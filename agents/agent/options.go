@@ -22,6 +22,10 @@ const (
 	// DefaultOrphanGracePeriod is how long a volume no VolumeState names must stay so before
 	// a Store under driftPolicy Correct deletes it.
 	DefaultOrphanGracePeriod = 10 * time.Minute
+	// DefaultVolumeWorkers is how many VolumeStates the agent reconciles at once: a burst
+	// of new volumes is not queued behind one another, while each backend still
+	// serialises what must be (the file backend its capacity check, LVM its VG lock).
+	DefaultVolumeWorkers = 8
 )
 
 // FinalizerVolume keeps a VolumeState until the agent removed its export and
@@ -67,6 +71,12 @@ type Options struct {
 	// DefaultOrphanGracePeriod). Under Report orphans are only reported.
 	OrphanGracePeriod time.Duration
 
+	// VolumeWorkers is how many VolumeStates are reconciled at once (default
+	// DefaultVolumeWorkers). One volume is never reconciled by two workers at once: the
+	// controller's work queue hands a name to one worker at a time, and the volume's
+	// fencing lock (agents/fencing Store.Lock) is held for the whole reconcile.
+	VolumeWorkers int
+
 	// AfterVolumeCreate, when set, runs right after the backend created (or
 	// adopted) a volume and before anything else; a non-nil error aborts the
 	// reconcile there. Tests use it to crash the agent at that point.
@@ -91,6 +101,9 @@ func (o *Options) defaults() error {
 	}
 	if o.OrphanGracePeriod <= 0 {
 		o.OrphanGracePeriod = DefaultOrphanGracePeriod
+	}
+	if o.VolumeWorkers <= 0 {
+		o.VolumeWorkers = DefaultVolumeWorkers
 	}
 	if o.Version == "" {
 		o.Version = "dev"

@@ -127,6 +127,17 @@ func TestHostSnapshots(t *testing.T) {
 		!containsFinalizer(snap, agent.FinalizerSnapshot) {
 		t.Errorf("snapshot status %+v, finalizers %v", snap.Status, snap.Finalizers)
 	}
+	// The Store reports the space the snapshot holds (at least the 2 MiB written), apart from
+	// provisioned (the source alone).
+	eventually(t, 60*time.Second, "Store status.capacity.snapshots", func() error {
+		if err := e.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+			return err
+		}
+		if c := s.Status.Capacity; c == nil || c.Snapshots < 2*mib || c.Provisioned != size {
+			return fmt.Errorf("capacity %+v", c)
+		}
+		return nil
+	})
 	after := make([]byte, 2*mib)
 	rand.Read(after)
 	writeDev(t, cur.Status.DevicePath, after)
@@ -157,6 +168,15 @@ func TestHostSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 60*time.Second, "snapshot gone", func() error { return gone(ctx, e.c, snap) })
+	eventually(t, 60*time.Second, "Store status.capacity.snapshots back to 0", func() error {
+		if err := e.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+			return err
+		}
+		if c := s.Status.Capacity; c == nil || c.Snapshots != 0 {
+			return fmt.Errorf("capacity %+v", c)
+		}
+		return nil
+	})
 	if devSum(t, rvs.Status.DevicePath, len(before)) != sha256.Sum256(before) {
 		t.Error("the restore lost its data when the snapshot was deleted")
 	}

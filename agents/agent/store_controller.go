@@ -183,10 +183,11 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 		Allocatable: c.Allocatable(reserve),
 		Provisioned: c.ProvisionedBytes,
 		Available:   c.Available(reserve, int64(s.Spec.OvercommitPercent)),
+		Snapshots:   c.SnapshotBytes,
 	}
 	s.Status.Capacity = &capacity
 	s.Status.ExtentBytes = c.ExtentBytes
-	labels := map[string]int64{"total": capacity.Total, "allocatable": capacity.Allocatable, "provisioned": capacity.Provisioned, "available": capacity.Available}
+	labels := map[string]int64{"total": capacity.Total, "allocatable": capacity.Allocatable, "provisioned": capacity.Provisioned, "available": capacity.Available, "snapshots": capacity.Snapshots}
 	for t, v := range labels {
 		StoreCapacityBytes.WithLabelValues(s.Name, s.Spec.Pool, t).Set(float64(v))
 	}

@@ -38,7 +38,7 @@ type env struct {
 	kubeconfig string // the admin's, for agents run as processes
 }
 
-func requireLoop(t *testing.T) {
+func requireLoop(t testing.TB) {
 	t.Helper()
 	prereq.LoopControl(t)
 }
@@ -49,7 +49,7 @@ func newEnv(t *testing.T) *env {
 }
 
 // newEnvFor installs Plinth's CRDs into cp and returns an admin client.
-func newEnvFor(t *testing.T, cp *controlplane.ControlPlane) *env {
+func newEnvFor(t testing.TB, cp *controlplane.ControlPlane) *env {
 	t.Helper()
 	root, err := controlplane.ModuleRoot()
 	if err != nil {

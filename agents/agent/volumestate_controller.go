@@ -12,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -40,6 +41,8 @@ type volumeReconciler struct{ *node }
 func (r *volumeReconciler) setup(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("volumestate").
+		// per volume, bounded: the queue never hands one name to two workers
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.VolumeWorkers}).
 		// creation, spec changes (publications bump publicationGeneration and
 		// so metadata.generation) and deletion; never the agent's own status writes
 		For(&storev1.VolumeState{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).

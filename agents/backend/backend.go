@@ -78,8 +78,16 @@ type Capacity struct {
 	// field case B06), filesystem free for unprivileged use (file).
 	FreeBytes int64
 	// ProvisionedBytes is the sum of the sizes of Plinth's volumes (virtual
-	// sizes for thin volumes).
+	// sizes for thin volumes), snapshots not included.
 	ProvisionedBytes int64
+	// SnapshotBytes is the space Plinth's snapshots hold in bytes: the file
+	// backend's snapshot files (allocated blocks), the blocks thin snapshot LVs
+	// map (lvs data_percent × size; shared with their origin until it is
+	// overwritten, so at most what deleting them frees), the zvols'
+	// usedbysnapshots (used − referenced − the unused refreservation).
+	// Available subtracts it for thin backends; for linear LVM and thick zvols
+	// it is already gone from FreeBytes.
+	SnapshotBytes int64
 	// Thin is true when volumes are thin-provisioned from TotalBytes
 	// (overcommit applies).
 	Thin bool
@@ -103,9 +111,9 @@ func (c Capacity) Allocatable(reserveBytes int64) int64 {
 // Available is the number of bytes a new volume may still take, the one
 // figure DESIGN.md "Capacity" makes every part use:
 //
-//   - thin: (total − reserve) × overcommitPercent/100 − provisioned; also
-//     bounded by nothing else, since thin volumes use pool space lazily
-//     (B06: never derived from VG free);
+//   - thin: (total − reserve) × overcommitPercent/100 − provisioned −
+//     snapshots; bounded by nothing else, since thin volumes use pool space
+//     lazily (B06: never derived from VG free);
 //   - linear / file: free − reserve (the free space is what is physically
 //     left, whoever else uses the VG or filesystem).
 //
@@ -119,7 +127,7 @@ func (c Capacity) Available(reserveBytes int64, overcommitPercent int64) int64 {
 		return clamp(c.FreeBytes - reserveBytes)
 	}
 	limit := policyv1.ProvisionLimit(clamp(c.TotalBytes-reserveBytes), true, overcommitPercent)
-	return clamp(limit - c.ProvisionedBytes)
+	return clamp(limit - c.ProvisionedBytes - c.SnapshotBytes)
 }
 
 func clamp(v int64) int64 {

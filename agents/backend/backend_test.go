@@ -28,6 +28,10 @@ func TestAvailable(t *testing.T) {
 		{"B06 thin no overcommit", Capacity{Thin: true, TotalBytes: 99 * gib, ProvisionedBytes: 20 * gib}, 0, 0, 79 * gib, 99 * gib},
 		{"thin overprovisioned", Capacity{Thin: true, TotalBytes: 10 * gib, ProvisionedBytes: 30 * gib}, 0, 100, 0, 10 * gib},
 		{"thin reserve", Capacity{Thin: true, TotalBytes: 10 * gib}, 2 * gib, 200, 16 * gib, 8 * gib},
+		// Snapshots take thin space no volume's virtual size counts: 99 − 20 − 4.
+		{"thin snapshots", Capacity{Thin: true, TotalBytes: 99 * gib, ProvisionedBytes: 20 * gib, SnapshotBytes: 4 * gib}, 0, 0, 75 * gib, 99 * gib},
+		// Linear: the snapshot space is already gone from free.
+		{"linear snapshots", Capacity{TotalBytes: 100 * gib, FreeBytes: 40 * gib, SnapshotBytes: 4 * gib}, 20 * gib, 0, 20 * gib, 80 * gib},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -65,6 +66,10 @@ func newBackend(t *testing.T, cfg Config) *File {
 func waitDetached(t *testing.T, f *File, path string) {
 	t.Helper()
 	for i := 0; i < 100; i++ {
+		// the kernel's word, not the index's
+		if err := f.rescan(); err != nil {
+			t.Fatal(err)
+		}
 		devs, err := f.attached(path)
 		if err != nil {
 			t.Fatal(err)
@@ -280,5 +285,68 @@ func TestAttachedFromAnotherMountNamespace(t *testing.T) {
 	}
 	if devs, _ := f.attached(path); len(devs) != 1 {
 		t.Fatalf("%s attached to %v after re-create and stage, want only %s", path, devs, dev)
+	}
+}
+
+// Creations of different volumes run at once, and the capacity check stays atomic with the
+// creation it admits: of 16 volumes of 1 MiB created at once where 10 MiB are left, exactly
+// 10 are made, each on its own loop device, and the others fail with ErrInsufficientCapacity.
+// Two creations of one volume at once make one file on one device.
+func TestConcurrentCreate(t *testing.T) {
+	requireLoop(t)
+	ctx := context.Background()
+	f := newBackend(t, Config{})
+	c, err := f.Capacity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mib = 1 << 20
+	f.cfg.ReserveBytes = c.TotalBytes - 10*mib
+	type result struct {
+		v   backend.Volume
+		err error
+	}
+	results := make(chan result, 16)
+	for i := 0; i < 16; i++ {
+		go func() {
+			v, err := f.Create(ctx, backend.VolumeID(fmt.Sprintf("burst-%d", i)), mib)
+			results <- result{v, err}
+		}()
+	}
+	made, devs := 0, map[string]bool{}
+	for i := 0; i < 16; i++ {
+		r := <-results
+		switch {
+		case r.err == nil:
+			made++
+			if r.v.DevicePath == "" || devs[r.v.DevicePath] {
+				t.Errorf("volume %s on device %q, shared or empty", r.v.ID, r.v.DevicePath)
+			}
+			devs[r.v.DevicePath] = true
+		case !errors.Is(r.err, backend.ErrInsufficientCapacity):
+			t.Errorf("unexpected error: %v", r.err)
+		}
+	}
+	if made != 10 {
+		t.Errorf("%d volumes made with room for 10", made)
+	}
+
+	f.cfg.ReserveBytes = 0
+	id := backend.VolumeID("same")
+	for i := 0; i < 2; i++ {
+		go func() {
+			v, err := f.Create(ctx, id, mib)
+			results <- result{v, err}
+		}()
+	}
+	a, b := <-results, <-results
+	if a.err != nil || b.err != nil || a.v.DevicePath != b.v.DevicePath {
+		t.Fatalf("two creations of %s: %+v, %+v", id, a, b)
+	}
+	if err := f.rescan(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := f.attached(filepath.Join(f.cfg.Directory, id+suffix)); err != nil || len(got) != 1 {
+		t.Errorf("%s attached to %v (%v), want one device", id, got, err)
 	}
 }

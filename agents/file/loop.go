@@ -6,11 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/plinth-storage/plinth/agents/backend"
 )
+
+// attachMu serialises this process's loop attaches (see attachLoop).
+var attachMu sync.Mutex
 
 // loopMajor is the block major number of loop devices (Documentation/admin-guide/devices.txt).
 const loopMajor = 7
@@ -20,6 +24,10 @@ const loopMajor = 7
 // and returns its node. A race with another process for the same device
 // (EBUSY) is retried.
 func attachLoop(devDir, path string) (string, error) {
+	// LOOP_CTL_GET_FREE hands concurrent callers the same device, and all but one then
+	// fail on EBUSY and retry: attaches of this process take turns instead
+	attachMu.Lock()
+	defer attachMu.Unlock()
 	ctl, err := unix.Open(filepath.Join(devDir, "loop-control"), unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", fmt.Errorf("open loop-control: %w", err)

@@ -145,7 +145,10 @@ func (f *File) CreateVolumeFrom(ctx context.Context, id, source string, sizeByte
 		return backend.Volume{}, err
 	}
 	size := max(backend.RoundUp(sizeBytes, UnitBytes), sst.Size())
-	if v, exists, err := f.adoptOrCheckRoom(id, path, size); exists || err != nil {
+	f.capMu.Lock()
+	v, exists, err := f.adoptOrCheckRoom(id, path, size)
+	f.capMu.Unlock()
+	if exists || err != nil {
 		return v, err
 	}
 	if strings.HasPrefix(source, backend.VolumeIDPrefix) {
@@ -276,8 +279,8 @@ func syncDir(dir string) error {
 }
 
 // snapshotBytes is the space the snapshot files take (allocated blocks, not their apparent
-// size: a snapshot is read-only and never grows), counted as provisioned so that snapshots
-// reduce what new volumes may take.
+// size: a snapshot is read-only and never grows): Capacity.SnapshotBytes, which Available
+// subtracts so that snapshots reduce what new volumes may take.
 func (f *File) snapshotBytes() int64 {
 	ents, err := os.ReadDir(filepath.Join(f.cfg.Directory, snapshotDir))
 	if err != nil {

@@ -138,6 +138,11 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	if got, err := f.GetSnapshot(ctx, snapA); err != nil || got != snap {
 		t.Errorf("GetSnapshot = %+v, %v", got, err)
 	}
+	// The snapshot holds at least the 1 MiB of data written (a reflink may share it, a sparse
+	// copy holds its own blocks), counted apart from the provisioned volumes.
+	if c, err := f.Capacity(ctx); err != nil || c.SnapshotBytes < 1<<20 || c.ProvisionedBytes != size {
+		t.Errorf("Capacity = %+v, %v; want ≥ 1 MiB of snapshots and only the volume provisioned", c, err)
+	}
 	after := make([]byte, 1<<20)
 	rand.Read(after)
 	writeAt(t, vol.DevicePath, 1<<20, after)

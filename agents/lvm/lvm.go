@@ -244,6 +244,9 @@ func (l *LVM) capacity(st state) (backend.Capacity, error) {
 		if l.managed(lv) {
 			c.ProvisionedBytes += lv.SizeBytes
 		}
+		if l.cfg.ThinPool != "" && l.managedSnapshot(lv) {
+			c.SnapshotBytes += int64(float64(lv.SizeBytes) * lv.DataPercent / 100)
+		}
 	}
 	if l.cfg.ThinPool == "" {
 		c.TotalBytes, c.FreeBytes = st.vg.SizeBytes, st.vg.FreeBytes

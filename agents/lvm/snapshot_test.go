@@ -79,6 +79,15 @@ func TestThinSnapshotRestoreClone(t *testing.T) {
 	if err != nil || len(vols) != 1 {
 		t.Errorf("List = %v, %v; want only the source (snapshots are not volumes)", vols, err)
 	}
+	// The snapshot's space: the blocks it maps (lvs data_percent × size), not provisioned.
+	for _, lv := range f.lvs {
+		if lv["lv_name"] == snap {
+			lv["data_percent"] = "25.00"
+		}
+	}
+	if c, err := l.Capacity(ctx); err != nil || c.SnapshotBytes != 271*mib || c.ProvisionedBytes != 271*4*mib {
+		t.Errorf("Capacity = %+v, %v; want 271 MiB of snapshots (25%% of 271 extents), provisioned only the source", c, err)
+	}
 
 	// restore at the source's requested size: the same 271 extents, no lvextend
 	restored := backend.VolumeID("restored")

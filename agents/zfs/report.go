@@ -50,6 +50,14 @@ type Dataset struct {
 // IsVolume reports whether the dataset is a zvol.
 func (d Dataset) IsVolume() bool { return d.Type == "volume" }
 
+// SnapshotBytes is the space the dataset's snapshots hold alone (zfs usedbysnapshots), derived
+// from the listed properties: used = referenced + usedbysnapshots + the part of the
+// refreservation not yet written (zfsprops(7) "usedby*"; a zvol has no children). Clamped at 0.
+func (d Dataset) SnapshotBytes() int64 {
+	unused := max(d.RefReservationBytes-d.ReferencedBytes, 0)
+	return max(d.UsedBytes-d.ReferencedBytes-unused, 0)
+}
+
 // Sparse reports whether a zvol has no refreservation (zfs create -s).
 func (d Dataset) Sparse() bool { return d.IsVolume() && d.RefReservationBytes == 0 }
 

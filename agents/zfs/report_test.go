@@ -181,3 +181,27 @@ func BenchmarkParseDatasets(b *testing.B) {
 		}
 	}
 }
+
+// SnapshotBytes is zfs usedbysnapshots from used, referenced and refreservation (zfsprops(7)).
+func TestDatasetSnapshotBytes(t *testing.T) {
+	const mib = int64(1) << 20
+	tests := []struct {
+		name string
+		d    Dataset
+		want int64
+	}{
+		{"sparse, no snapshot", Dataset{UsedBytes: 10 * mib, ReferencedBytes: 10 * mib}, 0},
+		{"sparse, 3 MiB held by snapshots", Dataset{UsedBytes: 13 * mib, ReferencedBytes: 10 * mib}, 3 * mib},
+		// Thick: 1 GiB refreservation, 10 MiB written, 3 MiB only in snapshots.
+		{"thick, snapshots", Dataset{UsedBytes: 1024*mib + 3*mib, ReferencedBytes: 10 * mib, RefReservationBytes: 1024 * mib}, 3 * mib},
+		{"thick, written past the refreservation", Dataset{UsedBytes: 30 * mib, ReferencedBytes: 25 * mib, RefReservationBytes: 20 * mib}, 5 * mib},
+		{"inconsistent figures clamp at 0", Dataset{UsedBytes: 5 * mib, ReferencedBytes: 10 * mib}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.d.SnapshotBytes(); got != tt.want {
+				t.Errorf("SnapshotBytes = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}

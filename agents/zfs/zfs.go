@@ -271,6 +271,7 @@ func (z *ZFS) capacity(st state) backend.Capacity {
 	for _, d := range st.children {
 		if z.managed(d) {
 			c.ProvisionedBytes += d.VolSizeBytes
+			c.SnapshotBytes += d.SnapshotBytes()
 		}
 	}
 	if c.Thin && c.TotalBytes > 0 {

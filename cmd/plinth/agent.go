@@ -67,6 +67,7 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, then in-cluster)")
 	f.StringVar(&opts.StateDir, "state-dir", agent.DefaultStateDir, "folder for durable state (fencing marks in <dir>/agent/marks)")
 	f.DurationVar(&opts.RefreshInterval, "refresh-interval", agent.DefaultRefreshInterval, "period of the Agent heartbeat and of each Store's observation")
+	f.IntVar(&opts.VolumeWorkers, "volume-workers", agent.DefaultVolumeWorkers, "VolumeStates reconciled at once (one volume never by two workers)")
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", agent.DefaultMetricsAddr, "listen address of /metrics (\"0\" disables)")
 	f.StringVar(&opts.ProbeAddr, "health-probe-bind-address", agent.DefaultProbeAddr, "listen address of /healthz and /readyz (\"0\" disables)")
 	f.StringVar(&opts.HostNQNFile, "host-nqn-file", agent.DefaultHostNQNFile, "file holding this node's NVMe host NQN")

@@ -43,7 +43,7 @@ until the node agent reports it Ready. The node service attaches (local device o
 connect), formats blank devices only, mounts, and keeps stage records in --state-dir.
 
 Sidecars: csi-provisioner --feature-gates=Topology=true --enable-capacity --extra-create-metadata;
-csi-attacher; csi-resizer. CSIDriver: attachRequired: true, storageCapacity: true,
+csi-attacher; csi-resizer; csi-snapshotter --extra-create-metadata. CSIDriver: attachRequired: true, storageCapacity: true,
 fsGroupPolicy: File.
 
 The node and all modes register the driver with kubelet themselves (no node-driver-registrar):

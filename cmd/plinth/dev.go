@@ -22,14 +22,19 @@ kube-apiserver, kube-controller-manager and kube-scheduler from bin/ (make testb
 nodes (a kubelet, containerd and CNI bridge each, one kube-proxy) with the images of make images,
 Plinth deployed as users deploy it (kustomize build kustomize/overlays/dev, server-side apply:
 controller, agent DaemonSet with the file backend on loop devices, CSI controller with
-csi-provisioner, csi-attacher and csi-resizer, CSI node DaemonSet, plinth-scheduler), and Flux's
+csi-provisioner, csi-attacher, csi-resizer and csi-snapshotter, CSI node DaemonSet,
+plinth-scheduler, the snapshot CRDs and snapshot-controller), Debian's Prometheus on loopback
+(its URL printed; scrape configuration generated from the shipped ServiceMonitor, plus the
+kubelets and plinth-scheduler; the shipped alert rules), and Flux's
 source-controller and kustomize-controller with a Git repository served on loopback.
 
 "dev up" walks the quickstart (examples/quickstart) step by step: the policy is committed to the
 local Git repository and synced by Flux through the GitRepository + Kustomization of
 kustomize/flux (--no-flux applies it directly instead); the rendered objects; a PVC and a busybox
 pod whose volume the real kubelet stages and mounts, written and read through kubectl exec; a
-hand edit shown Drifted and corrected; a committed change reconciled; an invalid policy rejected.
+hand edit shown Drifted (and its alert firing) and corrected; a committed change reconciled; an
+invalid policy rejected; a pool filled, a failed volume, kernel drift and a fencing refusal made
+by hand with their alerts firing, and every dashboard panel's query run against Prometheus.
 It prints a summary with timings, then stops everything, or stays up with --keep until Ctrl-C or
 "plinth dev down". It needs root (containerd, loop devices, mounts).`,
 	}
@@ -68,7 +73,7 @@ func newDevUpCommand() *cobra.Command {
 				return fmt.Errorf("plinth dev up: %w (logs under %s)", err, env.Dir)
 			}
 			if keep {
-				fmt.Fprintf(cmd.OutOrStdout(), "\nplinth dev is up: export KUBECONFIG=%s\nCtrl-C or `plinth dev down --dir %s` stops it.\n", env.Kubeconfig, env.Dir)
+				fmt.Fprintf(cmd.OutOrStdout(), "\nplinth dev is up: export KUBECONFIG=%s\nPrometheus (Plinth, plinth-scheduler, kubelets; Plinth's alert rules): %s\nCtrl-C or `plinth dev down --dir %s` stops it.\n", env.Kubeconfig, env.Prom.URL, env.Dir)
 				<-ctx.Done()
 			}
 			return nil

@@ -19,14 +19,19 @@ func kustomizeDir(t *testing.T, rel string) string {
 	return dir
 }
 
-// The dev overlay changes only what its comments name: the replicas of the three
+// The dev overlay changes only what its comments name: the replicas of the four
 // leader-elected Deployments and the agent's modules init container (and its volume).
-// Every other object, and every other field of those, is default/'s.
+// Every other object, and every other field of those, is default/'s or snapshot-controller/'s.
 func TestDevOverlayChangesOnlyWhatItSays(t *testing.T) {
 	base, err := Build(kustomizeDir(t, "default"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	snap, err := Build(kustomizeDir(t, "snapshot-controller"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base = append(base, snap...)
 	dev, err := Build(kustomizeDir(t, "overlays/dev"))
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +55,8 @@ func TestDevOverlayChangesOnlyWhatItSays(t *testing.T) {
 		}
 		b = b.DeepCopy()
 		switch key(o) {
-		case "Deployment/plinth-system/plinth-controller", "Deployment/plinth-system/plinth-csi-controller", "Deployment/plinth-system/plinth-scheduler":
+		case "Deployment/plinth-system/plinth-controller", "Deployment/plinth-system/plinth-csi-controller", "Deployment/plinth-system/plinth-scheduler",
+			"Deployment/kube-system/snapshot-controller":
 			if n, _, _ := unstructured.NestedInt64(o.Object, "spec", "replicas"); n != 1 {
 				t.Errorf("%s: replicas %d, want 1", key(o), n)
 			}
@@ -95,8 +101,8 @@ func TestDevOverlayChangesOnlyWhatItSays(t *testing.T) {
 			t.Errorf("overlays/dev changes %s beyond what its comments say:\n got %v\nwant %v", key(o), o.Object, b.Object)
 		}
 	}
-	if len(changed) != 5 {
-		t.Errorf("changed %v, want the three Deployments and the two DaemonSets", changed)
+	if len(changed) != 6 {
+		t.Errorf("changed %v, want the four Deployments and the two DaemonSets", changed)
 	}
 }
 

@@ -35,7 +35,7 @@ func TestDeployOnRealNodes(t *testing.T) {
 	}
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager,
 		controlplane.BinKubelet, controlplane.BinKubeProxy, controlplane.BinPlinthScheduler)
-	images := controlplane.ImageArchives(t, "plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "pause")
+	images := controlplane.ImageArchives(t, "plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "pause")
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	cp := controlplane.ForTest(t, controlplane.Options{Nodes: true, Scheduler: true})
@@ -79,8 +79,8 @@ func TestDeployOnRealNodes(t *testing.T) {
 		t.FailNow()
 	}
 	t.Logf("%s", res)
-	if len(res.Workloads) != 5 {
-		t.Errorf("workloads %v, want controller, agent, CSI controller, CSI node, scheduler", res.Workloads)
+	if len(res.Workloads) != 6 {
+		t.Errorf("workloads %v, want controller, agent, CSI controller, CSI node, scheduler, snapshot-controller", res.Workloads)
 	}
 
 	for _, n := range c.Nodes {
@@ -108,7 +108,8 @@ func TestDeployOnRealNodes(t *testing.T) {
 		}
 	}
 
-	// The shipped RBAC: no Plinth container was refused anything.
+	// The shipped RBAC: no Plinth container (csi-snapshotter included) and no snapshot-controller
+	// was refused anything.
 	pods, err := cs.CoreV1().Pods("plinth-system").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +117,14 @@ func TestDeployOnRealNodes(t *testing.T) {
 	if len(pods.Items) != 3+3+3 {
 		t.Errorf("%d pods in plinth-system, want 9 (3 agents, 3 CSI node plugins, controller, CSI controller, scheduler)", len(pods.Items))
 	}
-	for _, p := range pods.Items {
+	snapc, err := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=snapshot-controller"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snapc.Items) != 1 {
+		t.Errorf("%d snapshot-controller pods in kube-system, want 1", len(snapc.Items))
+	}
+	for _, p := range append(pods.Items, snapc.Items...) {
 		for _, ct := range p.Spec.Containers {
 			data, err := cs.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct.Name}).DoRaw(ctx)
 			if err != nil {

@@ -9,7 +9,8 @@
 // as users deploy it (internal/deploy: kustomize build of
 // kustomize/overlays/dev and server-side apply: controller, agent DaemonSet,
 // CSI controller with its sidecars, CSI node DaemonSet, plinth-scheduler, all
-// pods), and with Options.Flux (the default of `plinth dev up`) Flux's
+// pods), Debian's Prometheus on loopback scraping all of it and the kubelets
+// (prometheus.go), and with Options.Flux (the default of `plinth dev up`) Flux's
 // source-controller and kustomize-controller with a Git repository served on
 // loopback. Node and CSINode objects come from the kubelets and the driver's
 // own registration. Down stops every process by PID and releases the loop
@@ -32,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +55,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/cluster"
 	"github.com/plinth-storage/plinth/internal/controlplane"
 	"github.com/plinth-storage/plinth/internal/deploy"
+	"github.com/plinth-storage/plinth/internal/monitoring"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -87,6 +90,9 @@ type Options struct {
 	// Flux, when true, delivers the policy through a local Git repository
 	// synced by Flux's source-controller and kustomize-controller.
 	Flux bool
+	// NoPrometheus leaves Prometheus out (benchmarks: its scrapes would add load to what they
+	// measure). Walk.Scenario needs it.
+	NoPrometheus bool
 	// Out receives the step lines; nil means io.Discard.
 	Out io.Writer
 	// StartTimeout bounds each process's start-up and the rollout (default 5 minutes).
@@ -110,12 +116,17 @@ type Env struct {
 	Kubeconfig, Kubectl string
 	// Deployed is what deploying Plinth did.
 	Deployed *deploy.Result
+	// Prom is the Prometheus on loopback that scrapes Plinth, plinth-scheduler and the
+	// kubelets (prometheus.go).
+	Prom *monitoring.Prometheus
 
 	rep    *reporter
 	procs  map[string]*controlplane.Process
 	pidLog *os.File
 	ownLog *os.File
 	git    *gitRepo
+	// discovery serves Prom's HTTP service discovery.
+	discovery *http.Server
 	// failed names the components of the step that failed (for the log tails).
 	failed []string
 }
@@ -182,6 +193,12 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 		{"control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler", func() (string, error) { return e.startControlPlane(ctx) }},
 		{fmt.Sprintf("%d real nodes: containerd, kubelet, CNI bridge each; kube-proxy; images imported", opts.Nodes), func() (string, error) { return e.startNodes(ctx) }},
 		{"deploy Plinth: kustomize build " + DevOverlay + " | server-side apply; rollouts", func() (string, error) { return e.deployPlinth(ctx) }},
+	}
+	if !opts.NoPrometheus {
+		steps = append(steps, struct {
+			title string
+			f     func() (string, error)
+		}{"Prometheus: scrape configuration from " + ServiceMonitorFile + " + kubelets + plinth-scheduler, rules of " + PrometheusRuleFile, func() (string, error) { return e.startPrometheus(ctx) }})
 	}
 	if opts.Flux {
 		steps = append(steps, struct {
@@ -273,7 +290,7 @@ func (e *Env) imagesDir() (string, error) {
 
 // ImageArchives are the archives Up imports into every node: Plinth's, its
 // sidecars', the sandbox image and busybox (for the users' own pods).
-var ImageArchives = []string{"plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "pause", "busybox"}
+var ImageArchives = []string{"plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller", "pause", "busybox"}
 
 func (e *Env) startNodes(ctx context.Context) (string, error) {
 	dir, err := e.imagesDir()
@@ -372,6 +389,9 @@ func (e *Env) Down() error {
 	var errs []error
 	if e.git != nil {
 		e.git.close()
+	}
+	if err := e.stopDiscovery(); err != nil {
+		errs = append(errs, err)
 	}
 	if e.Nodes != nil {
 		if err := e.Nodes.Stop(); err != nil {

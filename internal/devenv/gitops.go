@@ -2,6 +2,7 @@ package devenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -298,13 +299,19 @@ func (e *Walk) InvalidPolicy(ctx context.Context, sum *Summary) error {
 // Scenario runs the quickstart end to end on a running Env and returns the
 // measured figures: policy delivered (committed to Git and synced by Flux, or
 // applied), rendered objects, PVC + pod, volume staged and published, hand
-// edit → Drifted → corrected, a change committed, an invalid policy
-// rejected, then the volume released. It prints a summary with timings.
+// edit → Drifted (and PlinthDriftPersisting firing in Prometheus) → corrected, a change committed, an invalid policy
+// rejected, the observability step (Observe: a pool filled, a failed volume,
+// kernel drift, a fencing refusal → their alerts firing; every dashboard panel
+// evaluated), then the volume released. It prints a summary with timings.
 func (e *Walk) Scenario(ctx context.Context) (*Summary, error) {
 	sum := &Summary{}
+	if e.Prom == nil {
+		return sum, errors.New("the scenario reads Prometheus: Up without Options.NoPrometheus")
+	}
 	start := time.Now()
-	steps := []func(context.Context, *Summary) error{e.Policy, e.ShowRendered, e.Claim, e.PodIO, e.HandDrift, e.CorrectDrift,
-		e.ChangePolicy, e.InvalidPolicy, e.PodGone, e.Release}
+	sum.ObserveStart = start
+	steps := []func(context.Context, *Summary) error{e.Policy, e.ShowRendered, e.Claim, e.PodIO, e.HandDrift, e.DriftAlert, e.CorrectDrift,
+		e.ChangePolicy, e.InvalidPolicy, e.Observe, e.PodGone, e.Release}
 	for _, s := range steps {
 		if err := s(ctx, sum); err != nil {
 			sum.Total = time.Since(start)
@@ -322,6 +329,7 @@ func (e *Walk) Scenario(ctx context.Context) (*Summary, error) {
 	e.rep.printf("  %-34s %5.1fs\n", "PVC → pod Running (on "+e.node+")", sum.PVCBound.Seconds())
 	e.rep.printf("  %-34s %5.1fs; %s driftPolicy Correct → corrected %.1fs\n", "hand edit → Drifted", sum.DriftShown.Seconds(), e.verb(), sum.DriftCorrected.Seconds())
 	e.rep.printf("  %-34s %5.1fs\n", "invalid "+e.verb()+" → Stalled", sum.Rejected.Seconds())
+	e.rep.printf("  %-34s %s; Prometheus %s\n", "dashboards", sum.Panels, e.Prom.URL)
 	e.rep.printf("  %-34s %5.1fs\n", "whole scenario", sum.Total.Seconds())
 	return sum, nil
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/internal/monitoring"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -71,6 +72,11 @@ type Summary struct {
 	VolumeID string
 	// VolumeFile is the volume's file on disk.
 	VolumeFile string
+	// ObserveStart and ObserveEnd are the window over which Observe evaluated the dashboards
+	// (the scenario's start → its panel step), for rendering them later.
+	ObserveStart, ObserveEnd time.Time
+	// Panels is what Observe's evaluation of every dashboard panel found.
+	Panels monitoring.PanelReport
 }
 
 // policyDocs returns the quickstart policy documents as they are: the pool's

@@ -53,6 +53,9 @@ spec:
   filesystem:
     fsType: xfs
   strategy: Spreadout
+  snapshotClass:
+    name: plinth-xfs
+    deletionPolicy: Delete
 `
 	// workloadScript writes 4 MiB of random data and its checksum once (the
 	// first start on a fresh volume), then checks the checksum on every
@@ -74,6 +77,8 @@ type WorkloadSummary struct {
 	PluginsBack time.Duration
 	// Expanded is the PVC resized → the running container's df shows the new size.
 	Expanded time.Duration
+	// Restored is a PVC restored from a VolumeSnapshot created → its pod Running.
+	Restored time.Duration
 	// Uncordoned is uncordon → the drained pod Running again on its node.
 	Uncordoned time.Duration
 	// Released is scale to 0 and PVCs deleted → PVs, VolumeStates, files and loop devices gone.
@@ -126,12 +131,13 @@ func workloadObjects() (*corev1.Service, *appsv1.StatefulSet) {
 // xfs placement committed; a StatefulSet of three replicas Running, each
 // volume staged and published by its node's kubelet; a pod deleted and back
 // on its node with its data; the agent and CSI node pods deleted under
-// mounted volumes; a PVC grown online; kubelet's volume stats; a drain; and
-// the teardown. Each step is reported; the first failure ends the case.
+// mounted volumes; a PVC grown online; kubelet's volume stats; a snapshot
+// restored into a larger PVC (workloadSnapshot); a drain; and the teardown.
+// Each step is reported; the first failure ends the case.
 func (e *Walk) Workload(ctx context.Context) (*WorkloadSummary, error) {
 	ws := &WorkloadSummary{}
 	for _, s := range []func(context.Context, *WorkloadSummary) error{e.workloadClass, e.workloadUp, e.workloadPodRestart,
-		e.workloadPluginRestart, e.workloadExpand, e.workloadVolumeStats, e.workloadDrain, e.workloadRelease} {
+		e.workloadPluginRestart, e.workloadExpand, e.workloadVolumeStats, e.workloadSnapshot, e.workloadDrain, e.workloadRelease} {
 		if err := s(ctx, ws); err != nil {
 			return ws, e.fail(err)
 		}
@@ -141,6 +147,7 @@ func (e *Walk) Workload(ctx context.Context) (*WorkloadSummary, error) {
 	e.rep.printf("  %-34s %5.1fs\n", "pod deleted → back, data verified", ws.Restarted.Seconds())
 	e.rep.printf("  %-34s %5.1fs\n", "agent + CSI node pods replaced", ws.PluginsBack.Seconds())
 	e.rep.printf("  %-34s %5.1fs\n", "PVC 1Gi → 2Gi seen by df (online)", ws.Expanded.Seconds())
+	e.rep.printf("  %-34s %5.1fs\n", "restore of a snapshot → Running", ws.Restored.Seconds())
 	e.rep.printf("  %-34s %5.1fs\n", "uncordon → drained pod Running", ws.Uncordoned.Seconds())
 	e.rep.printf("  %-34s %5.1fs\n", "scale 0 + PVCs deleted → all gone", ws.Released.Seconds())
 	return ws, nil

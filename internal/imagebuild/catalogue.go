@@ -64,8 +64,8 @@ type Inputs struct {
 	Created time.Time
 	// Plinth and Pause are the paths of the static plinth and pause binaries.
 	Plinth, Pause string
-	// BinDir holds plinth-scheduler, csi-provisioner, csi-attacher and csi-resizer, static
-	// (make testbin).
+	// BinDir holds plinth-scheduler, csi-provisioner, csi-attacher, csi-resizer,
+	// csi-snapshotter and snapshot-controller, static (make testbin).
 	BinDir string
 	// Sidecars maps each sidecar binary name to its version (test/tools/versions.env).
 	Sidecars map[string]string
@@ -82,14 +82,28 @@ type Image struct {
 	Spec func(ctx context.Context, in Inputs) (Spec, error)
 }
 
-// Sidecar describes a CSI sidecar image: binary name, upstream image name and repository.
-type Sidecar struct{ Name, Image, Source string }
+// Sidecar describes a CSI sidecar image: binary name, upstream image name and repository, and
+// the versions file variable of its module when that is not derived from the name
+// (csi-provisioner ← CSI_PROVISIONER_VERSION).
+type Sidecar struct{ Name, Image, Source, VersionVar string }
+
+// versionVar is the versions file variable that holds the sidecar's version.
+func (s Sidecar) versionVar() string {
+	if s.VersionVar != "" {
+		return s.VersionVar
+	}
+	return strings.ToUpper(strings.ReplaceAll(s.Name, "-", "_")) + "_VERSION"
+}
 
 // Sidecars are the CSI sidecars built from their Go modules, under their upstream names.
+// snapshot-controller is not a sidecar but a cluster add-on; it is built from the same
+// external-snapshotter module as csi-snapshotter, at the same version, and packaged the same way.
 var Sidecars = []Sidecar{
-	{"csi-provisioner", "registry.k8s.io/sig-storage/csi-provisioner", "https://github.com/kubernetes-csi/external-provisioner"},
-	{"csi-attacher", "registry.k8s.io/sig-storage/csi-attacher", "https://github.com/kubernetes-csi/external-attacher"},
-	{"csi-resizer", "registry.k8s.io/sig-storage/csi-resizer", "https://github.com/kubernetes-csi/external-resizer"},
+	{"csi-provisioner", "registry.k8s.io/sig-storage/csi-provisioner", "https://github.com/kubernetes-csi/external-provisioner", ""},
+	{"csi-attacher", "registry.k8s.io/sig-storage/csi-attacher", "https://github.com/kubernetes-csi/external-attacher", ""},
+	{"csi-resizer", "registry.k8s.io/sig-storage/csi-resizer", "https://github.com/kubernetes-csi/external-resizer", ""},
+	{"csi-snapshotter", "registry.k8s.io/sig-storage/csi-snapshotter", "https://github.com/kubernetes-csi/external-snapshotter", ""},
+	{"snapshot-controller", "registry.k8s.io/sig-storage/snapshot-controller", "https://github.com/kubernetes-csi/external-snapshotter", "CSI_SNAPSHOTTER_VERSION"},
 }
 
 // Image names (without tag) of the images Plinth itself publishes, and of the two images for

@@ -12,7 +12,7 @@ import (
 
 // ReadVersions reads a shell file of KEY=VALUE lines (test/tools/versions.env) and returns the
 // version of each sidecar in Sidecars, keyed by binary name (csi-provisioner ←
-// CSI_PROVISIONER_VERSION).
+// CSI_PROVISIONER_VERSION, snapshot-controller ← CSI_SNAPSHOTTER_VERSION).
 func ReadVersions(file string) (map[string]string, error) {
 	f, err := os.Open(file)
 	if err != nil {
@@ -35,7 +35,7 @@ func ReadVersions(file string) (map[string]string, error) {
 	}
 	out := map[string]string{}
 	for _, s := range Sidecars {
-		key := strings.ToUpper(strings.ReplaceAll(s.Name, "-", "_")) + "_VERSION"
+		key := s.versionVar()
 		if vars[key] == "" {
 			return nil, fmt.Errorf("%s: no %s", file, key)
 		}
@@ -59,7 +59,11 @@ func BuildAll(ctx context.Context, in Inputs, outDir string, only []string) ([]R
 		delete(unknown, im.Name)
 	}
 	for n := range unknown {
-		return nil, fmt.Errorf("no image named %q (known: plinth, plinth-scheduler, csi-provisioner, csi-attacher, csi-resizer, pause, busybox)", n)
+		var known []string
+		for _, im := range Catalogue() {
+			known = append(known, im.Name)
+		}
+		return nil, fmt.Errorf("no image named %q (known: %s)", n, strings.Join(known, ", "))
 	}
 	var results []Result
 	for _, im := range Catalogue() {

@@ -39,7 +39,7 @@ func benchWalk(b *testing.B) *devenv.Walk {
 	}
 	bench.dir = dir
 	up := time.Now()
-	env, err := devenv.Up(ctx, devenv.Options{Dir: dir, Images: os.Getenv("PLINTH_IMAGES")})
+	env, err := devenv.Up(ctx, devenv.Options{Dir: dir, Images: os.Getenv("PLINTH_IMAGES"), NoPrometheus: true})
 	if err != nil {
 		bench.failed = true
 		b.Fatalf("up: %v", err)

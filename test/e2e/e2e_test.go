@@ -7,7 +7,9 @@
 // repository served on loopback), asserting each step, then the cases beyond
 // the walk: the agent crashing at named points mid-provisioning and
 // restarted by kubelet, a placement removed from Git while its StorageClass
-// is in use, and a StatefulSet on real nodes (devenv.Walk.Workload).
+// is in use, and a StatefulSet on real nodes (devenv.Walk.Workload), with a
+// VolumeSnapshot of one replica's volume restored into a larger PVC through
+// snapshot-controller and csi-snapshotter.
 //
 // Gated: runs when PLINTH_E2E=1 or PLINTH_INTEGRATION=1 (make test-e2e,
 // make test-integration); needs root (containerd, loop devices, mounts), the
@@ -25,6 +27,8 @@ import (
 	"time"
 
 	"github.com/plinth-storage/plinth/internal/devenv"
+	"github.com/plinth-storage/plinth/internal/monitoring"
+	"github.com/plinth-storage/plinth/internal/monitoring/render"
 	"github.com/plinth-storage/plinth/test/controlplane"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
@@ -53,7 +57,7 @@ func run(t *testing.T, flux bool) {
 		bins = append(bins, devenv.BinSourceController, devenv.BinKustomizeController)
 	}
 	gate(t, bins...)
-	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 18*time.Minute)
 	defer cancel()
 	// A short directory: the CSI socket path must fit a unix socket.
 	dir, err := os.MkdirTemp("", "plinth-e2e-")
@@ -102,6 +106,14 @@ func run(t *testing.T, flux bool) {
 			t.Errorf("%s: no measurement (%s)", name, d)
 		}
 	}
+	// Every dashboard panel was evaluated against the real Prometheus (devenv.Walk.Observe).
+	if sum.Panels.Dashboards != 3 || sum.Panels.Queries == 0 || sum.Panels.WithData == 0 {
+		t.Errorf("dashboards evaluated: %s, want 3 dashboards with data", sum.Panels)
+	}
+	t.Logf("Prometheus %s: %s", env.Prom.URL, sum.Panels)
+	if out := os.Getenv(EnvPNGDir); out != "" {
+		renderPNGs(t, env, sum, out)
+	}
 	t.Logf("policy Ready %s after the first %s, %s after the change; PVC Bound %s; drift shown %s, corrected %s; invalid rejected %s; scenario %s",
 		sum.PolicyReady, map[bool]string{true: "commit", false: "apply"}[flux], sum.ChangeReady, sum.PVCBound, sum.DriftShown, sum.DriftCorrected, sum.Rejected, sum.Total)
 	// The cases beyond the walk, on the same running parts.
@@ -116,10 +128,31 @@ func run(t *testing.T, flux bool) {
 		t.Errorf("StatefulSet on real nodes: %v", err)
 	} else {
 		for name, d := range map[string]time.Duration{"all Running": ws.AllRunning, "pod restart": ws.Restarted, "plugins back": ws.PluginsBack,
-			"expanded": ws.Expanded, "uncordoned": ws.Uncordoned, "released": ws.Released} {
+			"expanded": ws.Expanded, "restored": ws.Restored, "uncordoned": ws.Uncordoned, "released": ws.Released} {
 			if d <= 0 {
 				t.Errorf("StatefulSet %s: no measurement (%s)", name, d)
 			}
+		}
+	}
+}
+
+// EnvPNGDir, when set, is the folder where the scenario's dashboards are drawn from the real
+// Prometheus's data (make dashboards-png writes docs/dashboards/).
+const EnvPNGDir = "PLINTH_DASHBOARD_PNG_DIR"
+
+// renderPNGs draws each dashboard's main panels over the window the scenario evaluated them.
+func renderPNGs(t *testing.T, env *devenv.Env, sum *devenv.Summary, out string) {
+	ds, err := monitoring.LoadDashboards(filepath.Join(env.Root, devenv.DashboardsDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		file := filepath.Join(out, strings.TrimSuffix(d.File, ".json")+".png")
+		if err := render.RenderPNG(t.Context(), env.Prom.API, d, sum.Panels.Variables[d.File], sum.ObserveStart, sum.ObserveEnd,
+			devenv.ScrapeInterval, 15*time.Second, file); err != nil {
+			t.Errorf("render %s: %v", file, err)
+		} else {
+			t.Logf("rendered %s", file)
 		}
 	}
 }

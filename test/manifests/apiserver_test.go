@@ -260,9 +260,10 @@ func deny(verb, group, resource, sub, ns string) review {
 }
 
 const (
-	pol = "policy.plinth.dev"
-	sto = "storage.plinth.dev"
-	k8s = "storage.k8s.io"
+	pol  = "policy.plinth.dev"
+	sto  = "storage.plinth.dev"
+	k8s  = "storage.k8s.io"
+	snap = "snapshot.storage.k8s.io"
 )
 
 // The RBAC of kustomize/rbac (and the Argo CD Role of kustomize/argocd), applied for real, gives
@@ -322,6 +323,11 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("patch", sto, "volumestates", "status", ""), deny("patch", sto, "stores", "", ""), deny("update", pol, "placements", "", ""),
 			deny("patch", "", "nodes", "", ""), deny("create", k8s, "csistoragecapacities", "", "default"), deny("get", "", "secrets", "", namespace),
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", "default"),
+			// csi-snapshotter carries out VolumeSnapshotContents; VolumeSnapshots are snapshot-controller's.
+			allow("update", snap, "volumesnapshotcontents", "", ""), allow("patch", snap, "volumesnapshotcontents", "status", ""),
+			allow("list", snap, "volumesnapshotclasses", "", ""), allow("get", snap, "volumesnapshots", "", "default"),
+			deny("create", snap, "volumesnapshotcontents", "", ""), deny("delete", snap, "volumesnapshotcontents", "", ""),
+			deny("update", snap, "volumesnapshots", "", "default"), deny("patch", snap, "volumesnapshots", "status", "default"),
 		},
 		"plinth-csi-node": {
 			allow("patch", "", "nodes", "", ""),

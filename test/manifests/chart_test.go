@@ -90,11 +90,28 @@ func TestHelmChartIsGenerated(t *testing.T) {
 	}
 }
 
-// The chart's default images are the kustomize images component's.
+// The chart's default images are the kustomize images component's, for every image the
+// chart's sources (kustomize/default and kustomize/monitoring) use; kustomize/snapshot-controller
+// is not part of the chart, so its image is not a value.
 func TestHelmChartImageDefaults(t *testing.T) {
-	images, err := ImageNames(kustomizeRoot)
+	all, err := ImageNames(kustomizeRoot)
 	if err != nil {
 		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, base := range []string{"default", "monitoring"} {
+		for _, o := range allBuilds(t)[base] {
+			for _, c := range containers(o) {
+				img, _ := c["image"].(string)
+				used[img] = true
+			}
+		}
+	}
+	images := map[string]string{}
+	for name, ref := range all {
+		if used[ref] {
+			images[name] = ref
+		}
 	}
 	data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
 	if err != nil {

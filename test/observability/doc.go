@@ -8,8 +8,7 @@
 // waits for the drift, capacity, failed-volume and fencing alerts to fire after the scenario
 // made them true by hand.
 //
-// The harness (Plinth, Prometheus, Target, Panels) is exported so that another cluster — real
-// nodes with real kubelets — can be pointed at: a kubelet is one more Target (job kubelet,
-// scheme https), whose kubelet_volume_stats_* feed the PVC panels this host-only harness
-// leaves empty.
+// The Prometheus side (scrape configuration, rules, panel evaluation and the expectation table,
+// the PNG renderer) is internal/monitoring, shared with the real-node scenario of
+// internal/devenv, which adds kubelets (kubelet_volume_stats_*) and plinth-scheduler.
 package observability

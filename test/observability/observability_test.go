@@ -8,14 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
-	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/plinth-storage/plinth/internal/monitoring"
+	"github.com/plinth-storage/plinth/internal/monitoring/render"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
 	"github.com/plinth-storage/plinth/test/prereq"
@@ -53,65 +53,6 @@ const (
 	scrapeEvery  = 2 * time.Second
 )
 
-// expect says whether a panel has data once the scenario ran, and why not when it has none.
-type expect struct {
-	data bool
-	why  string
-}
-
-func has() expect { return expect{data: true} }
-
-func empty(why string) expect { return expect{why: why} }
-
-// Every panel of every dashboard, by file and title: data means every target of the panel
-// returns at least one series. The panels that are legitimately empty here say why.
-var expectations = map[string]map[string]expect{
-	"capacity.json": {
-		"Available by pool":                             has(),
-		"Provisioned by pool":                           has(),
-		"Allocatable by pool":                           has(),
-		"Capacity of each Store":                        has(),
-		"Provisioned share of the provisionable room":   has(),
-		"Thin pool data used":                           empty("LVM thin pools only; this host runs the file backend (the thin series are proven in the kernel guest's agent suite)"),
-		"Thin pool metadata used":                       empty("LVM thin pools only, as above"),
-		"Days until full, per Store (linear, last 6 h)": has(),
-		"Days until full, per pool":                     has(),
-		"Days until full, per failure domain":           has(),
-		"Available by failure domain":                   has(),
-		"Available in 7 days (predict_linear)":          has(),
-		"Volumes by phase":                              has(),
-		"Abnormal volumes":                              has(),
-		"Failed volumes by Store":                       has(),
-		"Provisioned to Block and Filesystem volumes":   has(),
-		"Thin pool data allocated":                      empty("LVM thin pools only, as above"),
-		"PVC used / capacity (kubelet)":                 empty("kubelet_volume_stats_* come from kubelets; no kubelet runs in this harness (add a Target with Job kubelet on a real-node cluster)"),
-	},
-	"fleet-drift.json": {
-		"Fleet overview by cluster":    has(),
-		"Drifted objects by kind":      has(),
-		"Drifted now (api)":            has(),
-		"Drifted now (kernel)":         has(),
-		"Policies not Ready":           has(),
-		"Stalled policies":             has(),
-		"Policy objects not Ready":     has(),
-		"Fencing rejections by reason": has(),
-		"Reconcile errors by kind":     has(),
-		"Reconcile duration p50 / p99": has(),
-		"Agent heartbeat age":          has(),
-	},
-	"provisioning.json": {
-		"CreateVolume latency p50 / p90 / p99":              has(),
-		"PVC → Bound (CreateVolume, successful), p50 / p99": has(),
-		"CSI calls by method and code":                      has(),
-		"CSI errors by method and code":                     has(),
-		"Publish / stage latency p99":                       has(),
-		"Agent operation latency p99":                       has(),
-		"Backend commands per second":                       empty("the file backend runs no external commands (loop devices through ioctls); lvm and zfs count theirs in the kernel guest"),
-		"NVMe-oF hosts per target":                          empty("NVMe-oF needs nvmet and nvme-tcp, which run in the kernel guest; this host serves local volumes only"),
-		"NVMe-oF exported volumes per target":               empty("NVMe-oF only, as above"),
-	},
-}
-
 // firingAlerts must fire once the scenario made them true by hand.
 var firingAlerts = []string{"PlinthPoolNearlyFull", "PlinthDriftPersisting", "PlinthVolumesFailed", "PlinthFencingRejections", "PlinthPolicyNotReady"}
 
@@ -119,8 +60,8 @@ func TestDashboardsAndAlertsOnRealData(t *testing.T) {
 	prereq.Env(t, prereq.EnvIntegration, "make test-integration sets it: this test runs a control plane, Plinth and Prometheus")
 	prereq.LoopControl(t)
 	prereq.Commands(t, "losetup", "mkfs.ext4")
-	if _, err := os.Stat(PrometheusBinary); err != nil {
-		prereq.Missing(t, "%s (apt-get install prometheus): %v", PrometheusBinary, err)
+	if _, err := os.Stat(monitoring.PrometheusBinary); err != nil {
+		prereq.Missing(t, "%s (apt-get install prometheus): %v", monitoring.PrometheusBinary, err)
 	}
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager, controlplane.BinCSIProvisioner)
 	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Minute)
@@ -161,17 +102,19 @@ func TestDashboardsAndAlertsOnRealData(t *testing.T) {
 	if err := os.WriteFile(rulesFile, liveRules(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := ScrapeConfig(serviceMonitor, p.Targets, scrapeEvery, map[string]string{"cluster": Cluster}, rulesFile)
+	cfg, err := monitoring.ScrapeConfig(serviceMonitor, p.Targets, scrapeEvery, map[string]string{"cluster": Cluster}, rulesFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	prom, err := StartPrometheus(ctx, p.CP, PrometheusBinary, promDir, cfg)
+	prom, err := monitoring.StartPrometheus(ctx, p.CP.StartProcess, monitoring.PrometheusBinary, promDir, cfg)
 	if err != nil {
 		t.Fatalf("start Prometheus: %v", err)
 	}
 	start := time.Now()
 	t.Logf("Prometheus %s scrapes %d targets every %s", prom.URL, len(p.Targets), scrapeEvery)
-	step(t, ctx, "every target up", func() error { return targetsUp(ctx, prom.API, len(p.Targets)) })
+	step(t, ctx, "every target up", func() error {
+		return monitoring.TargetsUp(ctx, prom.API, map[string]int{monitoring.JobPlinth: len(p.Targets)})
+	})
 
 	// Policy: a file pool on the storage node, local protocol, a placement.
 	applyYAML(t, ctx, p, fmt.Sprintf(`
@@ -222,7 +165,7 @@ spec:
 	// A PVC that does not fit: CreateVolume answers RESOURCE_EXHAUSTED (the errors panel).
 	createPVC(t, ctx, p, "too-big", 128*mi, corev1.PersistentVolumeFilesystem)
 	step(t, ctx, "CreateVolume RESOURCE_EXHAUSTED scraped", func() error {
-		return nonEmpty(ctx, prom.API, `plinth_csi_operation_duration_seconds_count{method="CreateVolume", code="ResourceExhausted"}`)
+		return monitoring.NonEmpty(ctx, prom.API, `plinth_csi_operation_duration_seconds_count{method="CreateVolume", code="ResourceExhausted"}`)
 	})
 
 	// A failed volume: a VolumeState (as the CSI controller writes them) bigger than the pool.
@@ -258,7 +201,7 @@ spec:
 		t.Fatal(err)
 	}
 	step(t, ctx, "kernel drift scraped", func() error {
-		return nonEmpty(ctx, prom.API, `plinth_drift_objects{source="kernel"} > 0`)
+		return monitoring.NonEmpty(ctx, prom.API, `plinth_drift_objects{source="kernel"} > 0`)
 	})
 
 	// Fencing: the Block volume's durable mark corrupted by hand, then a spec change the agent
@@ -276,7 +219,7 @@ spec:
 		t.Fatal(err)
 	}
 	step(t, ctx, "fencing rejection scraped", func() error {
-		return nonEmpty(ctx, prom.API, `plinth_agent_fencing_rejections_total > 0`)
+		return monitoring.NonEmpty(ctx, prom.API, `plinth_agent_fencing_rejections_total > 0`)
 	})
 
 	// A policy object that cannot be applied: a Placement of a pool that does not exist.
@@ -290,31 +233,16 @@ spec:
   storageClass: {name: plinth-broken}
 `)
 	step(t, ctx, "Placement broken not Ready, scraped", func() error {
-		return nonEmpty(ctx, prom.API, `plinth_policy_condition{kind="Placement", name="broken", type="Ready", status!="True"} == 1`)
+		return monitoring.NonEmpty(ctx, prom.API, `plinth_policy_condition{kind="Placement", name="broken", type="Ready", status!="True"} == 1`)
 	})
 
 	// The alerts the scenario made true, firing on the shipped rules.
 	step(t, ctx, "alerts "+strings.Join(firingAlerts, ", ")+" firing", func() error {
-		res, err := prom.API.Alerts(ctx)
+		n, err := monitoring.Firing(ctx, prom.API, firingAlerts...)
 		if err != nil {
 			return err
 		}
-		firing := map[string]bool{}
-		for _, a := range res.Alerts {
-			if a.State == promv1.AlertStateFiring {
-				firing[string(a.Labels["alertname"])] = true
-			}
-		}
-		var missing []string
-		for _, a := range firingAlerts {
-			if !firing[a] {
-				missing = append(missing, a)
-			}
-		}
-		if len(missing) > 0 {
-			return fmt.Errorf("not firing: %v (firing: %v)", missing, keys(firing))
-		}
-		t.Logf("firing: %v", keys(firing))
+		t.Logf("firing: %v", n)
 		return nil
 	})
 
@@ -322,100 +250,38 @@ spec:
 	// target three more times after the scenario's last step (rate() needs two samples).
 	last := time.Now()
 	step(t, ctx, "three more scrapes of every target", func() error {
-		return nonEmpty(ctx, prom.API, fmt.Sprintf(`count(timestamp(up) > %d) == %d and count(count_over_time(up[1h]) >= 3)`, last.Add(3*scrapeEvery).Unix(), len(p.Targets)))
+		return monitoring.NonEmpty(ctx, prom.API, fmt.Sprintf(`count(timestamp(up) > %d) == %d and count(count_over_time(up[1h]) >= 3)`, last.Add(3*scrapeEvery).Unix(), len(p.Targets)))
 	})
 	end := time.Now()
 	checkPanels(t, ctx, prom.API, start, end)
 }
 
-// checkPanels runs every target of every dashboard and compares with expectations.
+// checkPanels runs every target of every dashboard and compares with the expectation table
+// (monitoring.Expectations, column Host); with EnvPNGDir set it draws each dashboard's main panels.
 func checkPanels(t *testing.T, ctx context.Context, api promv1.API, start, end time.Time) {
-	ds, err := LoadDashboards(dashboardsDir)
+	rep, ds, err := monitoring.CheckPanels(ctx, api, dashboardsDir, monitoring.Host, start, end, time.Minute, 5*time.Second)
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err)
 	}
-	var withData, emptyOK, queries int
-	for _, d := range ds {
-		exp, ok := expectations[d.File]
-		if !ok {
-			t.Errorf("%s: no expectation table", d.File)
-			continue
-		}
-		for _, title := range d.Panels {
-			if _, ok := exp[title]; !ok {
-				t.Errorf("%s: panel %q has no expectation", d.File, title)
-			}
-		}
-		for title := range exp {
-			if !containsString(d.Panels, title) {
-				t.Errorf("%s: expectation for panel %q, which the dashboard does not have", d.File, title)
-			}
-		}
-		vals, err := d.Resolve(ctx, api, start, end)
-		if err != nil {
-			t.Errorf("%v", err)
-			continue
-		}
-		t.Logf("%s: variables %v", d.File, vals)
-		if out := os.Getenv(EnvPNGDir); out != "" {
+	for f, v := range rep.Variables {
+		t.Logf("%s: variables %v", f, v)
+	}
+	if out := os.Getenv(EnvPNGDir); out != "" {
+		for _, d := range ds {
 			file := filepath.Join(out, strings.TrimSuffix(d.File, ".json")+".png")
-			if err := RenderPNG(ctx, api, d, vals, start, end, scrapeEvery, 10*time.Second, file); err != nil {
+			if err := render.RenderPNG(ctx, api, d, rep.Variables[d.File], start, end, scrapeEvery, 10*time.Second, file); err != nil {
 				t.Errorf("render %s: %v", file, err)
 			} else {
 				t.Logf("rendered %s", file)
 			}
 		}
-		seen := map[string]bool{}
-		for _, q := range d.Queries {
-			queries++
-			e := exp[q.Panel]
-			expr, err := Substitute(q.Expr, vals, time.Minute)
-			if err != nil {
-				t.Errorf("%s / %s / %s: %v", d.File, q.Panel, q.RefID, err)
-				continue
-			}
-			n, err := Run(ctx, api, q, expr, start, end, 5*time.Second)
-			switch {
-			case err != nil:
-				t.Errorf("%s / %s / %s: query error: %v\n%s", d.File, q.Panel, q.RefID, err, expr)
-			case n == 0 && e.data:
-				t.Errorf("%s / %s / %s: no data, the scenario guarantees some\n%s", d.File, q.Panel, q.RefID, expr)
-			case n > 0 && !e.data:
-				t.Errorf("%s / %s / %s: %d series where the table says empty (%s): update the table\n%s", d.File, q.Panel, q.RefID, n, e.why, expr)
-			}
-			if !seen[q.Panel] {
-				seen[q.Panel] = true
-				if e.data {
-					withData++
-				} else {
-					emptyOK++
-				}
-			}
-		}
 	}
-	t.Logf("%d dashboards, %d queries: %d panels with data, %d legitimately empty", len(ds), queries, withData, emptyOK)
+	t.Log(rep)
 }
 
-// liveRules is the shipped PrometheusRule's spec with every "for" removed: the scenario runs
-// minutes, not the 15 to 30 minutes the rules wait; the expressions are the shipped ones, and
-// the "for" durations are covered by test/manifests' promtool unit tests.
+// liveRules is the shipped PrometheusRule's spec with every "for" removed (monitoring.LiveRules).
 func liveRules(t *testing.T) []byte {
-	raw, err := os.ReadFile(prometheusRule)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pr unstructured.Unstructured
-	if err := yaml.Unmarshal(raw, &pr.Object); err != nil {
-		t.Fatal(err)
-	}
-	groups, _, _ := unstructured.NestedSlice(pr.Object, "spec", "groups")
-	for _, g := range groups {
-		rules, _ := g.(map[string]any)["rules"].([]any)
-		for _, r := range rules {
-			delete(r.(map[string]any), "for")
-		}
-	}
-	out, err := yaml.Marshal(map[string]any{"groups": groups})
+	out, err := monitoring.LiveRules(prometheusRule)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,41 +303,10 @@ func buildPlinth(t *testing.T) string {
 func step(t *testing.T, ctx context.Context, what string, f func() error) {
 	t.Helper()
 	began := time.Now()
-	if err := Poll(ctx, 3*time.Minute, f); err != nil {
+	if err := monitoring.Poll(ctx, 3*time.Minute, f); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 	t.Logf("%s (%.1fs)", what, time.Since(began).Seconds())
-}
-
-func targetsUp(ctx context.Context, api promv1.API, want int) error {
-	res, err := api.Targets(ctx)
-	if err != nil {
-		return err
-	}
-	up := 0
-	var down []string
-	for _, tg := range res.Active {
-		if tg.Health == promv1.HealthGood {
-			up++
-		} else {
-			down = append(down, fmt.Sprintf("%s %s: %s", tg.ScrapeURL, tg.Health, tg.LastError))
-		}
-	}
-	if up != want {
-		return fmt.Errorf("%d of %d targets up; %v", up, want, down)
-	}
-	return nil
-}
-
-func nonEmpty(ctx context.Context, api promv1.API, expr string) error {
-	v, _, _, err := api.Query(ctx, expr, time.Now())
-	if err != nil {
-		return err
-	}
-	if vec, ok := v.(model.Vector); !ok || len(vec) == 0 {
-		return fmt.Errorf("%s: no result yet", expr)
-	}
-	return nil
 }
 
 func applyYAML(t *testing.T, ctx context.Context, p *Plinth, docs string) {
@@ -570,24 +405,6 @@ func stage(t *testing.T, ctx context.Context, p *Plinth, pv *corev1.PersistentVo
 func volumeID(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "vol-" + hex.EncodeToString(sum[:])[:40]
-}
-
-func keys(m map[string]bool) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func containsString(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 type testLog struct{ t *testing.T }

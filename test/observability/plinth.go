@@ -25,6 +25,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/internal/monitoring"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
@@ -76,7 +77,7 @@ type Plinth struct {
 	// ControllerSocket, NodeSocket are the CSI controller's and node plugin's sockets.
 	ControllerSocket, NodeSocket string
 	// Targets are the metrics endpoints, for ScrapeConfig.
-	Targets []Target
+	Targets []monitoring.Target
 
 	log io.Writer
 }
@@ -157,7 +158,7 @@ func Start(ctx context.Context, opts Options) (_ *Plinth, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	p.Targets = append(p.Targets, Target{Job: JobPlinth, Address: fmt.Sprintf("127.0.0.1:%d", mport), Component: "controller"})
+	p.Targets = append(p.Targets, monitoring.Target{Job: monitoring.JobPlinth, Address: fmt.Sprintf("127.0.0.1:%d", mport), Component: "controller"})
 	// The agent of the storage node.
 	if mport, hport, err = ports(); err != nil {
 		return nil, err
@@ -171,7 +172,7 @@ func Start(ctx context.Context, opts Options) (_ *Plinth, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	p.Targets = append(p.Targets, Target{Job: JobPlinth, Address: fmt.Sprintf("127.0.0.1:%d", mport), Component: "agent", Node: StorageNode})
+	p.Targets = append(p.Targets, monitoring.Target{Job: monitoring.JobPlinth, Address: fmt.Sprintf("127.0.0.1:%d", mport), Component: "agent", Node: StorageNode})
 	// The CSI controller and node plugin, apart as deployed (Deployment and DaemonSet).
 	p.ControllerSocket = filepath.Join(p.Dir, "csi", "controller.sock")
 	p.NodeSocket = filepath.Join(p.Dir, "csi", "node.sock")
@@ -198,7 +199,7 @@ func Start(ctx context.Context, opts Options) (_ *Plinth, err error) {
 		}); err != nil {
 			return nil, err
 		}
-		p.Targets = append(p.Targets, Target{Job: JobPlinth, Address: fmt.Sprintf("127.0.0.1:%d", mport), Component: c.component, Node: c.node})
+		p.Targets = append(p.Targets, monitoring.Target{Job: monitoring.JobPlinth, Address: fmt.Sprintf("127.0.0.1:%d", mport), Component: c.component, Node: c.node})
 	}
 	// csi-provisioner outside a pod (DESIGN.md "Tests without a kubelet").
 	if _, err := p.CP.StartProcess(ctx, controlplane.ProcessSpec{
@@ -265,7 +266,7 @@ func (p *Plinth) installCRDs(ctx context.Context, root string) error {
 		}
 	}
 	for _, c := range crds {
-		if err := Poll(ctx, time.Minute, func() error {
+		if err := monitoring.Poll(ctx, time.Minute, func() error {
 			got := &unstructured.Unstructured{}
 			got.SetGroupVersionKind(c.GroupVersionKind())
 			if err := p.Client.Get(ctx, client.ObjectKey{Name: c.GetName()}, got); err != nil {
@@ -314,26 +315,6 @@ func (p *Plinth) registerNodes(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// Poll calls f every 200 ms until it returns nil, ctx ends or timeout passes (then the last
-// error is returned).
-func Poll(ctx context.Context, timeout time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not after %s: %w", timeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // cleanupMounts unmounts every mount under dir and detaches the loop devices whose backing

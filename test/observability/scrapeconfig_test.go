@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/plinth-storage/plinth/internal/monitoring"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
@@ -23,8 +24,8 @@ func TestScrapeConfigFromServiceMonitor(t *testing.T) {
 	if err := os.WriteFile(rules, liveRules(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := ScrapeConfig(serviceMonitor, []Target{
-		{Job: JobPlinth, Address: "127.0.0.1:9471", Component: "agent", Node: StorageNode},
+	cfg, err := monitoring.ScrapeConfig(serviceMonitor, []monitoring.Target{
+		{Job: monitoring.JobPlinth, Address: "127.0.0.1:9471", Component: "agent", Node: StorageNode},
 		{Job: "kubelet", Address: "127.0.0.1:10250", Node: StorageNode, Scheme: "https", InsecureSkipVerify: true},
 	}, 2*time.Second, map[string]string{"cluster": Cluster}, rules)
 	if err != nil {
@@ -53,7 +54,7 @@ func TestScrapeConfigFromServiceMonitor(t *testing.T) {
 		t.Fatalf("%d scrape configs, want plinth and kubelet:\n%s", len(got.ScrapeConfigs), cfg)
 	}
 	p, k := got.ScrapeConfigs[0], got.ScrapeConfigs[1]
-	if p.JobName != JobPlinth || p.MetricsPath != "/metrics" || len(p.RelabelConfigs) != 2 {
+	if p.JobName != monitoring.JobPlinth || p.MetricsPath != "/metrics" || len(p.RelabelConfigs) != 2 {
 		t.Errorf("plinth job %+v", p)
 	}
 	targets := map[string]bool{}

@@ -26,6 +26,6 @@ for r in json.load(sys.stdin).get("Replace") or []:
     print("-replace=%s=%s@%s" % (old, n["Path"], n["Version"]))
 ')
 ((${#REPL[@]})) && go mod edit "${REPL[@]}"
-go get -tool "$PEER_PKG@$PEER_VER"
+for pkg in "${PEER_PKGS[@]}"; do go get -tool "$pkg@$PEER_VER"; done
 go mod tidy
 echo "test/tools/$PEER_NAME: $PEER_MOD $PEER_VER, ${#REPL[@]} replace lines copied"

@@ -34,8 +34,13 @@ type Capacity struct {
 	Allocatable int64 `json:"allocatable"`
 	// Provisioned is the sum of the sizes of the volumes in bytes (virtual sizes for thin).
 	Provisioned int64 `json:"provisioned"`
-	// Available is what a new volume may take, in bytes.
+	// Available is what a new volume may take, in bytes (snapshots subtracted for thin backends).
 	Available int64 `json:"available"`
+	// Snapshots is the space Plinth's snapshots of this Store hold, in bytes: snapshot files
+	// (file), blocks mapped by thin snapshot LVs (LVM thin; shared with their origin until it
+	// is overwritten), the zvols' usedbysnapshots (ZFS). Not part of provisioned.
+	// +optional
+	Snapshots int64 `json:"snapshots,omitempty"`
 }
 
 // ThinUsage is how full a thin pool is, as lvs(8) data_percent and metadata_percent report it.

@@ -52,7 +52,10 @@ replace k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.37.0
 
 replace k8s.io/sample-controller => k8s.io/sample-controller v0.37.0
 
-tool github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter
+tool (
+	github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter
+	github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller
+)
 
 require (
 	cel.dev/expr v0.25.3 // indirect
@@ -150,6 +153,7 @@ require (
 	k8s.io/apiserver v0.37.0 // indirect
 	k8s.io/client-go v0.37.0 // indirect
 	k8s.io/component-base v0.37.0 // indirect
+	k8s.io/component-helpers v0.37.0 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260821135717-be32def86098 // indirect
 	k8s.io/streaming v0.37.0 // indirect

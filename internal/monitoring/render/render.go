@@ -1,4 +1,8 @@
-package observability
+// Package render draws a dashboard's main panels from Prometheus range queries into a PNG with
+// gonum/plot: a small stand-in for Grafana's own rendering (not available here), for the
+// pictures in docs/dashboards. Apart from internal/monitoring so that the plinth binary does not
+// link a plotting library.
+package render
 
 import (
 	"context"
@@ -18,6 +22,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/plinth-storage/plinth/internal/monitoring"
 )
 
 // MainPanels are the panels of each dashboard that RenderPNG draws (time series only), in a
@@ -34,7 +40,7 @@ var legendLabel = regexp.MustCompile(`\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}`)
 // as vals, $__rate_interval as rateInterval) into file: a small stand-in for Grafana's own
 // rendering, for the documentation. Legends follow the targets' legend formats; bytes are
 // shown in MiB.
-func RenderPNG(ctx context.Context, api promv1.API, d Dashboard, vals map[string]string, start, end time.Time, step, rateInterval time.Duration, file string) error {
+func RenderPNG(ctx context.Context, api promv1.API, d monitoring.Dashboard, vals map[string]string, start, end time.Time, step, rateInterval time.Duration, file string) error {
 	titles := MainPanels[d.File]
 	if len(titles) == 0 {
 		return fmt.Errorf("%s: no main panels named", d.File)
@@ -56,7 +62,7 @@ func RenderPNG(ctx context.Context, api promv1.API, d Dashboard, vals map[string
 			if q.Instant {
 				return fmt.Errorf("%s: panel %q is not a time series", d.File, title)
 			}
-			expr, err := Substitute(q.Expr, vals, rateInterval)
+			expr, err := monitoring.Substitute(q.Expr, vals, rateInterval)
 			if err != nil {
 				return err
 			}

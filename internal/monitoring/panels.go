@@ -1,9 +1,10 @@
-package observability
+package monitoring
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -186,7 +187,9 @@ func (d Dashboard) Resolve(ctx context.Context, api promv1.API, start, end time.
 }
 
 // Run runs q (already substituted as expr) as Grafana would: an instant query at end, or a range
-// query from start to end every step. It returns the number of series in the result.
+// query from start to end every step. It returns the number of series in the result that
+// Grafana would draw: a series whose every value is NaN (histogram_quantile of no increase
+// in the window) shows as "No data" and is not counted.
 func Run(ctx context.Context, api promv1.API, q PanelQuery, expr string, start, end time.Time, step time.Duration) (int, error) {
 	var v model.Value
 	var err error
@@ -200,11 +203,25 @@ func Run(ctx context.Context, api promv1.API, q PanelQuery, expr string, start, 
 	if err != nil {
 		return 0, err
 	}
+	n := 0
 	switch r := v.(type) {
 	case model.Vector:
-		return len(r), nil
+		for _, s := range r {
+			if !math.IsNaN(float64(s.Value)) {
+				n++
+			}
+		}
+		return n, nil
 	case model.Matrix:
-		return len(r), nil
+		for _, s := range r {
+			for _, p := range s.Values {
+				if !math.IsNaN(float64(p.Value)) {
+					n++
+					break
+				}
+			}
+		}
+		return n, nil
 	case *model.Scalar, *model.String:
 		return 1, nil
 	}

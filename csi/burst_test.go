@@ -1,0 +1,496 @@
+package csi_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csispec "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// The PVC burst harness: N PVCs created at once against one CSI driver served on a unix
+// socket, with the real csi-provisioner in front of it (identical flags for every driver) on
+// the real API server and kube-controller-manager of the shared control plane. Between the
+// provisioner and the driver sits a transparent gRPC relay that times every call: CreateVolume
+// "as the sidecar sees it" is that relay's sample. The drivers measured in one run:
+//   - plinth: `plinth csi --mode controller` with the real agent and the file backend on this
+//     host's loop devices (fileBackendNode);
+//   - floor: noopController, a CSI controller that does no storage work at all (answers
+//     CreateVolume and DeleteVolume at once) — the floor of what the sidecars, the API server
+//     and kube-controller-manager cost;
+//   - any other driver named by PLINTH_BENCH_CSI_CMD (a command line; "{socket}" is replaced by
+//     the socket path), PLINTH_BENCH_CSI_DRIVER (its driver name) and PLINTH_BENCH_CSI_PARAMS
+//     (StorageClass parameters, k=v,k=v).
+
+// burstDriver is one CSI driver under test.
+type burstDriver struct {
+	row    string // name in the results
+	driver string // CSI driver name (the provisioner's)
+	params map[string]string
+	// idle names the control-plane process whose CPU is measured while it holds the burst's
+	// volumes (the agent); empty: none.
+	idle string
+	// start serves the driver and returns its socket.
+	start func(b *testing.B) string
+}
+
+// BenchmarkPVCBurst: PLINTH_BENCH_PVCS (default 300) PVCs created at once per driver.
+// Reports per driver: CreateVolume p50/p99 as the provisioner sees it (createvolume-*),
+// PVC → Bound p50/p99 (bound-*), bound-vol/s (N over first create → last Bound), DeleteVolume
+// p50/p99 and delete-vol/s (N over first PVC delete → last PV gone), and the API server's CPU
+// per volume (apiserver-cpu-ms/vol, /proc of its process, create and delete together). Raw
+// samples go to $PLINTH_BENCH_OUT/burst-<driver>-<metric>.txt when set. One run per driver
+// (b.N is ignored: run it with -benchtime 1x).
+func BenchmarkPVCBurst(b *testing.B) {
+	n := 300
+	if v := os.Getenv("PLINTH_BENCH_PVCS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n <= 0 {
+			b.Fatalf("PLINTH_BENCH_PVCS=%q: want a positive integer", v)
+		}
+	}
+	controlplane.RequireBinaries(b, controlplane.BinCSIProvisioner)
+	cp := sharedControlPlane(b)
+	drivers := []burstDriver{
+		{row: "floor", driver: "floor.noop.csi.plinth.dev", start: startNoopController},
+		{row: "plinth", driver: policyv1.DriverName, idle: "plinth-agent-burst"},
+	}
+	drivers[1].start = func(b *testing.B) string {
+		plinth := buildPlinth(b, "")
+		drivers[1].params = fileBackendNode(b, cp, plinth, "burst")
+		burstNodeTopology(b, cp, "burst-node")
+		return startCSIProcess(b, cp, plinth, "controller", "")
+	}
+	if cmd := os.Getenv("PLINTH_BENCH_CSI_CMD"); cmd != "" {
+		d := burstDriver{row: "peer", driver: os.Getenv("PLINTH_BENCH_CSI_DRIVER"), params: map[string]string{}}
+		for _, kv := range strings.Split(os.Getenv("PLINTH_BENCH_CSI_PARAMS"), ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				d.params[k] = v
+			}
+		}
+		d.start = func(b *testing.B) string { return startDriverCommand(b, cmd) }
+		drivers = append(drivers, d)
+	}
+	for i := range drivers {
+		d := &drivers[i] // start may fill in params
+		b.Run(d.row, func(b *testing.B) {
+			b.ReportAllocs()
+			runBurst(b, cp, d, n)
+		})
+	}
+}
+
+func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int) {
+	ctx := context.Background()
+	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock := d.start(b)
+	relay := startRelay(b, sock)
+	ns, class := "burst-"+d.row, "burst-"+d.row
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	bind, reclaim := storagev1.VolumeBindingImmediate, corev1.PersistentVolumeReclaimDelete
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: class}, Provisioner: d.driver,
+		Parameters: d.params, VolumeBindingMode: &bind, ReclaimPolicy: &reclaim}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	// the same csi-provisioner flags for every driver (those of startSidecars)
+	p, err := cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "csi-provisioner-burst-" + d.row, Binary: controlplane.BinCSIProvisioner,
+		Args: []string{"--csi-address=" + relay.sock, "--kubeconfig=" + cp.Admin.Kubeconfig, "--leader-election=false", "--timeout=60s", "--v=2",
+			"--kube-api-qps=50", "--kube-api-burst=100", "--feature-gates=Topology=true", "--extra-create-metadata"},
+		Env: []string{"NAMESPACE=" + ns}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Stop() //nolint:errcheck
+
+	// watches that resume where they were when the API server ends them (a loaded server does)
+	pvcList, err := cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pvcW, err := watchtools.NewRetryWatcherWithContext(ctx, pvcList.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, o)
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pvcW.Stop()
+	pvList, err := cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pvW, err := watchtools.NewRetryWatcherWithContext(ctx, pvList.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().PersistentVolumes().Watch(ctx, o)
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pvW.Stop()
+	var mu sync.Mutex
+	boundAt, pvGone := map[string]time.Time{}, map[string]time.Time{}
+	pvOf := map[string]string{} // PV name → PVC name
+	allBound, allGone := make(chan struct{}), make(chan struct{})
+	go func() {
+		for ev := range pvcW.ResultChan() {
+			pvc, ok := ev.Object.(*corev1.PersistentVolumeClaim)
+			if !ok || pvc.Status.Phase != corev1.ClaimBound {
+				continue
+			}
+			mu.Lock()
+			if _, seen := boundAt[pvc.Name]; !seen {
+				boundAt[pvc.Name] = time.Now()
+				pvOf[pvc.Spec.VolumeName] = pvc.Name
+				if len(boundAt) == n {
+					close(allBound)
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	go func() {
+		for ev := range pvW.ResultChan() {
+			pv, ok := ev.Object.(*corev1.PersistentVolume)
+			if !ok || ev.Type != watch.Deleted {
+				continue
+			}
+			mu.Lock()
+			if claim, ours := pvOf[pv.Name]; ours {
+				if _, seen := pvGone[claim]; !seen {
+					pvGone[claim] = time.Now()
+					if len(pvGone) == n {
+						close(allGone)
+					}
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+
+	api := apiServerPID(b, cp)
+	cpu0 := procCPU(b, api)
+	names := make([]string, n)
+	started := make([]time.Time, n)
+	par := func(f func(i int)) {
+		var wg sync.WaitGroup
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := g; i < n; i += 8 {
+					f(i)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	size := resource.MustParse("64Mi")
+	b.ResetTimer()
+	first := time.Now()
+	par(func(i int) {
+		names[i] = fmt.Sprintf("pvc-%04d", i)
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: names[i], Namespace: ns}, Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: &class,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}}}}
+		started[i] = time.Now()
+		if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+			b.Error(err)
+		}
+	})
+	burstWait(b, allBound, 30*time.Minute, "all PVCs Bound")
+	mu.Lock()
+	lat := make([]time.Duration, n)
+	last := first
+	for i, name := range names {
+		lat[i] = boundAt[name].Sub(started[i])
+		if boundAt[name].After(last) {
+			last = boundAt[name]
+		}
+	}
+	mu.Unlock()
+	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "bound-vol/s")
+	burstReport(b, d.row, "bound", lat)
+	burstReport(b, d.row, "createvolume", relay.samples("/csi.v1.Controller/CreateVolume"))
+	if d.idle != "" {
+		// the driver's node side holding n volumes, nothing changing
+		window := 30 * time.Second
+		if v, err := strconv.Atoi(os.Getenv("PLINTH_BENCH_IDLE_SECONDS")); err == nil && v > 0 {
+			window = time.Duration(v) * time.Second
+		}
+		pid := processPID(b, cp, d.idle)
+		c0, t0 := procCPU(b, pid), time.Now()
+		idle := time.NewTimer(window)
+		<-idle.C
+		b.ReportMetric(100*(procCPU(b, pid)-c0).Seconds()/time.Since(t0).Seconds(), "agent-idle-cpu-%")
+	}
+
+	first = time.Now()
+	par(func(i int) {
+		if err := cs.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, names[i], metav1.DeleteOptions{}); err != nil {
+			b.Error(err)
+		}
+	})
+	burstWait(b, allGone, 30*time.Minute, "all PVs deleted")
+	mu.Lock()
+	last = first
+	for _, t := range pvGone {
+		if t.After(last) {
+			last = t
+		}
+	}
+	mu.Unlock()
+	b.StopTimer()
+	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "delete-vol/s")
+	burstReport(b, d.row, "deletevolume", relay.samples("/csi.v1.Controller/DeleteVolume"))
+	b.ReportMetric(float64((procCPU(b, api)-cpu0).Milliseconds())/float64(n), "apiserver-cpu-ms/vol")
+}
+
+func burstWait(b *testing.B, ch <-chan struct{}, timeout time.Duration, what string) {
+	b.Helper()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+		b.Fatalf("%s: not within %s", what, timeout)
+	}
+}
+
+// burstReport reports p50 and p99 of ds and keeps the raw samples.
+func burstReport(b *testing.B, row, name string, ds []time.Duration) {
+	if len(ds) == 0 {
+		b.Errorf("%s: no samples", name)
+		return
+	}
+	reportQuantiles(b, name, ds)
+	if out := os.Getenv("PLINTH_BENCH_OUT"); out != "" {
+		var sb strings.Builder
+		for _, d := range ds {
+			fmt.Fprintf(&sb, "%.6f\n", d.Seconds())
+		}
+		if err := os.WriteFile(filepath.Join(out, "burst-"+row+"-"+name+".txt"), []byte(sb.String()), 0o644); err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+// burstNodeTopology labels the node with Plinth's topology key and registers the CSINode, as
+// kubelet would after NodeGetInfo (see startSidecars).
+func burstNodeTopology(b *testing.B, cp *controlplane.ControlPlane, node string) {
+	ctx := context.Background()
+	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	n.Labels[policyv1.TopologyKeyNode] = node
+	if _, err := cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cs.StorageV1().CSINodes().Create(ctx, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: node},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: policyv1.DriverName, NodeID: node, TopologyKeys: []string{policyv1.TopologyKeyNode}}}}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+}
+
+func apiServerPID(b *testing.B, cp *controlplane.ControlPlane) int {
+	return processPID(b, cp, "apiserver")
+}
+
+// processPID is the pid of the control plane's process whose name contains name.
+func processPID(b *testing.B, cp *controlplane.ControlPlane, name string) int {
+	for _, p := range cp.Processes() {
+		if strings.Contains(p.Name, name) {
+			return p.PID()
+		}
+	}
+	b.Fatalf("no process %q in the control plane", name)
+	return 0
+}
+
+// procCPU is the user+system CPU time of process pid (/proc/<pid>/stat, fields 14 and 15, in
+// clock ticks of 100 Hz as on every Linux this runs on).
+func procCPU(b *testing.B, pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// the command name may hold spaces: fields start after the last ')'
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// startDriverCommand runs the peer driver's command line with its socket.
+func startDriverCommand(b *testing.B, cmdline string) string {
+	dir, err := os.MkdirTemp("", "burst-peer-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "csi.sock")
+	args := strings.Fields(strings.ReplaceAll(cmdline, "{socket}", sock))
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start %s: %v", args[0], err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return sock
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s: no socket %s after a minute", args[0], sock)
+		}
+		time.Sleep(100 * time.Millisecond) // waiting on another process's socket: no event to watch
+	}
+}
+
+// noopController is the floor: a CSI controller (identity + controller services) that does no
+// storage work at all. It is a stand-in by design, named as such, never a driver.
+type noopController struct {
+	csispec.UnimplementedIdentityServer
+	csispec.UnimplementedControllerServer
+}
+
+func (noopController) GetPluginInfo(context.Context, *csispec.GetPluginInfoRequest) (*csispec.GetPluginInfoResponse, error) {
+	return &csispec.GetPluginInfoResponse{Name: "floor.noop.csi.plinth.dev", VendorVersion: "0"}, nil
+}
+
+func (noopController) GetPluginCapabilities(context.Context, *csispec.GetPluginCapabilitiesRequest) (*csispec.GetPluginCapabilitiesResponse, error) {
+	return &csispec.GetPluginCapabilitiesResponse{Capabilities: []*csispec.PluginCapability{{Type: &csispec.PluginCapability_Service_{
+		Service: &csispec.PluginCapability_Service{Type: csispec.PluginCapability_Service_CONTROLLER_SERVICE}}}}}, nil
+}
+
+func (noopController) Probe(context.Context, *csispec.ProbeRequest) (*csispec.ProbeResponse, error) {
+	return &csispec.ProbeResponse{}, nil
+}
+
+func (noopController) ControllerGetCapabilities(context.Context, *csispec.ControllerGetCapabilitiesRequest) (*csispec.ControllerGetCapabilitiesResponse, error) {
+	return &csispec.ControllerGetCapabilitiesResponse{Capabilities: []*csispec.ControllerServiceCapability{{Type: &csispec.ControllerServiceCapability_Rpc{
+		Rpc: &csispec.ControllerServiceCapability_RPC{Type: csispec.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME}}}}}, nil
+}
+
+func (noopController) CreateVolume(_ context.Context, req *csispec.CreateVolumeRequest) (*csispec.CreateVolumeResponse, error) {
+	return &csispec.CreateVolumeResponse{Volume: &csispec.Volume{VolumeId: req.GetName(), CapacityBytes: req.GetCapacityRange().GetRequiredBytes()}}, nil
+}
+
+func (noopController) DeleteVolume(context.Context, *csispec.DeleteVolumeRequest) (*csispec.DeleteVolumeResponse, error) {
+	return &csispec.DeleteVolumeResponse{}, nil
+}
+
+func startNoopController(b *testing.B) string {
+	dir, err := os.MkdirTemp("", "burst-floor-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock := filepath.Join(dir, "csi.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	csispec.RegisterIdentityServer(srv, noopController{})
+	csispec.RegisterControllerServer(srv, noopController{})
+	go srv.Serve(l) //nolint:errcheck
+	b.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
+	return sock
+}
+
+// rawCodec passes gRPC messages through as bytes (the relay never decodes them).
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+// relay is a transparent gRPC relay in front of a driver's socket that times each call.
+type relay struct {
+	sock string
+	mu   sync.Mutex
+	took map[string][]time.Duration
+}
+
+func (r *relay) samples(method string) []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Duration(nil), r.took[method]...)
+}
+
+func startRelay(b *testing.B, target string) *relay {
+	conn, err := grpc.NewClient("unix://"+target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "burst-relay-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := &relay{sock: filepath.Join(dir, "csi.sock"), took: map[string][]time.Duration{}}
+	l, err := net.Listen("unix", r.sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	//nolint:staticcheck // the byte-passing codec is the point of a relay
+	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}), grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
+		method, _ := grpc.MethodFromServerStream(stream)
+		var in, out []byte
+		if err := stream.RecvMsg(&in); err != nil {
+			return err
+		}
+		start := time.Now()
+		err := conn.Invoke(stream.Context(), method, &in, &out, grpc.ForceCodec(rawCodec{})) //nolint:staticcheck
+		took := time.Since(start)
+		if err == nil {
+			r.mu.Lock()
+			r.took[method] = append(r.took[method], took)
+			r.mu.Unlock()
+			return stream.SendMsg(&out)
+		}
+		return err
+	}))
+	go srv.Serve(l) //nolint:errcheck
+	b.Cleanup(func() { srv.Stop(); conn.Close(); os.RemoveAll(dir) })
+	return r
+}

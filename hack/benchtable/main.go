@@ -1,0 +1,170 @@
+// Command benchtable reads the output of `make bench` (go test -bench lines and the SCALE: log
+// lines of the fleet-apply test) from the files named on its command line and prints ONE
+// Markdown table: metric, Plinth, peer or floor measured in the same run, ratio, target. A row
+// whose benchmark did not run (or failed) reads "not measured". With -o the table is also
+// written to a file.
+//
+// Usage: go run ./hack/benchtable [-o table.md] out/*.txt
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// results maps "<benchmark name without the -GOMAXPROCS suffix> <unit>" to its value; the
+// last line of a benchmark wins.
+type results map[string]float64
+
+var (
+	benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
+	scaleNew  = regexp.MustCompile(`SCALE: applied (\d+) new objects in ([0-9.]+)(ms|s|m)`)
+	scaleNoop = regexp.MustCompile(`SCALE: no-op reconcile of (\d+) objects: ([0-9.]+)(µs|ms|s), (\d+) writes`)
+)
+
+func seconds(v, unit string) float64 {
+	f, _ := strconv.ParseFloat(v, 64)
+	switch unit {
+	case "µs":
+		return f / 1e6
+	case "ms":
+		return f / 1e3
+	case "m":
+		return f * 60
+	}
+	return f
+}
+
+func parse(r io.Reader, res results) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := benchLine.FindStringSubmatch(line); m != nil {
+			f := strings.Fields(m[2])
+			for i := 0; i+1 < len(f); i += 2 {
+				if v, err := strconv.ParseFloat(f[i], 64); err == nil {
+					res[m[1]+" "+f[i+1]] = v
+				}
+			}
+			continue
+		}
+		if m := scaleNew.FindStringSubmatch(line); m != nil {
+			res["fleet first-apply-s"] = seconds(m[2], m[3])
+		}
+		if m := scaleNoop.FindStringSubmatch(line); m != nil {
+			res["fleet noop-s"] = seconds(m[2], m[3])
+			res["fleet noop-writes"], _ = strconv.ParseFloat(m[4], 64)
+		}
+	}
+	return sc.Err()
+}
+
+// row is one line of the table: the keys of Plinth's value and of the peer's or floor's.
+type row struct {
+	metric, plinth, peer, peerName, target string
+}
+
+var rows = []row{
+	{"PVC burst (N at once, file backend): CreateVolume p50, ms", "BenchmarkPVCBurst/plinth createvolume-p50-ms", "BenchmarkPVCBurst/floor createvolume-p50-ms", "no-op CSI floor", "≤ 100"},
+	{"PVC burst: CreateVolume p99, ms", "BenchmarkPVCBurst/plinth createvolume-p99-ms", "BenchmarkPVCBurst/floor createvolume-p99-ms", "no-op CSI floor", "≤ 1000"},
+	{"PVC burst: PVC → Bound, vol/s", "BenchmarkPVCBurst/plinth bound-vol/s", "BenchmarkPVCBurst/floor bound-vol/s", "no-op CSI floor", "≥ 0.95× floor"},
+	{"PVC burst: PVC → Bound p50, ms", "BenchmarkPVCBurst/plinth bound-p50-ms", "BenchmarkPVCBurst/floor bound-p50-ms", "no-op CSI floor", "—"},
+	{"PVC burst: PVC → Bound p99, ms", "BenchmarkPVCBurst/plinth bound-p99-ms", "BenchmarkPVCBurst/floor bound-p99-ms", "no-op CSI floor", "—"},
+	{"PVC burst: delete all, vol/s", "BenchmarkPVCBurst/plinth delete-vol/s", "BenchmarkPVCBurst/floor delete-vol/s", "no-op CSI floor", "—"},
+	{"PVC burst: DeleteVolume p99, ms", "BenchmarkPVCBurst/plinth deletevolume-p99-ms", "BenchmarkPVCBurst/floor deletevolume-p99-ms", "no-op CSI floor", "—"},
+	{"PVC burst: API server CPU per volume, ms", "BenchmarkPVCBurst/plinth apiserver-cpu-ms/vol", "BenchmarkPVCBurst/floor apiserver-cpu-ms/vol", "no-op CSI floor", "≤ 1.3× floor"},
+	{"PVC burst: idle agent CPU holding N volumes (refresh 2 s), %", "BenchmarkPVCBurst/plinth agent-idle-cpu-%", "", "", "< 1"},
+	{"Agent alone, N volumes at once: create → Ready p50, ms", "BenchmarkAgentFileVolumes/workers=default ready-p50-ms", "BenchmarkAgentFileVolumes/workers=1 ready-p50-ms", "1 worker (serial)", "—"},
+	{"Agent alone: create → Ready p99, ms", "BenchmarkAgentFileVolumes/workers=default ready-p99-ms", "BenchmarkAgentFileVolumes/workers=1 ready-p99-ms", "1 worker (serial)", "—"},
+	{"Agent alone: burst rate, vol/s", "BenchmarkAgentFileVolumes/workers=default vol/s", "BenchmarkAgentFileVolumes/workers=1 vol/s", "1 worker (serial)", "—"},
+	{"Agent alone: delete → gone p99, ms", "BenchmarkAgentFileVolumes/workers=default delete-p99-ms", "BenchmarkAgentFileVolumes/workers=1 delete-p99-ms", "1 worker (serial)", "—"},
+	{"Idle agent CPU holding N file volumes (refresh 30 s), %", "BenchmarkAgentFileVolumes/workers=default idle-cpu-%", "", "", "< 1"},
+	{"CreateVolume overhead above the agent p99, ms", "BenchmarkCreateVolume overhead-p99-ms", "BenchmarkCreateVolume api-write-watch-p99-ms", "API write → watch", "≤ 20"},
+	{"CreateVolume overhead above the agent p50, ms", "BenchmarkCreateVolume overhead-p50-ms", "BenchmarkCreateVolume api-write-watch-p50-ms", "API write → watch", "—"},
+	{"PVC → Bound one at a time, real sidecars, p99, ms", "BenchmarkPVCBound bound-p99-ms", "", "", "—"},
+	{"Scheduler Filter+Score at 5,000 nodes, ns/node", "BenchmarkFilterScore ns/node", "", "", "≤ 200"},
+	{"Scheduler Filter+Score, allocs per 5,000-node cycle", "BenchmarkFilterScore allocs/op", "", "", "0"},
+	{"vet + render 10,000 policies over 1,000 nodes, s", "BenchmarkVetAndRender10kPolicies1kNodes sec/op", "", "", "≤ 5"},
+	{"render only 10,000 policies over 1,000 nodes, s", "BenchmarkRender10kPolicies1kNodes sec/op", "", "", "—"},
+	{"Fleet apply, 500 nodes (1,001 objects): first apply, s", "fleet first-apply-s", "", "kustomize-controller (not measured)", "≤ 10"},
+	{"Fleet apply: no-op re-apply, s", "fleet noop-s", "", "", "≤ 0.5"},
+	{"Fleet apply: no-op writes", "fleet noop-writes", "", "", "0"},
+	{"PVC → pod Running on real nodes p50, ms", "BenchmarkPodWithVolumeRunning p50-ms", "BenchmarkPodWithVolumeRunning floor-p50-ms", "same pod, no volume", "—"},
+	{"PVC → pod Running on real nodes p99, ms", "BenchmarkPodWithVolumeRunning p99-ms", "BenchmarkPodWithVolumeRunning floor-p99-ms", "same pod, no volume", "—"},
+}
+
+func format(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
+}
+
+func table(res results) string {
+	var b strings.Builder
+	b.WriteString("| metric | Plinth | peer / floor (same run) | ratio | target |\n| --- | --- | --- | --- | --- |\n")
+	for _, r := range rows {
+		// ns/op of a benchmark reported in seconds reads better
+		if strings.HasSuffix(r.plinth, " sec/op") {
+			if v, ok := res[strings.TrimSuffix(r.plinth, "sec/op")+"ns/op"]; ok {
+				res[r.plinth] = v / 1e9
+			}
+		}
+		p, ok := res[r.plinth]
+		plinth, peer, ratio := "not measured", "—", "—"
+		if ok {
+			plinth = format(p)
+		}
+		if r.peer != "" {
+			if q, ok2 := res[r.peer]; ok2 {
+				peer = format(q) + " (" + r.peerName + ")"
+				if ok && q != 0 {
+					ratio = strconv.FormatFloat(p/q, 'f', 2, 64) + "×"
+				}
+			} else {
+				peer = "not measured (" + r.peerName + ")"
+			}
+		} else if r.peerName != "" {
+			peer = r.peerName
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.metric, plinth, peer, ratio, r.target)
+	}
+	return b.String()
+}
+
+func main() {
+	out := flag.String("o", "", "also write the table to this file")
+	flag.Parse()
+	res := results{}
+	for _, name := range flag.Args() {
+		f, err := os.Open(name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchtable:", err)
+			os.Exit(1)
+		}
+		err = parse(f, res)
+		f.Close()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "benchtable: %s: %v\n", name, err)
+			os.Exit(1)
+		}
+	}
+	t := table(res)
+	fmt.Print(t)
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(t), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "benchtable:", err)
+			os.Exit(1)
+		}
+	}
+}
