@@ -113,7 +113,7 @@ func (c Capacity) Allocatable(reserveBytes int64) int64 {
 //
 //   - thin: (total − reserve) × overcommitPercent/100 − provisioned −
 //     snapshots; bounded by nothing else, since thin volumes use pool space
-//     lazily (B06: never derived from VG free);
+//     lazily (never derived from VG free, which does not see the room inside the thin pool);
 //   - linear / file: free − reserve (the free space is what is physically
 //     left, whoever else uses the VG or filesystem).
 //

@@ -72,7 +72,8 @@ const (
 	// PruneKeepOptedOut drops the object from the inventory and never deletes it: it carries
 	// a prune opt-out (plinth.dev/prune or kustomize.toolkit.fluxcd.io/prune "disabled").
 	PruneKeepOptedOut PruneVerdict = "KeepOptedOut"
-	// PruneKeepInUse keeps a StorageClass that PVCs or PVs use, in the inventory (B39).
+	// PruneKeepInUse keeps a StorageClass that PVCs or PVs use, in the inventory: deleting a
+	// class in use would break expansion of its PVCs.
 	PruneKeepInUse PruneVerdict = "KeepInUse"
 	// PruneKeepDraining keeps a Store that VolumeStates still name (marked draining), and the
 	// Agent of a node that keeps such a Store.

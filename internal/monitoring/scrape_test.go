@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 const shippedServiceMonitor = "../../kustomize/monitoring/servicemonitor.yaml"
@@ -17,13 +19,7 @@ const shippedServiceMonitor = "../../kustomize/monitoring/servicemonitor.yaml"
 // Prometheus accepts (promtool check config), keeps the Services the ServiceMonitor selects
 // on its port, applies its relabelings, and has the kubelet and scheduler jobs.
 func TestKubernetesScrapeConfig(t *testing.T) {
-	tool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("promtool (apt-get install prometheus): %v", err)
-		}
-		t.Skipf("SKIP: promtool (apt-get install prometheus): %v", err)
-	}
+	tool := prereq.Commands(t, "promtool")[0]
 	dir := t.TempDir()
 	files := map[string]string{}
 	for _, f := range []string{"kubeconfig", "ca.crt", "admin.crt", "admin.key"} {
