@@ -21,8 +21,11 @@ for m in virtio_pci virtio_blk virtio_net 9pnet_virtio 9p dm-mod dm-thin-pool dm
 	modprobe "$m" || echo "PLINTH-GUEST modprobe $m failed"
 done
 mount -t configfs none /sys/kernel/config
-# OpenZFS (built by zfs.sh); ARC bounded so ZFS leaves the 1 GiB guest to the other suites
-modprobe zfs zfs_arc_max=134217728 || echo "PLINTH-GUEST modprobe zfs failed"
+# OpenZFS (built by zfs.sh; only the stable kernel's initramfs has it); ARC bounded so ZFS
+# leaves the 1 GiB guest to the other suites
+if [ -d "/lib/modules/$(uname -r)/extra" ]; then
+	modprobe zfs zfs_arc_max=134217728 || echo "PLINTH-GUEST modprobe zfs failed"
+fi
 mkdir -p /etc/zfs /run/udev/data
 # No udev here. Two things udev gives ZFS on a node are made the same way:
 # 1. /dev/zvol/<pool>/<zvol> links (udev's 60-zvol.rules): for every kernel uevent of a

@@ -1,38 +1,93 @@
 #!/usr/bin/env bash
-# Prepares the kernel-test guest (make kernel-assets). Idempotent.
-#   1. resolves the current Debian kernel through `apt-cache depends linux-image-amd64`
-#      (never a pinned ABI), `apt-get download` + `dpkg -x` into .work/kernel/root
+# Prepares the kernel-test guests (make kernel-assets). Idempotent. Two kernels, each with its
+# own assets, stamp and timing lines:
+#   stable     Debian's current kernel (linux-image-amd64 through the machine's own apt
+#              sources) with ZFS: every single-guest kernel suite. Output in .work/.
+#   backports  bookworm-backports' kernel (linux-image-amd64 resolved through a PRIVATE apt
+#              configuration in .work/backports/apt that reads only bookworm-backports from the
+#              machine's Debian mirror: the machine's own apt sources, lists and default kernel
+#              resolution are never changed). It has NVMe in-band authentication
+#              (CONFIG_NVME_AUTH, CONFIG_NVME_TARGET_AUTH) and NVMe/TCP TLS, which the stable
+#              6.1 kernel lacks; no ZFS. The two-guest suite (test/kernel/crossnode) boots it.
+#              Output in .work/backports/.
+# `setup.sh` does both; `setup.sh stable` or `setup.sh backports` one. For each kernel:
+#   1. resolves linux-image-amd64 → linux-image-<abi>-amd64 with `apt-cache depends`
+#      (never a pinned ABI), `apt-get download` + `dpkg -x` into <out>/kernel/root
 #      (never into /boot), depmod, and extracts the uncompressed ELF vmlinux
 #      (PVH boot, no in-guest decompression under TCG);
-#   2. has zfs.sh build (or reuse from its cache) the zfs/spl modules for that kernel
-#      from Debian contrib's zfs-dkms and unpack the ZFS userland;
-#   3. builds the uncompressed initramfs .work/initramfs.cpio: busybox, kmod, lvm2 + thin
-#      tools, nvme-cli, mkfs.ext4/xfs, blkid, wipefs, losetup, zpool/zfs/zvol_id, the
+#   2. (stable only) has zfs.sh build (or reuse from its cache) the zfs/spl modules for that
+#      kernel from Debian contrib's zfs-dkms and unpack the ZFS userland;
+#   3. builds the uncompressed initramfs <out>/initramfs.cpio: busybox, kmod, lvm2 + thin
+#      tools, nvme-cli, mkfs.ext4/xfs, blkid, wipefs, losetup, (stable) zpool/zfs/zvol_id, the
 #      needed modules (+ zfs), lvm.conf without udev, /etc/nvme/hostnqn, and
 #      guest-init.sh as /init.
-# A stamp (.work/stamp = kernel version + sha256 of the inputs, zfs version included) skips the work when
-# nothing changed. Output: .work/vmlinux, .work/initramfs.cpio, .work/kernel.version.
+# A stamp (<out>/stamp = kernel version + sha256 of the inputs, zfs version included) skips the
+# work when nothing changed. Output: <out>/vmlinux, <out>/initramfs.cpio, <out>/kernel.version.
 # Host packages: hack/install-deps.sh.
 set -euo pipefail
 D=$(cd "$(dirname "$0")" && pwd)
-W=$D/.work
-mkdir -p "$W"
+flavor=${1:-all}
+if [ "$flavor" = all ]; then
+	"$0" stable
+	exec "$0" backports
+fi
 start=$EPOCHREALTIME
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}'; }
+case $flavor in
+stable)
+	W=$D/.work
+	APT=()
+	ZFS=1
+	;;
+backports)
+	W=$D/.work/backports
+	A=$W/apt
+	mkdir -p "$A/sources" "$A/lists/partial" "$A/cache/archives/partial"
+	# private apt: only bookworm-backports (main), from the machine's own Debian mirror
+	APT=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$A/sources"
+		-o "Dir::State::Lists=$A/lists" -o "Dir::Cache=$A/cache" -o "APT::Get::List-Cleanup=0")
+	ZFS=0
+	;;
+*)
+	echo "usage: setup.sh [stable|backports]" >&2
+	exit 2
+	;;
+esac
+mkdir -p "$W"
+say() { echo "kernel-assets[$flavor]: $*"; }
 
-# linux-image-amd64 -> linux-image-<abi>-amd64
-resolve() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
-pkg=$(resolve)
+apt_update() {
+	if [ "$flavor" = backports ]; then
+		# the stanza of the machine's Debian archive (not -security), suite bookworm-backports
+		if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+			awk 'BEGIN{RS=""; ORS="\n\n"} /Suites:/ && !/-security/ {print; exit}' /etc/apt/sources.list.d/debian.sources |
+				sed -e 's/^Suites: .*/Suites: bookworm-backports/' -e 's/^Components: .*/Components: main/' > "$A/sources/bookworm-backports.sources"
+		else
+			grep -h '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | grep -v -- -security |
+				awk '{print $1, $2, "bookworm-backports main"; exit}' > "$A/sources/bookworm-backports.list"
+		fi
+	fi
+	local t=$EPOCHREALTIME
+	apt-get "${APT[@]}" update -qq
+	say "apt-get update in $(elapsed "$t")s"
+}
+# linux-image-amd64 -> linux-image-<abi>-amd64 (in the backports configuration: the newest
+# kernel bookworm-backports carries, e.g. linux-image-6.12.95+deb12-amd64)
+resolve() { apt-cache "${APT[@]}" depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
+pkg=$(resolve || true)
 if [ -z "$pkg" ]; then
-	apt-get update -qq
-	pkg=$(resolve)
+	apt_update
+	pkg=$(resolve || true)
 fi
-[ -n "$pkg" ] || { echo "setup: cannot resolve linux-image-amd64" >&2; exit 1; }
+[ -n "$pkg" ] || { echo "setup: cannot resolve linux-image-amd64 ($flavor)" >&2; exit 1; }
 kver=${pkg#linux-image-}
 
 TOOLPKGS=(busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs util-linux)
 # OpenZFS for the guest: zfs-dkms from Debian contrib, built by zfs.sh for this kernel
-zver=$("$D/zfs.sh" version)
+zver=none
+if [ "$ZFS" = 1 ]; then
+	zver=$("$D/zfs.sh" version)
+fi
 inputs_hash() {
 	{
 		echo "$pkg zfs $zver"
@@ -42,7 +97,7 @@ inputs_hash() {
 }
 stamp="$kver $(inputs_hash)"
 if [ "$(cat "$W/stamp" 2>/dev/null)" = "$stamp" ] && [ -f "$W/vmlinux" ] && [ -f "$W/initramfs.cpio" ]; then
-	echo "kernel-assets: up to date ($stamp) in $(elapsed "$start")s"
+	say "up to date ($stamp) in $(elapsed "$start")s"
 	exit 0
 fi
 rm -f "$W/stamp"
@@ -53,36 +108,50 @@ if [ "$(cat "$K/version" 2>/dev/null)" != "$kver" ] || [ ! -f "$W/vmlinux" ]; th
 	rm -rf "$K" "$W/vmlinux"
 	mkdir -p "$K"
 	# stale apt lists name a .deb the mirror no longer has: update once and retry
-	if ! (cd "$K" && apt-get download "$pkg" 2>&1 | grep -v -i unsandboxed; exit "${PIPESTATUS[0]}"); then
-		apt-get update -qq
-		new=$(resolve)
+	t=$EPOCHREALTIME
+	if ! (cd "$K" && apt-get "${APT[@]}" download "$pkg" 2>&1 | grep -v -i unsandboxed; exit "${PIPESTATUS[0]}"); then
+		apt_update
+		new=$(resolve || true)
 		if [ "$new" != "$pkg" ]; then
 			echo "setup: kernel package is now $new; re-run" >&2
-			exec "$0" "$@"
+			exec "$0" "$flavor"
 		fi
-		(cd "$K" && apt-get download "$pkg")
+		(cd "$K" && apt-get "${APT[@]}" download "$pkg")
 	fi
+	say "downloaded $pkg in $(elapsed "$t")s"
+	t=$EPOCHREALTIME
 	deb=$(ls "$K/${pkg}"_*.deb)
 	dpkg -x "$deb" "$K/root"
 	rm -f "$deb"
 	depmod -b "$K/root" "$kver"
-	# extract-vmlinux: the xz stream inside the bzImage that decompresses to an ELF
+	# extract-vmlinux: the xz (6.1) or zstd (6.12) stream inside the bzImage that
+	# decompresses to an ELF
 	img=$K/root/boot/vmlinuz-$kver
-	for pos in $(grep -abo $'\xfd7zXZ\x00' "$img" | cut -d: -f1); do
-		tail -c +$((pos + 1)) "$img" | xz -dc --single-stream > "$W/vmlinux.tmp" 2>/dev/null || true
-		if [ -s "$W/vmlinux.tmp" ] && [ "$(head -c4 "$W/vmlinux.tmp" | od -An -c | tr -d ' ')" = '177ELF' ]; then
-			mv "$W/vmlinux.tmp" "$W/vmlinux"
-			break
-		fi
+	for magic in xz:$'\xfd7zXZ\x00' zstd:$'\x28\xb5\x2f\xfd'; do
+		for pos in $(LC_ALL=C grep -abo "${magic#*:}" "$img" | cut -d: -f1); do
+			case ${magic%%:*} in
+			xz) tail -c +$((pos + 1)) "$img" | xz -dc --single-stream > "$W/vmlinux.tmp" 2>/dev/null || true ;;
+			zstd) tail -c +$((pos + 1)) "$img" | zstd -dcq > "$W/vmlinux.tmp" 2>/dev/null || true ;;
+			esac
+			if [ -s "$W/vmlinux.tmp" ] && [ "$(head -c4 "$W/vmlinux.tmp" | od -An -c | tr -d ' ')" = '177ELF' ]; then
+				mv "$W/vmlinux.tmp" "$W/vmlinux"
+				break 2
+			fi
+		done
 	done
 	rm -f "$W/vmlinux.tmp"
-	[ -f "$W/vmlinux" ] || { echo "setup: no xz-compressed ELF in $img" >&2; exit 1; }
+	[ -f "$W/vmlinux" ] || { echo "setup: no xz- or zstd-compressed ELF in $img" >&2; exit 1; }
 	echo "$kver" > "$K/version"
-	echo "kernel-assets: kernel $kver fetched in $(elapsed "$start")s"
+	say "kernel $kver unpacked, depmod, vmlinux extracted in $(elapsed "$t")s; fetched in $(elapsed "$start")s"
 fi
 
 # --- zfs/spl modules and userland (cached under .work/zfs/<kver>_<zfs version>)
-ZDIR=$("$D/zfs.sh" build "$kver" "$K/root")
+ZDIR=
+if [ "$ZFS" = 1 ]; then
+	t=$EPOCHREALTIME
+	ZDIR=$("$D/zfs.sh" build "$kver" "$K/root")
+	say "zfs modules ready in $(elapsed "$t")s"
+fi
 
 # --- initramfs
 t0=$EPOCHREALTIME
@@ -134,10 +203,12 @@ copy_zbin() { # copy_zbin <path below ZDIR/root> <dest-dir>
 		[ -e "$ST$rel" ] || { mkdir -p "$ST$(dirname "$rel")"; cp -L "$lib" "$ST$rel"; }
 	done
 }
-copy_zbin sbin/zpool sbin
-copy_zbin sbin/zfs sbin
-copy_zbin lib/udev/zvol_id lib/udev
-mkdir -p "$ST/etc/zfs"
+if [ -n "$ZDIR" ]; then
+	copy_zbin sbin/zpool sbin
+	copy_zbin sbin/zfs sbin
+	copy_zbin lib/udev/zvol_id lib/udev
+	mkdir -p "$ST/etc/zfs"
+fi
 # lvm without udev, systemd, lvmetad, lvmpolld, devices file
 cat > "$ST/etc/lvm/lvm.conf" <<'CONF'
 config { checks = 1 }
@@ -163,7 +234,8 @@ echo "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001" > "$
 echo "00000000-0000-4000-8000-000000000001" > "$ST/etc/nvme/hostid"
 echo "root:x:0:0:root:/root:/bin/sh" > "$ST/etc/passwd"
 echo "root:x:0:" > "$ST/etc/group"
-# modules and their dependencies; signatures stripped (faster load under TCG)
+# modules and their dependencies (nvme-auth and nvme-keyring where the kernel has them);
+# signatures stripped and xz-compressed modules (6.12) unpacked: faster load under TCG
 MODS="virtio_pci virtio_blk virtio_net virtio_console dm-mod dm-thin-pool dm-snapshot configfs
 	nvmet nvmet-tcp nvme-tcp nvme-fabrics nvme-core nvme loop ext4 xfs 9p 9pnet_virtio crc32c_intel"
 mkdir -p "$ST/lib/modules/$kver"
@@ -172,12 +244,17 @@ for m in $MODS; do
 done | sort -u | while read -r ko; do
 	rel=${ko#"$KDIR"}
 	mkdir -p "$ST$(dirname "$rel")"
-	cp "$ko" "$ST$rel"
+	case $rel in
+	*.ko.xz) rel=${rel%.xz}; xz -dc "$ko" > "$ST$rel" ;;
+	*) cp "$ko" "$ST$rel" ;;
+	esac
 	strip --strip-debug "$ST$rel"
 done
-# zfs, spl and their siblings (no in-tree dependencies); already stripped by zfs.sh
-mkdir -p "$ST/lib/modules/$kver/extra"
-cp "$ZDIR"/extra/*.ko "$ST/lib/modules/$kver/extra/"
+if [ -n "$ZDIR" ]; then
+	# zfs, spl and their siblings (no in-tree dependencies); already stripped by zfs.sh
+	mkdir -p "$ST/lib/modules/$kver/extra"
+	cp "$ZDIR"/extra/*.ko "$ST/lib/modules/$kver/extra/"
+fi
 M=$KDIR/lib/modules/$kver
 cp "$M/modules.order" "$M/modules.builtin" "$M/modules.builtin.modinfo" "$ST/lib/modules/$kver/"
 depmod -b "$ST" "$kver"
@@ -187,4 +264,4 @@ chmod +x "$ST/init"
 mv "$W/initramfs.cpio.tmp" "$W/initramfs.cpio"
 echo "$kver" > "$W/kernel.version"
 echo "$stamp" > "$W/stamp"
-echo "kernel-assets: initramfs $(du -h "$W/initramfs.cpio" | cut -f1) built in $(elapsed "$t0")s; total $(elapsed "$start")s ($stamp)"
+say "initramfs $(du -h "$W/initramfs.cpio" | cut -f1) built in $(elapsed "$t0")s; total $(elapsed "$start")s ($stamp)"
