@@ -31,6 +31,15 @@ import (
 // forwarded with Options.GuestForwards (qemu guestfwd; DESIGN.md "Guest tests").
 const GuestForwardAddr = "10.0.2.100"
 
+// Kernel flavors of test/kernel/setup.sh (Options.Flavor).
+const (
+	// FlavorStable is Debian's current kernel (6.1 on bookworm) with ZFS, in .work/.
+	FlavorStable = "stable"
+	// FlavorBackports is bookworm-backports' kernel (6.12), in .work/backports/: NVMe
+	// in-band authentication (DH-HMAC-CHAP) and NVMe/TCP TLS, no ZFS.
+	FlavorBackports = "backports"
+)
+
 // SharePath is where the host share is mounted inside the guest.
 const SharePath = "/mnt/host"
 
@@ -44,9 +53,13 @@ type Forward struct {
 
 // Options configure Boot. Zero values take the defaults noted per field.
 type Options struct {
-	// Kernel is the uncompressed vmlinux (default <repo>/test/kernel/.work/vmlinux).
+	// Flavor picks the kernel test/kernel/setup.sh prepared when Kernel and Initrd are not
+	// given: FlavorStable (default: Debian's kernel, with ZFS) or FlavorBackports
+	// (bookworm-backports' newer kernel: NVMe in-band authentication and TLS, no ZFS).
+	Flavor string
+	// Kernel is the uncompressed vmlinux (default <repo>/test/kernel/.work/[<flavor>/]vmlinux).
 	Kernel string
-	// Initrd is the initramfs (default <repo>/test/kernel/.work/initramfs.cpio).
+	// Initrd is the initramfs (default <repo>/test/kernel/.work/[<flavor>/]initramfs.cpio).
 	Initrd string
 	// DiskBytes are the sizes of the spare virtio disks, in order /dev/vda,
 	// /dev/vdb, ... (raw sparse files, deleted by Stop). Default none.
@@ -118,6 +131,13 @@ func (o *Options) defaults() error {
 			return err
 		}
 		w := filepath.Join(root, "test", "kernel", ".work")
+		switch o.Flavor {
+		case "", FlavorStable:
+		case FlavorBackports:
+			w = filepath.Join(w, FlavorBackports)
+		default:
+			return fmt.Errorf("guest: unknown kernel flavor %q", o.Flavor)
+		}
 		if o.Kernel == "" {
 			o.Kernel = filepath.Join(w, "vmlinux")
 		}

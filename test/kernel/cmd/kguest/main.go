@@ -64,6 +64,7 @@ func run() int {
 	timeout := flag.Duration("timeout", 30*time.Minute, "bound on the guest's whole life")
 	mem := flag.Int("mem", 1024, "guest memory in MiB")
 	shell := flag.String("sh", "", "run this shell script in the guest (after the binaries), output to stdout")
+	flavor := flag.String("flavor", guest.FlavorStable, "kernel of test/kernel/setup.sh: stable (with ZFS) or backports (NVMe auth, TLS)")
 	flag.Parse()
 	var sizes []int64
 	for _, s := range strings.Split(*disks, ",") {
@@ -82,6 +83,7 @@ func run() int {
 
 	start := time.Now()
 	g, err := guest.Boot(ctx, guest.Options{
+		Flavor:    *flavor,
 		DiskBytes: sizes,
 		MemoryMiB: *mem,
 		Timeout:   *timeout,
