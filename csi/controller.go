@@ -46,6 +46,12 @@ const (
 	// PublishQueueSize carries the frozen protocol's maxQueueSize: the I/O queue depth the node
 	// connects with (queue_size, nvme connect --queue-size).
 	PublishQueueSize = "queueSize"
+	// PublishAuth is "DHHMACCHAP" when the frozen protocol asks for in-band authentication: the
+	// node plugin then connects with its host Secret (never without); absent otherwise.
+	// PublishAuthBidirectional is "true" when the host must authenticate the target too. The
+	// secrets themselves never travel in the publish context (it is kept in VolumeAttachments).
+	PublishAuth              = "auth"
+	PublishAuthBidirectional = "authBidirectional"
 )
 
 // controller is the CSI Controller service. It reads and writes only API objects.
@@ -700,6 +706,12 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		}
 		if t.MaxQueueSize > 0 {
 			pc[PublishQueueSize] = strconv.Itoa(int(t.MaxQueueSize))
+		}
+		if t.Auth.Enabled() {
+			pc[PublishAuth] = string(t.Auth.Mode)
+			if t.Auth.Bidirectional {
+				pc[PublishAuthBidirectional] = "true"
+			}
 		}
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil

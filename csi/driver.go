@@ -55,6 +55,9 @@ type Options struct {
 	StateDir string
 	// HostNQNFile is the node's host NQN file (default /etc/nvme/hostnqn).
 	HostNQNFile string
+	// AuthNamespace holds the DH-HMAC-CHAP host Secrets (default DefaultAuthNamespace); the
+	// node plugin reads its own node's, by name.
+	AuthNamespace string
 	// WaitTimeout bounds each wait for the agent (create, delete, expand, publish) when the
 	// caller's context has no earlier deadline (default 5 minutes).
 	WaitTimeout time.Duration

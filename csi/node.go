@@ -174,6 +174,12 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		if t.NQN == "" || t.Address == "" || t.Port == 0 {
 			return nil, status.Error(codes.InvalidArgument, "publish context lacks nqn, address or port")
 		}
+		if pc[PublishAuth] != "" {
+			// never a connect without the secret the target asks for
+			if err := s.d.hostSecrets(ctx, &t, pc[PublishAuth], pc[PublishAuthBidirectional] == "true"); err != nil {
+				return nil, err
+			}
+		}
 		rec.Kind, rec.NQN = stage.KindNVMeoFTCP, t.NQN
 		// Record first: a crash after connecting must still let unstage disconnect.
 		if err := s.d.stages.Save(rec); err != nil {

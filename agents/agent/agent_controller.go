@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -19,6 +21,7 @@ import (
 const (
 	ReasonMissingKernelModules = storev1.ReasonMissingKernelModules
 	ReasonNoBindAddress        = storev1.ReasonNoBindAddress
+	ReasonAuthUnsupported      = storev1.ReasonAuthUnsupported
 )
 
 type agentReconciler struct{ *node }
@@ -46,11 +49,12 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	st.ObservedGeneration = a.Generation
 	st.HostNQN = ni.HostNQN
 	st.Version = r.opts.Version
-	st.Capabilities = storev1.AgentCapabilities{Backends: ni.Backends, KernelModules: ni.Modules}
+	st.Capabilities = storev1.AgentCapabilities{Backends: ni.Backends, KernelModules: ni.Modules, NVMeAuth: ni.NVMeAuth, NVMeTLS: ni.NVMeTLS}
 	now := metav1.Now()
 	st.LastHeartbeatTime = &now
 
 	var blocking, notes []string
+	var authStalled string
 	reason := ReasonSucceeded
 	needed := map[string]bool{}
 	if a.Spec.NVMeoF != nil {
@@ -61,6 +65,12 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 			reason = ReasonNoBindAddress
 		}
 		st.Address = addr
+		if a.Spec.NVMeoF.Auth && !slices.Contains(ni.NVMeAuth, storev1.CapabilityTarget) {
+			// never a silent downgrade: the volumes asking for it are not exported
+			authStalled = fmt.Sprintf("node %s: a Protocol asks for DH-HMAC-CHAP but the kernel has no NVMe target authentication (CONFIG_NVME_TARGET_AUTH; Linux 6.0 or newer built with it)", a.Name)
+			blocking = append(blocking, authStalled)
+			reason = ReasonAuthUnsupported
+		}
 	} else {
 		st.Address = ""
 	}
@@ -82,6 +92,12 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	if ni.HostNQNError != "" {
 		notes = append(notes, ni.HostNQNError)
+	}
+	if authStalled != "" {
+		// a policy the node cannot serve: no retry helps until the kernel or the policy changes
+		setCond(&st.Conditions, a.Generation, CondStalled, true, ReasonAuthUnsupported, authStalled)
+	} else {
+		apimeta.RemoveStatusCondition(&st.Conditions, CondStalled)
 	}
 	if len(blocking) > 0 {
 		setCond(&st.Conditions, a.Generation, CondReady, false, reason, strings.Join(append(blocking, notes...), "; "))

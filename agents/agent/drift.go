@@ -22,6 +22,8 @@ const (
 	DriftOrphan        = "Orphan"
 	DriftMisconfigured = "Misconfigured"
 	DriftACLDiffers    = "ACLDiffers"
+	// DriftAuthDiffers: a host entry's DH-HMAC-CHAP setting is not its Secret's.
+	DriftAuthDiffers = "AuthDiffers"
 )
 
 // desiredExport is the export a VolumeState asks for.
@@ -107,6 +109,12 @@ func exportDrift(want nvmet.ExportSpec, got *nvmet.Export) *storev1.DriftItem {
 	}
 	if fmt.Sprint(got.Hosts) != fmt.Sprint(nonNil(want.Hosts)) {
 		return item(DriftACLDiffers, "%s allows hosts %v, want %v", want.NQN, got.Hosts, want.Hosts)
+	}
+	for _, h := range want.Hosts {
+		if a, ok := want.HostAuth[h]; ok && !nvmet.AuthMatches(a, got.HostAuth[h]) {
+			// names the host, never a key
+			return item(DriftAuthDiffers, "host %s of %s has not the DH-HMAC-CHAP setting of its Secret", h, want.NQN)
+		}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -40,6 +41,9 @@ type node struct {
 	bootID string
 	opts   Options
 	client client.Client
+	// reader reads uncached: the host Secrets of DH-HMAC-CHAP, by name (no Secret informer,
+	// so the agent needs only "get" on Secrets of one namespace)
+	reader client.Reader
 	marks  *fencing.Store
 	target *nvmet.Target
 	wake   chan event.GenericEvent
@@ -66,6 +70,9 @@ func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := storev1.AddToScheme(s); err != nil {
 		panic(err) // static registration; cannot fail
+	}
+	if err := corev1.AddToScheme(s); err != nil { // Secrets of DH-HMAC-CHAP, read uncached
+		panic(err)
 	}
 	return s
 }
@@ -122,6 +129,7 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		bootID: strings.TrimSpace(string(bootID)),
 		opts:   opts,
 		client: mgr.GetClient(),
+		reader: mgr.GetAPIReader(),
 		marks:  marks,
 		target: nvmet.New(opts.NVMetRoot),
 		wake:   make(chan event.GenericEvent, 1024),

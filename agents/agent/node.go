@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
 // KernelModules are the modules the Agent reports (DESIGN.md "The runtime API").
@@ -28,6 +29,36 @@ type NodeInfo struct {
 	// Backends usable on the node: "lvm" (lvm binary and device-mapper),
 	// "file" (/dev/loop-control), sorted.
 	Backends []string
+	// NVMeAuth and NVMeTLS: where the kernel supports NVMe in-band authentication and
+	// NVMe/TCP TLS ("host", "target"), see KernelNVMeSecurity.
+	NVMeAuth, NVMeTLS []string
+}
+
+// KernelNVMeSecurity reads which parts of the running kernel (sysRoot, normally /sys) support
+// NVMe in-band authentication and NVMe/TCP TLS, from the modules that use the shared helper
+// modules: nvme_auth is used by nvme_core (CONFIG_NVME_HOST_AUTH) and by nvmet
+// (CONFIG_NVME_TARGET_AUTH); nvme_keyring by nvme_tcp (CONFIG_NVME_TCP_TLS) and by nvmet
+// (CONFIG_NVME_TARGET_TCP_TLS). Kernels without them (Debian bookworm's 6.1) have no
+// /sys/module/nvme_auth at all. The modules must be loaded (the agent's and the node
+// plugin's nvme modules are). Each result is sorted: "host", "target".
+func KernelNVMeSecurity(sysRoot string) (auth, tls []string) {
+	held := func(helper, user string) bool {
+		_, err := os.Stat(filepath.Join(sysRoot, "module", helper, "holders", user))
+		return err == nil
+	}
+	if held("nvme_auth", "nvme_core") {
+		auth = append(auth, storev1.CapabilityHost)
+	}
+	if held("nvme_auth", "nvmet") {
+		auth = append(auth, storev1.CapabilityTarget)
+	}
+	if held("nvme_keyring", "nvme_tcp") {
+		tls = append(tls, storev1.CapabilityHost)
+	}
+	if held("nvme_keyring", "nvmet") || held("nvme_keyring", "nvmet_tcp") {
+		tls = append(tls, storev1.CapabilityTarget)
+	}
+	return auth, tls
 }
 
 // Probe reads the node: the host NQN file (such as /etc/nvme/hostnqn), the
@@ -67,6 +98,7 @@ func (o *Options) probe() NodeInfo {
 		}
 	}
 	sort.Strings(ni.Backends)
+	ni.NVMeAuth, ni.NVMeTLS = KernelNVMeSecurity(o.SysRoot)
 	return ni
 }
 

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
@@ -14,8 +15,10 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultStateDir        = "/var/lib/plinth"
-	DefaultHostNQNFile     = "/etc/nvme/hostnqn"
+	DefaultStateDir    = "/var/lib/plinth"
+	DefaultHostNQNFile = "/etc/nvme/hostnqn"
+	// DefaultAuthNamespace is the namespace of the shipped manifests (kustomize/default).
+	DefaultAuthNamespace   = "plinth-system"
 	DefaultRefreshInterval = 30 * time.Second
 	DefaultMetricsAddr     = ":8080"
 	DefaultProbeAddr       = ":8081"
@@ -49,6 +52,11 @@ type Options struct {
 	ProbeAddr   string
 	// Version is reported in Agent status.
 	Version string
+
+	// AuthNamespace is the namespace of the per-host DH-HMAC-CHAP Secrets the controller
+	// makes (internal/nvmeauth; default $POD_NAMESPACE, then DefaultAuthNamespace). The agent
+	// only GETs the Secrets of the hosts its volumes allow, by name, uncached.
+	AuthNamespace string
 
 	// HostNQNFile is the host NQN file (default /etc/nvme/hostnqn).
 	HostNQNFile string
@@ -110,6 +118,12 @@ func (o *Options) defaults() error {
 	}
 	if o.HostNQNFile == "" {
 		o.HostNQNFile = DefaultHostNQNFile
+	}
+	if o.AuthNamespace == "" {
+		o.AuthNamespace = os.Getenv("POD_NAMESPACE")
+	}
+	if o.AuthNamespace == "" {
+		o.AuthNamespace = DefaultAuthNamespace
 	}
 	if o.NVMetRoot == "" {
 		o.NVMetRoot = nvmet.DefaultRoot

@@ -214,6 +214,14 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			r.fail(vs, ReasonExportFailed, err.Error())
 			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
+		if want.spec.HostAuth, err = r.hostAuth(ctx, vs); err != nil {
+			reason := ReasonExportFailed
+			if errors.Is(err, errAuthSecret) {
+				reason = storev1.ReasonAuthSecretMissing
+			}
+			r.fail(vs, reason, err.Error())
+			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+		}
 		var cur *nvmet.Export
 		if e, err := r.target.Inspect(ctx, want.spec.NQN); err == nil {
 			cur = &e
@@ -227,7 +235,10 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			// reboot took it (configfs is in memory), nobody removed it. Restored under
 			// either driftPolicy, as the LV is activated again.
 			rebooted := cur == nil && mark.ExportBootID != r.bootID
-			if vs.Status.Export != nil && !specChanged && !pubChanged && !correct && !rebooted {
+			// a host key that differs from its Secret (a rotation) is always written: the
+			// Secret is the only record of the key, there is nothing to report it against
+			authDrift := d.Reason == DriftAuthDiffers
+			if vs.Status.Export != nil && !specChanged && !pubChanged && !correct && !rebooted && !authDrift {
 				drift = append(drift, *d)
 				return r.drifted(vs, drift), nil
 			}

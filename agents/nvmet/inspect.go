@@ -85,6 +85,21 @@ func (t *Target) readExport(nqn string, ports []portEntry) (Export, error) {
 		return Export{}, err
 	}
 	sort.Strings(e.Hosts)
+	for _, h := range e.Hosts {
+		a, ok, err := t.readHostAuth(h)
+		if errors.Is(err, syscall.ENOENT) {
+			continue // the entry went with the link meanwhile
+		}
+		if err != nil {
+			return Export{}, err
+		}
+		if ok && a.Key != "" {
+			if e.HostAuth == nil {
+				e.HostAuth = map[string]HostAuth{}
+			}
+			e.HostAuth[h] = a
+		}
+	}
 	nss, err := t.fs.ReadDir(filepath.Join(sdir, "namespaces"))
 	if err != nil {
 		return Export{}, err

@@ -55,6 +55,10 @@ type kernelRulesFS struct {
 	unassigned    map[string]bool // addresses on no interface
 	discovered    map[string]bool // subsystem NQNs a host has identified
 	revalidations map[string]int  // namespace dir (relative) → count
+	// auth gives host entries the dhchap_* attributes of a kernel with
+	// CONFIG_NVME_TARGET_AUTH (6.12 here; bookworm's 6.1 has none): writes of a key that
+	// does not start "DHHC-1:" fail with EINVAL (nvmet_auth_set_key).
+	auth bool
 	// inject, when set, may fail an operation before the rules run
 	// (op is "mkdir", "rmdir", "write", "symlink", "unlink").
 	inject func(op, rel, value string) error
@@ -178,6 +182,9 @@ func (k *kernelRulesFS) Mkdir(path string) error {
 		}
 		dirs = []string{"subsystems", "referrals", "ana_groups"}
 	case len(p) == 2 && p[0] == "hosts":
+		if k.auth {
+			files = map[string]string{"dhchap_key": "", "dhchap_ctrl_key": "", "dhchap_hash": "hmac(sha256)", "dhchap_dhgroup": "null"}
+		}
 	default:
 		return errno("mkdir", path, syscall.EPERM)
 	}
@@ -401,6 +408,9 @@ func (k *kernelRulesFS) WriteAttr(path, value string) error {
 		if attr == "addr_traddr" && len(value) > 256 || attr == "addr_trsvcid" && len(value) > 32 {
 			return fail(syscall.EINVAL)
 		}
+	}
+	if len(p) == 3 && p[0] == "hosts" && (attr == "dhchap_key" || attr == "dhchap_ctrl_key") && !strings.HasPrefix(line, "DHHC-1:") {
+		return fail(syscall.EINVAL)
 	}
 	k.put(path, store)
 	k.record("write %s=%s", rel, value)

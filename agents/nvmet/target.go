@@ -69,6 +69,11 @@ type ExportSpec struct {
 	// Hosts are the host NQNs allowed to connect when ACL is set; the
 	// allowed_hosts links are reconciled to exactly this set.
 	Hosts []string
+	// HostAuth, when set, requires DH-HMAC-CHAP of every host in Hosts: each host entry gets
+	// its setting (HostAuth[host]) before it is linked into allowed_hosts, so the host is
+	// never allowed without authentication. Needs ACL and an entry for every host; the
+	// kernel must have target authentication (ErrAuthUnsupported otherwise).
+	HostAuth map[string]HostAuth
 }
 
 // Namespace is an observed namespace of a subsystem.
@@ -96,7 +101,10 @@ type Export struct {
 	Serial       string
 	AllowAnyHost bool
 	// Hosts linked into allowed_hosts, sorted.
-	Hosts      []string
+	Hosts []string
+	// HostAuth holds the DH-HMAC-CHAP setting of each linked host whose entry has a key
+	// (secrets: compare, never print).
+	HostAuth   map[string]HostAuth
 	Namespaces []Namespace
 	// Ports the subsystem is linked into, sorted by id.
 	Ports []Port
@@ -185,6 +193,16 @@ func validateSpec(s ExportSpec) (family string, err error) {
 			return "", fmt.Errorf("host: %w", err)
 		}
 	}
+	if s.HostAuth != nil {
+		if !s.ACL {
+			return "", fmt.Errorf("%w: authentication without ACL (any host may connect, none is asked)", ErrInvalidSpec)
+		}
+		for _, h := range s.Hosts {
+			if s.HostAuth[h].Key == "" {
+				return "", fmt.Errorf("%w: no DH-HMAC-CHAP key for host %s", ErrInvalidSpec, h)
+			}
+		}
+	}
 	return family, nil
 }
 
@@ -253,7 +271,7 @@ func (t *Target) export(spec ExportSpec, family string, c *changes) (Result, err
 	}); err != nil {
 		return Result{}, fmt.Errorf("set serial (frozen once a host identified the subsystem): %w", err)
 	}
-	revoked, err := t.reconcileHosts(spec.NQN, spec.ACL, spec.Hosts, c)
+	revoked, err := t.reconcileHosts(spec.NQN, spec.ACL, spec.Hosts, spec.HostAuth, c)
 	if err != nil {
 		return Result{}, err
 	}
@@ -322,7 +340,7 @@ func (t *Target) ensureAttr(path, want string, c *changes, norm func(string) str
 
 // reconcileHosts converges attr_allow_any_host and allowed_hosts; revoked is true when the
 // ACL stays on and a host that was allowed no longer is (its live controllers must be cut).
-func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, c *changes) (revoked bool, err error) {
+func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, auth map[string]HostAuth, c *changes) (revoked bool, err error) {
 	sdir := t.subsysDir(nqn)
 	anyPath := filepath.Join(sdir, "attr_allow_any_host")
 	adir := filepath.Join(sdir, "allowed_hosts")
@@ -350,6 +368,16 @@ func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, c *changes
 			return err
 		}
 		for _, h := range hosts {
+			if auth != nil {
+				// the key before the link: an allowed host is never admitted without it,
+				// and a changed key (rotation) is written to a host already linked
+				if err := t.mkdir(t.hostDir(h), c); err != nil {
+					return err
+				}
+				if err := t.ensureHostAuth(h, auth[h], c); err != nil {
+					return err
+				}
+			}
 			if slices.Contains(current, h) {
 				continue
 			}

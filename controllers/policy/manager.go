@@ -10,10 +10,13 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -21,6 +24,8 @@ import (
 
 	"github.com/plinth-storage/plinth/controllers/inventory"
 	"github.com/plinth-storage/plinth/controllers/liveness"
+	nvmeauthctrl "github.com/plinth-storage/plinth/controllers/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -98,6 +103,14 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 		LeaderElectionID:              "plinth-controller.plinth.dev",
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
+		// Secrets: only the DH-HMAC-CHAP host Secrets of its own namespace (controllers/nvmeauth),
+		// never a cluster-wide Secret informer
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {
+				Namespaces: map[string]cache.Config{o.Namespace: {}},
+				Label:      labels.SelectorFromSet(labels.Set{nvmeauth.LabelComponent: nvmeauth.ComponentValue}),
+			},
+		}},
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("create manager: %w", err)
@@ -129,6 +142,9 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 	}
 	if err := (&liveness.Reconciler{Client: mgr.GetClient(), SkipNameValidation: o.SkipNameValidation}).SetupWithManager(mgr); err != nil {
 		return nil, nil, fmt.Errorf("set up liveness controller: %w", err)
+	}
+	if err := (&nvmeauthctrl.Reconciler{Client: mgr.GetClient(), Namespace: o.Namespace, SkipNameValidation: o.SkipNameValidation}).SetupWithManager(mgr); err != nil {
+		return nil, nil, fmt.Errorf("set up nvme-auth controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err

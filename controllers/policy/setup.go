@@ -60,6 +60,7 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups="",resources=nodes;persistentvolumeclaims;persistentvolumes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=plinth-system,resources=configmaps,verbs=get;create;patch;update
+// +kubebuilder:rbac:groups="",namespace=plinth-system,resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=plinth-system,resources=leases,verbs=get;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch

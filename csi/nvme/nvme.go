@@ -56,6 +56,11 @@ type Target struct {
 	// QueueSize is queue_size, the I/O queue depth (nvme connect --queue-size; the kernel
 	// accepts 16–1024, drivers/nvme/host/fabrics.c); 0 keeps the default (128).
 	QueueSize int32
+	// DHCHAPSecret is the host's DH-HMAC-CHAP secret ("DHHC-1:...", dhchap_secret, nvme connect
+	// --dhchap-secret); "" connects without. DHCHAPCtrlSecret is the controller's secret for
+	// bidirectional authentication (dhchap_ctrl_secret, --dhchap-ctrl-secret). Secrets: never
+	// printed (String and errors leave them out).
+	DHCHAPSecret, DHCHAPCtrlSecret string
 }
 
 var (
@@ -98,6 +103,14 @@ func (in *Initiator) write(path string, data []byte) error {
 		return in.WriteFile(path, data)
 	}
 	return os.WriteFile(path, data, 0)
+}
+
+// AuthUsable reports whether this node's kernel can authenticate to a target
+// (DH-HMAC-CHAP): nvme_core uses nvme_auth (CONFIG_NVME_HOST_AUTH; Linux 6.0 or newer built
+// with it). Without it the kernel refuses a connect with dhchap_secret.
+func (in *Initiator) AuthUsable() bool {
+	_, err := os.Stat(in.sys("module", "nvme_auth", "holders", "nvme_core"))
+	return err == nil
 }
 
 // Usable reports whether this node can connect over NVMe-oF/TCP: the fabrics device exists and
@@ -206,6 +219,12 @@ func ConnectOptions(t Target) string {
 	if t.QueueSize > 0 {
 		opts = append(opts, fmt.Sprintf("queue_size=%d", t.QueueSize))
 	}
+	if t.DHCHAPSecret != "" {
+		opts = append(opts, "dhchap_secret="+t.DHCHAPSecret)
+	}
+	if t.DHCHAPCtrlSecret != "" {
+		opts = append(opts, "dhchap_ctrl_secret="+t.DHCHAPCtrlSecret)
+	}
 	return strings.Join(opts, ",")
 }
 
@@ -226,7 +245,7 @@ func writeFabrics(options string) error {
 // the namespace's block device, e.g. /dev/nvme1n1, waiting (bounded) for it to appear.
 func (in *Initiator) Connect(ctx context.Context, t Target) (string, error) {
 	if t.NQN == "" || t.Address == "" || t.Port == 0 {
-		return "", fmt.Errorf("incomplete target %+v", t)
+		return "", fmt.Errorf("incomplete target (nqn %q, address %q, port %d)", t.NQN, t.Address, t.Port)
 	}
 	ok, err := in.connected(t)
 	if err != nil {

@@ -22,6 +22,7 @@ type ProtocolSpec struct {
 type LocalProtocol struct{}
 
 // NVMeoFTCPProtocol configures the nvmet TCP port of each storage node and the host side.
+// +kubebuilder:validation:XValidation:rule="!has(self.auth) || self.auth.mode != 'DHHMACCHAP' || !has(self.acl) || self.acl",message="auth mode DHHMACCHAP needs acl: true (a host admitted by allow_any_host is never asked for a secret)"
 type NVMeoFTCPProtocol struct {
 	// Port is the TCP service id (trsvcid), 1–65535. Default 4420, the IANA NVMe-oF port.
 	// +optional
@@ -60,7 +61,63 @@ type NVMeoFTCPProtocol struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=3600
 	ReconnectDelay int32 `json:"reconnectDelay,omitempty"`
+
+	// Auth is in-band authentication of each host by the storage node's target (and, when
+	// bidirectional, of the target by the host). Default: none, only the ACL of host NQNs.
+	// With mode DHHMACCHAP the ACL must stay on: a host the target does not list is never
+	// asked for a secret.
+	// +optional
+	Auth *NVMeoFAuth `json:"auth,omitempty"`
 }
+
+// NVMeoFAuthMode is the in-band authentication protocol of NVMe-oF hosts.
+// +kubebuilder:validation:Enum=None;DHHMACCHAP
+type NVMeoFAuthMode string
+
+// Authentication modes.
+const (
+	// AuthNone admits any host the ACL lists, on its NQN alone.
+	AuthNone NVMeoFAuthMode = "None"
+	// AuthDHHMACCHAP makes every host prove a per-host secret with DH-HMAC-CHAP (NVMe Base
+	// Specification 2.0, 8.13.5; Linux nvmet hosts/<hostnqn>/dhchap_* and nvme connect
+	// --dhchap-secret). Needs Linux >= 6.0 built with CONFIG_NVME_AUTH and, on storage
+	// nodes, CONFIG_NVME_TARGET_AUTH (Agent status.capabilities.nvmeAuth).
+	AuthDHHMACCHAP NVMeoFAuthMode = "DHHMACCHAP"
+)
+
+// NVMeoFAuth configures DH-HMAC-CHAP. The secrets themselves are never in policy: the
+// controller generates one per host into Secrets of its own namespace.
+// +kubebuilder:validation:XValidation:rule="self.mode == 'DHHMACCHAP' || !self.bidirectional",message="bidirectional needs mode DHHMACCHAP"
+type NVMeoFAuth struct {
+	// Mode is None (default) or DHHMACCHAP.
+	// +optional
+	// +kubebuilder:default=None
+	Mode NVMeoFAuthMode `json:"mode,omitempty"`
+
+	// Hash is the HMAC hash of the challenge (the target's dhchap_hash hmac(<hash>)):
+	// sha256 (default), sha384 or sha512. Every Protocol with DHHMACCHAP must name the same
+	// hash and dhGroup: the kernel keeps one setting per host (plinth vet checks it).
+	// +optional
+	// +kubebuilder:default=sha256
+	// +kubebuilder:validation:Enum=sha256;sha384;sha512
+	Hash string `json:"hash,omitempty"`
+
+	// DHGroup adds an ephemeral Diffie-Hellman exchange (RFC 7919 groups) to each
+	// authentication: ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144 or ffdhe8192. Unset (default)
+	// is the kernel's "null" group: no exchange, cheaper, no forward secrecy.
+	// +optional
+	// +kubebuilder:validation:Enum=ffdhe2048;ffdhe3072;ffdhe4096;ffdhe6144;ffdhe8192
+	DHGroup string `json:"dhGroup,omitempty"`
+
+	// Bidirectional makes the host authenticate the target too (a controller secret,
+	// nvme connect --dhchap-ctrl-secret). Default false.
+	// +optional
+	// +kubebuilder:default=false
+	Bidirectional bool `json:"bidirectional"`
+}
+
+// Enabled reports whether a is set and asks for authentication.
+func (a *NVMeoFAuth) Enabled() bool { return a != nil && a.Mode == AuthDHHMACCHAP }
 
 // Protocol says how a volume reaches its consumer.
 //

@@ -22,7 +22,20 @@ type NVMeoFEndpoint struct {
 	Port int32 `json:"port"`
 	// BindCIDR selects the node address to bind: the first node address inside it.
 	BindCIDR string `json:"bindCIDR"`
+	// Auth is true when a Protocol of this node's pools asks for DH-HMAC-CHAP: the agent then
+	// needs NVMe target authentication in the kernel (Ready=False, reason AuthUnsupported,
+	// without it).
+	// +optional
+	Auth bool `json:"auth,omitempty"`
 }
+
+// Values of AgentCapabilities.NVMeAuth and NVMeTLS.
+const (
+	// CapabilityTarget: the kernel's nvmet target supports it.
+	CapabilityTarget = "target"
+	// CapabilityHost: the kernel's NVMe host (initiator) supports it.
+	CapabilityHost = "host"
+)
 
 // AgentCapabilities is what the agent found on its node.
 type AgentCapabilities struct {
@@ -32,6 +45,18 @@ type AgentCapabilities struct {
 	// KernelModules loaded or loadable: nvmet, nvmet_tcp, nvme_tcp, dm_thin_pool, zfs.
 	// +optional
 	KernelModules []string `json:"kernelModules,omitempty"`
+	// NVMeAuth says where the kernel supports NVMe in-band authentication (DH-HMAC-CHAP):
+	// "host" (nvme-core uses nvme-auth: CONFIG_NVME_HOST_AUTH) and "target" (nvmet uses
+	// nvme-auth: CONFIG_NVME_TARGET_AUTH), sorted; empty on kernels without (Debian
+	// bookworm's 6.1). Read from /sys/module/nvme_auth/holders.
+	// +optional
+	NVMeAuth []string `json:"nvmeAuth,omitempty"`
+	// NVMeTLS says where the kernel supports NVMe/TCP TLS: "host" (nvme-tcp uses
+	// nvme-keyring: CONFIG_NVME_TCP_TLS) and "target" (nvmet uses nvme-keyring:
+	// CONFIG_NVME_TARGET_TCP_TLS), sorted. The TLS handshake also needs the tlshd daemon
+	// (ktls-utils), which is not checked. Read from /sys/module/nvme_keyring/holders.
+	// +optional
+	NVMeTLS []string `json:"nvmeTLS,omitempty"`
 }
 
 // AgentStatus is written by the node agent.

@@ -30,6 +30,19 @@ const (
 	ReasonMissingKernelModules = "MissingKernelModules"
 	// ReasonNoBindAddress surfaces when no node address is inside spec.nvmeof.bindCIDR.
 	ReasonNoBindAddress = "NoBindAddress"
+	// ReasonAuthUnsupported surfaces (Ready=False, Stalled=True) when spec.nvmeof.auth asks
+	// for DH-HMAC-CHAP and the node's kernel has no NVMe target authentication
+	// (CONFIG_NVME_TARGET_AUTH; status.capabilities.nvmeAuth lacks "target"). The node's
+	// volumes that ask for it are not exported: never without authentication.
+	ReasonAuthUnsupported = "AuthUnsupported"
+)
+
+// Reasons of a VolumeState's Ready condition about in-band authentication.
+const (
+	// ReasonAuthSecretMissing surfaces when a publication's host Secret (nvme-auth-<node> in
+	// the controller's namespace) is missing, belongs to another host NQN or is malformed:
+	// the host is not allowed until it is there.
+	ReasonAuthSecretMissing = "AuthSecretMissing"
 )
 
 // Reasons of a Store's and a VolumeState's conditions.

@@ -1,0 +1,177 @@
+// Package nvmeauth keeps one Kubernetes Secret per NVMe host for in-band authentication
+// (DH-HMAC-CHAP): when a Protocol asks for it (spec.nvmeofTcp.auth.mode DHHMACCHAP), every Node
+// with a host NQN (annotation plinth.dev/host-nqn, set by the CSI node plugin) gets the Secret
+// nvme-auth-<node> in the controller's namespace, with a host secret and a controller secret
+// generated with crypto/rand in the DHHC-1 representation (internal/nvmeauth). Storage nodes'
+// agents write them into nvmet's host entries; the node's CSI node plugin presents them when
+// it connects.
+//
+// A Secret is made anew (new keys) when the node's host NQN changes or when the hash of the
+// Protocols changes (the key length follows it); it is
+// deleted with its Node (it is also owned by the Node, for the garbage collector). Turning
+// authentication off in Git keeps the Secrets: volumes keep the policy they were created with.
+// Secret data never reaches logs, events or conditions; only names do.
+package nvmeauth
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/plinth-storage/plinth/internal/nvmeauth"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+)
+
+// SecretType is the type of the host Secrets.
+const SecretType corev1.SecretType = "plinth.dev/nvme-dhchap"
+
+// Its RBAC: nodes get/list/watch and protocols get/list/watch (cluster), secrets
+// get/list/watch/create/update/delete in the controller's namespace only (a Role).
+
+// Reconciler keeps the host Secrets; one reconcile per Node.
+type Reconciler struct {
+	// Client reads Nodes and Protocols from the cache and writes Secrets.
+	Client client.Client
+	// Namespace holds the Secrets (the controller's namespace).
+	Namespace string
+	// SkipNameValidation lets tests start several managers in one process.
+	SkipNameValidation bool
+}
+
+// Wanted is the authentication the Protocols ask for: On when one has mode DHHMACCHAP; Hash
+// ("sha256", "sha384", "sha512") of those (the first by name decides: plinth vet refuses
+// Protocols that disagree).
+type Wanted struct {
+	On   bool
+	Hash string
+}
+
+// WantedOf computes Wanted from the Protocols.
+func WantedOf(protocols []policyv1.Protocol) Wanted {
+	sort.Slice(protocols, func(i, j int) bool { return protocols[i].Name < protocols[j].Name })
+	var w Wanted
+	for _, p := range protocols {
+		if p.Spec.NVMeoFTCP == nil || !p.Spec.NVMeoFTCP.Auth.Enabled() {
+			continue
+		}
+		w.On, w.Hash = true, p.Spec.NVMeoFTCP.Auth.Hash
+		if w.Hash == "" {
+			w.Hash = "sha256"
+		}
+		break
+	}
+	return w
+}
+
+// SetupWithManager registers the reconciler: Nodes, Protocols (every Node), and the host
+// Secrets (their Node).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	allNodes := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var nodes corev1.NodeList
+		if err := r.Client.List(ctx, &nodes); err != nil {
+			return nil
+		}
+		out := make([]reconcile.Request, 0, len(nodes.Items))
+		for _, n := range nodes.Items {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: n.Name}})
+		}
+		return out
+	})
+	ofSecret := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if o.GetNamespace() != r.Namespace || o.GetLabels()[nvmeauth.LabelComponent] != nvmeauth.ComponentValue {
+			return nil
+		}
+		node := o.GetAnnotations()[annotationNode]
+		if node == "" {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: node}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("nvmeauth").
+		WithOptions(controller.Options{SkipNameValidation: &r.SkipNameValidation}).
+		For(&corev1.Node{}, builder.WithPredicates(predicate.Or(predicate.AnnotationChangedPredicate{}, predicate.GenerationChangedPredicate{}))).
+		Watches(&policyv1.Protocol{}, allNodes, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Secret{}, ofSecret).
+		Complete(r)
+}
+
+// annotationNode on a Secret names its Node (label values cannot hold every Node name).
+const annotationNode = "plinth.dev/node"
+
+// Reconcile makes, renews or deletes the Secret of one Node.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	name := nvmeauth.SecretName(req.Name)
+	if !nvmeauth.ValidNodeName(req.Name) {
+		log.Info("node name too long for its DH-HMAC-CHAP Secret name; no secret made", "node", req.Name)
+		return ctrl.Result{}, nil
+	}
+	key := client.ObjectKey{Namespace: r.Namespace, Name: name}
+	var sec corev1.Secret
+	err := r.Client.Get(ctx, key, &sec)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	exists := err == nil
+	if exists && sec.Labels[nvmeauth.LabelComponent] != nvmeauth.ComponentValue {
+		return ctrl.Result{}, fmt.Errorf("secret %s exists and is not Plinth's (label %s=%s missing): not touched", key, nvmeauth.LabelComponent, nvmeauth.ComponentValue)
+	}
+	var node corev1.Node
+	if err := r.Client.Get(ctx, req.NamespacedName, &node); apierrors.IsNotFound(err) || err == nil && !node.DeletionTimestamp.IsZero() {
+		if exists {
+			log.Info("deleting the DH-HMAC-CHAP Secret of a deleted node", "secret", key)
+			return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, &sec))
+		}
+		return ctrl.Result{}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
+	}
+	nqn := node.Annotations[policyv1.AnnotationHostNQN]
+	if nqn == "" {
+		return ctrl.Result{}, nil // the node plugin has not said yet; agents refuse the host meanwhile
+	}
+	var protocols policyv1.ProtocolList
+	if err := r.Client.List(ctx, &protocols); err != nil {
+		return ctrl.Result{}, err
+	}
+	w := WantedOf(protocols.Items)
+	if !exists && !w.On {
+		return ctrl.Result{}, nil
+	}
+	if exists && (!w.On || sec.Annotations[nvmeauth.AnnotationHostNQN] == nqn && sec.Annotations[nvmeauth.AnnotationHash] == w.Hash) {
+		return ctrl.Result{}, nil // up to date, or kept for the volumes made while auth was on
+	}
+	hostKey, err := nvmeauth.Generate(w.Hash)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	ctrlKey, err := nvmeauth.Generate(w.Hash)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	sec.Namespace, sec.Name = r.Namespace, name
+	sec.Type = SecretType
+	sec.Labels = map[string]string{policyv1.LabelManagedBy: "plinth", nvmeauth.LabelComponent: nvmeauth.ComponentValue}
+	sec.Annotations = map[string]string{annotationNode: node.Name, nvmeauth.AnnotationHostNQN: nqn, nvmeauth.AnnotationHash: w.Hash}
+	sec.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID, BlockOwnerDeletion: ptr.To(false)}}
+	sec.Data = map[string][]byte{nvmeauth.KeyHostSecret: []byte(hostKey), nvmeauth.KeyCtrlSecret: []byte(ctrlKey)}
+	if exists {
+		log.Info("renewing the DH-HMAC-CHAP Secret of a node (host NQN or hash changed)", "secret", key, "node", node.Name)
+		return ctrl.Result{}, r.Client.Update(ctx, &sec)
+	}
+	log.Info("making the DH-HMAC-CHAP Secret of a node", "secret", key, "node", node.Name)
+	return ctrl.Result{}, r.Client.Create(ctx, &sec)
+}
