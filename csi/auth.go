@@ -64,3 +64,19 @@ func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode string, b
 	}
 	return nil
 }
+
+// optionalHostSecret puts this node's host secret into t when the node has a usable one and the
+// kernel can authenticate, for volumes that do not ask for authentication: nvmet keeps one key
+// per host entry, shared by every subsystem that allows the host, so once a volume with
+// DH-HMAC-CHAP allows this node, the target asks for the key on its other subsystems too. The
+// kernel authenticates only when the target asks (the connect response's AUTHREQ), so a key
+// given to a target that does not ask costs nothing. Without a Secret nothing is added.
+func (d *Driver) optionalHostSecret(ctx context.Context, t *nvme.Target) {
+	if d.live == nil || !d.initiator.AuthUsable() {
+		return
+	}
+	u := *t
+	if err := d.hostSecrets(ctx, &u, string(policyv1.AuthDHHMACCHAP), false); err == nil {
+		t.DHCHAPSecret = u.DHCHAPSecret
+	}
+}

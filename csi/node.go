@@ -179,6 +179,10 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 			if err := s.d.hostSecrets(ctx, &t, pc[PublishAuth], pc[PublishAuthBidirectional] == "true"); err != nil {
 				return nil, err
 			}
+		} else {
+			// a volume without authentication on a target whose host entry has this node's key
+			// (another volume asked for it): the target asks for the key on every subsystem
+			s.d.optionalHostSecret(ctx, &t)
 		}
 		rec.Kind, rec.NQN = stage.KindNVMeoFTCP, t.NQN
 		// Record first: a crash after connecting must still let unstage disconnect.

@@ -259,9 +259,9 @@ func start(t *testing.T) *suite {
 	}
 	fwd := []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}}
 	opts := map[string]guest.Options{
-		storageNode: {WorkDir: t.TempDir(), DiskBytes: []int64{2 << 30, 64 << 20}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0"),
+		storageNode: {Flavor: guest.FlavorBackports, WorkDir: t.TempDir(), DiskBytes: []int64{2 << 30, 64 << 20}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0"),
 			HostForwards: []guest.Forward{{HostPort: portB, GuestPort: 50052}}},
-		"worker": {GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.B.NetdevArgs("p0"),
+		"worker": {Flavor: guest.FlavorBackports, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.B.NetdevArgs("p0"),
 			HostForwards: []guest.Forward{{HostPort: portA, GuestPort: 50051}}},
 	}
 	// Both boot at once (each on one vCPU): boot is mostly waiting on the other's emulation
@@ -900,6 +900,8 @@ echo "ports=$(ls ports | wc -w)"`, v2.id))
 			t.Errorf("DeleteVolume: %v", err)
 		}
 	})
+
+	t.Run("Auth", s.testAuth)
 
 	t.Run("DeleteLeavesNothing", func(t *testing.T) {
 		if _, err := s.ctrl.DeleteVolume(t.Context(), &csipb.DeleteVolumeRequest{VolumeId: v.id}); err != nil {
