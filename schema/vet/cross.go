@@ -32,6 +32,7 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 			placements = append(placements, vd)
 		}
 	}
+	ps = append(ps, authAgreement(docs)...)
 	classes := map[string]*vetted{}
 	var defaultClass *vetted
 	snapClasses := map[string]*vetted{}
@@ -130,4 +131,42 @@ func where(d *Document) string {
 func (d *Document) Position(path ...string) (file string, line, column int) {
 	p := at(d, path, "")
 	return p.File, p.Line, p.Column
+}
+
+// authAgreement: every Protocol with DH-HMAC-CHAP names the same hash and dhGroup. The kernel's
+// target keeps one setting per host entry (hosts/<hostnqn>/dhchap_hash, dhchap_dhgroup), shared
+// by every subsystem that allows the host, and the controller makes one secret per host whose
+// length follows the hash: two settings would overwrite each other.
+func authAgreement(docs []*vetted) []Problem {
+	var ps []Problem
+	var first *vetted
+	for _, vd := range docs {
+		p, ok := vd.obj.(*policyv1.Protocol)
+		if !ok || p.Spec.NVMeoFTCP == nil || !p.Spec.NVMeoFTCP.Auth.Enabled() {
+			continue
+		}
+		if first == nil {
+			first = vd
+			continue
+		}
+		a, b := first.obj.(*policyv1.Protocol).Spec.NVMeoFTCP.Auth, p.Spec.NVMeoFTCP.Auth
+		hash := func(h string) string {
+			if h == "" {
+				return "sha256"
+			}
+			return h
+		}
+		group := func(g string) string {
+			if g == "" {
+				return "null"
+			}
+			return g
+		}
+		if hash(a.Hash) != hash(b.Hash) || group(a.DHGroup) != group(b.DHGroup) {
+			ps = append(ps, at(vd.doc, []string{"spec", "nvmeofTcp", "auth"},
+				fmt.Sprintf("Protocol %q at %s authenticates with hash %s and dhGroup %s, this one with %s and %s: every Protocol with DHHMACCHAP must use the same (the kernel keeps one setting per host)",
+					first.doc.Name, where(first.doc), hash(a.Hash), group(a.DHGroup), hash(b.Hash), group(b.DHGroup))))
+		}
+	}
+	return ps
 }

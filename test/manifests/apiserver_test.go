@@ -301,7 +301,10 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("update", sto, "stores", "status", ""), deny("update", sto, "agents", "status", ""),
 			deny("create", sto, "volumestates", "", ""), deny("update", sto, "volumestates", "", ""),
 			deny("patch", "", "nodes", "", ""), deny("delete", "", "persistentvolumeclaims", "", "default"), deny("create", "", "persistentvolumes", "", ""),
-			deny("get", "", "configmaps", "", "default"), deny("get", "", "secrets", "", namespace), deny("list", "argoproj.io", "applications", "", "argocd"),
+			deny("get", "", "configmaps", "", "default"), deny("list", "argoproj.io", "applications", "", "argocd"),
+			// the DH-HMAC-CHAP host Secrets of its own namespace only
+			allow("create", "", "secrets", "", namespace), allow("watch", "", "secrets", "", namespace), allow("delete", "", "secrets", "", namespace),
+			deny("get", "", "secrets", "", "default"), deny("list", "", "secrets", "", ""), deny("patch", "", "secrets", "", namespace),
 			deny("patch", "kustomize.toolkit.fluxcd.io", "kustomizations", "", "flux-system"),
 		},
 		"plinth-agent": {
@@ -310,7 +313,9 @@ func testRBAC(t *testing.T, c *cluster) {
 			allow("update", sto, "volumestates", "finalizers", ""),
 			deny("update", sto, "agents", "", ""), deny("patch", sto, "stores", "", ""), deny("create", sto, "volumestates", "", ""),
 			deny("delete", sto, "volumestates", "", ""), deny("list", pol, "storagepools", "", ""), deny("list", "", "nodes", "", ""),
-			deny("create", k8s, "storageclasses", "", ""), deny("get", "", "secrets", "", namespace), deny("create", "coordination.k8s.io", "leases", "", namespace),
+			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", namespace),
+			// host Secrets by name in its namespace; no listing, nothing elsewhere
+			allow("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("get", "", "secrets", "", "default"),
 		},
 		"plinth-csi-controller": {
 			allow("create", sto, "volumestates", "", ""), allow("update", sto, "volumestates", "", ""), allow("delete", sto, "volumestates", "", ""),
@@ -332,7 +337,9 @@ func testRBAC(t *testing.T, c *cluster) {
 		"plinth-csi-node": {
 			allow("patch", "", "nodes", "", ""),
 			deny("get", "", "nodes", "", ""), deny("list", "", "nodes", "", ""), deny("update", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""), deny("get", sto, "volumestates", "", ""),
-			deny("get", "", "secrets", "", namespace), deny("patch", "", "pods", "", namespace),
+			deny("patch", "", "pods", "", namespace),
+			allow("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
+			deny("get", "", "secrets", "", "default"),
 		},
 		"plinth-scheduler": {
 			allow("list", sto, "stores", "", ""), allow("watch", pol, "placements", "", ""), allow("list", pol, "protocols", "", ""),
