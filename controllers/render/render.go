@@ -99,11 +99,16 @@ func Render(in Input) (*Output, error) {
 	// Endpoint per pool: the NVMe-oF protocol of the placements that use it.
 	poolEndpoint := map[string]*storev1.NVMeoFEndpoint{}
 	poolEndpointFrom := map[string]string{}
+	// pools served by a Protocol with DH-HMAC-CHAP: their nodes' agents need target auth
+	poolAuth := map[string]bool{}
 	for i := range in.Placements {
 		pl := &in.Placements[i]
 		proto := protocols[pl.Spec.ProtocolRef.Name]
 		if proto == nil || proto.Spec.NVMeoFTCP == nil {
 			continue
+		}
+		if proto.Spec.NVMeoFTCP.Auth.Enabled() {
+			poolAuth[pl.Spec.PoolRef.Name] = true
 		}
 		ep := &storev1.NVMeoFEndpoint{Port: portOrDefault(proto.Spec.NVMeoFTCP.Port), BindCIDR: proto.Spec.NVMeoFTCP.BindCIDR}
 		if prev, ok := poolEndpoint[pl.Spec.PoolRef.Name]; ok && *prev != *ep {
@@ -177,6 +182,9 @@ func Render(in Input) (*Output, error) {
 		}
 		if ep := agentEndpoint[n.Name]; ep != nil {
 			c := *ep
+			for _, p := range agentPools[n.Name] {
+				c.Auth = c.Auth || poolAuth[p]
+			}
 			a.Spec.NVMeoF = &c
 		}
 		out.Agents = append(out.Agents, a)
