@@ -221,3 +221,39 @@ func TestStoreNameLong(t *testing.T) {
 		t.Errorf("store %q (len %d) labels %v", st.Name, len(st.Name), st.Labels)
 	}
 }
+
+// A Protocol with DH-HMAC-CHAP marks the Agents of the nodes of its pools: they need target
+// authentication in the kernel. Another pool's nodes, and Protocols without it, are unmarked.
+func TestRenderAgentAuth(t *testing.T) {
+	acl := true
+	file := policyv1.Backend{File: &policyv1.FileBackend{Directory: "/d"}}
+	pools := []policyv1.StoragePool{
+		{ObjectMeta: metav1.ObjectMeta{Name: "secure"}, Spec: policyv1.StoragePoolSpec{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"s": "1"}}, Backend: file}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "open"}, Spec: policyv1.StoragePoolSpec{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"o": "1"}}, Backend: file}},
+	}
+	protos := []policyv1.Protocol{
+		{ObjectMeta: metav1.ObjectMeta{Name: "auth"}, Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "10.0.0.0/8", ACL: &acl,
+			Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "10.0.0.0/8", ACL: &acl,
+			Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthNone}}}},
+	}
+	placements := []policyv1.Placement{
+		{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: policyv1.PlacementSpec{PoolRef: policyv1.LocalObjectReference{Name: "secure"}, ProtocolRef: policyv1.LocalObjectReference{Name: "auth"}, StorageClass: policyv1.StorageClassTemplate{Name: "x"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "y"}, Spec: policyv1.PlacementSpec{PoolRef: policyv1.LocalObjectReference{Name: "open"}, ProtocolRef: policyv1.LocalObjectReference{Name: "plain"}, StorageClass: policyv1.StorageClassTemplate{Name: "y"}}},
+	}
+	out, err := Render(Input{Pools: pools, Protocols: protos, Placements: placements,
+		Nodes: []corev1.Node{node("s1", map[string]string{"s": "1"}), node("o1", map[string]string{"o": "1"})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, a := range out.Agents {
+		if a.Spec.NVMeoF == nil {
+			t.Fatalf("Agent %s has no NVMe-oF endpoint", a.Name)
+		}
+		got[a.Name] = a.Spec.NVMeoF.Auth
+	}
+	if !got["s1"] || got["o1"] || len(got) != 2 {
+		t.Errorf("Agents' nvmeof.auth: %v, want s1 true, o1 false", got)
+	}
+}
