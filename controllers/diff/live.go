@@ -3,6 +3,7 @@ package diff
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/plinth-storage/plinth/controllers/inventory"
 	"github.com/plinth-storage/plinth/controllers/plan"
 	"github.com/plinth-storage/plinth/controllers/policy"
+	"github.com/plinth-storage/plinth/controllers/render"
 	"github.com/plinth-storage/plinth/controllers/storageclass"
 	"github.com/plinth-storage/plinth/internal/overrides"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -102,6 +104,7 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 	b.report(pl)
 	b.capacity()
 	b.protocolChanges()
+	b.authSupport(rendered.Agents)
 	b.overrides()
 	rep.Policy = policyChanges(before, after, func(string, string) (string, int) { return "", 0 })
 	b.finish()
@@ -111,6 +114,7 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 // cluster is what Live reads from the API server.
 type cluster struct {
 	nodes  []corev1.Node
+	agents map[string]*storev1.Agent
 	policy *vet.Policies
 	stores map[string]*storev1.Store
 	// volumes by Store name; claims and PVs by StorageClass name; pvs by CSI volume handle.
@@ -127,11 +131,12 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 		protos policyv1.ProtocolList
 		places policyv1.PlacementList
 		stores storev1.StoreList
+		agents storev1.AgentList
 		vols   storev1.VolumeStateList
 		claims corev1.PersistentVolumeClaimList
 		pvs    corev1.PersistentVolumeList
 	)
-	for _, l := range []client.ObjectList{&nodes, &pools, &protos, &places, &stores, &vols, &claims, &pvs} {
+	for _, l := range []client.ObjectList{&nodes, &pools, &protos, &places, &stores, &agents, &vols, &claims, &pvs} {
 		if err := c.List(ctx, l); err != nil {
 			return nil, fmt.Errorf("list %T: %w", l, err)
 		}
@@ -165,6 +170,10 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 		pvs: map[string][]corev1.PersistentVolume{}, pvByID: map[string]*corev1.PersistentVolume{}}
 	for i := range stores.Items {
 		cl.stores[stores.Items[i].Name] = &stores.Items[i]
+	}
+	cl.agents = map[string]*storev1.Agent{}
+	for i := range agents.Items {
+		cl.agents[agents.Items[i].Name] = &agents.Items[i]
 	}
 	for _, v := range vols.Items {
 		cl.volumes[v.Spec.StoreName] = append(cl.volumes[v.Spec.StoreName], v)
@@ -679,6 +688,46 @@ func (b *builder) protocolChanges() {
 			b.violation(RuleProtocolChangeExported, "Protocol", proto, fields[0], fmt.Sprintf(
 				"Protocol %s changes (%s) while %s over it: their hosts stay connected to the old endpoint", proto, strings.Join(fields, ", "), what))
 		}
+	}
+}
+
+// authSupport reports, for each rendered Agent that will need NVMe target authentication
+// (spec.nvmeof.auth), a live Agent whose kernel said it has none (live only): its volumes of
+// the authenticated classes would not be exported. The violation is on the first Protocol with
+// DH-HMAC-CHAP that one of the node's pools is served by.
+func (b *builder) authSupport(agents []storev1.Agent) {
+	if b.cl == nil {
+		return
+	}
+	protoOfPool := map[string]string{}
+	for _, name := range names(b.after.places, b.after.places) {
+		pl := b.after.places[name]
+		if p := b.after.protos[pl.Spec.ProtocolRef.Name]; p != nil && p.Spec.NVMeoFTCP != nil && p.Spec.NVMeoFTCP.Auth.Enabled() {
+			if _, ok := protoOfPool[pl.Spec.PoolRef.Name]; !ok {
+				protoOfPool[pl.Spec.PoolRef.Name] = p.Name
+			}
+		}
+	}
+	for _, a := range agents {
+		if a.Spec.NVMeoF == nil || !a.Spec.NVMeoF.Auth {
+			continue
+		}
+		live := b.cl.agents[a.Name]
+		if live == nil || live.Status.LastHeartbeatTime == nil || slices.Contains(live.Status.Capabilities.NVMeAuth, storev1.CapabilityTarget) {
+			continue
+		}
+		proto := ""
+		for _, pool := range strings.Split(a.Annotations[render.AnnotationPools], ",") {
+			if p, ok := protoOfPool[pool]; ok && (proto == "" || p < proto) {
+				proto = p
+			}
+		}
+		if proto == "" {
+			continue
+		}
+		b.violation(RuleAuthUnsupported, "Protocol", proto, "spec.nvmeofTcp.auth", fmt.Sprintf(
+			"node %s reports no NVMe target authentication in its kernel (Agent status.capabilities.nvmeAuth %v; needs CONFIG_NVME_TARGET_AUTH): it would export none of the volumes that ask for DH-HMAC-CHAP",
+			a.Name, live.Status.Capabilities.NVMeAuth))
 	}
 }
 

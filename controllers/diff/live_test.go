@@ -93,6 +93,13 @@ func TestLive(t *testing.T) {
 	volume(t, c, "db-1", "plinth-fast", "fast", "local", "fast.node-b", 40*gi, false)
 	volume(t, c, "shared-0", "plinth-shared", "shared", "nvme", "thin.node-c", 150*gi, true)
 
+	// node-c's agent has reported a kernel without NVMe authentication (bookworm's 6.1)
+	var agentC storev1.Agent
+	eventually(t, "Agent node-c", func() error { return c.Get(ctx, types.NamespacedName{Name: "node-c"}, &agentC) })
+	now := metav1.Now()
+	agentC.Status.LastHeartbeatTime = &now
+	agentC.Status.Capabilities = storev1.AgentCapabilities{KernelModules: []string{"nvmet", "nvmet_tcp", "nvme_tcp", "dm_thin_pool"}}
+	must(t, c.Status().Update(ctx, &agentC))
 	refuseVolumeGroup(t, c, "vg-refused")
 	// A Pending claim (as created: no volume yet) that sets an override the base policy allows.
 	shared := "plinth-shared"
@@ -167,6 +174,20 @@ func TestLive(t *testing.T) {
 		{"protocol", want{exit: diff.ExitViolations,
 			objects:    []string{"change Agent/node-c"},
 			violations: []string{"ProtocolChangeWithExports Protocol/nvme spec.nvmeofTcp.port testdata/live/protocol/protocols.yaml:14"}}},
+		// Expected: turning on DH-HMAC-CHAP changes node-c's Agent (spec.nvmeof.auth) and is a
+		// violation twice: the protocol of exported volumes changes, and node-c's kernel said
+		// it has no target authentication.
+		{"auth", want{exit: diff.ExitViolations,
+			objects: []string{"change Agent/node-c"},
+			violations: []string{"AuthUnsupported Protocol/nvme spec.nvmeofTcp.auth testdata/live/auth/protocols.yaml:15",
+				"ProtocolChangeWithExports Protocol/nvme spec.nvmeofTcp.auth testdata/live/auth/protocols.yaml:15"},
+			check: func(t *testing.T, r *diff.Report) {
+				for _, v := range r.Violations {
+					if v.Rule == diff.RuleAuthUnsupported && !strings.Contains(v.Message, "node node-c") {
+						t.Errorf("AuthUnsupported does not name the node: %s", v.Message)
+					}
+				}
+			}}},
 		{"rejected", want{exit: diff.ExitViolations,
 			violations: []string{"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12",
 				"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12"}}},

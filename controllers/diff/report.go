@@ -67,6 +67,11 @@ const (
 	// (plinth.dev/mkfs-options, ...) that the proposed Placement refuses, so its provisioning
 	// would fail. Bound PVCs keep the overrides frozen into their volumes and are not listed.
 	RuleOverrideRefused = "OverrideRefused"
+	// RuleAuthUnsupported: a Protocol asks for DH-HMAC-CHAP and a storage node of a pool it
+	// serves reports (Agent status.capabilities.nvmeAuth) no NVMe target authentication in its
+	// kernel: that node would export none of the class's volumes (Agent Stalled,
+	// AuthUnsupported). Agents that have not reported yet are not judged.
+	RuleAuthUnsupported = "AuthUnsupported"
 )
 
 // Report is what `plinth diff` prints. Byte sizes are int64 bytes.
