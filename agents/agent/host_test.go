@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -133,6 +134,41 @@ func TestHostFileBackend(t *testing.T) {
 		if err := e.c.Get(ctx, client.ObjectKeyFromObject(other), other); err != nil || other.Status.LastHeartbeatTime != nil {
 			t.Errorf("agent of %s wrote node-b's status: %+v %v", node, other.Status, err)
 		}
+		if len(a.Status.Capabilities.NVMeAuth) != 0 {
+			t.Errorf("nvmeAuth %v on a kernel without nvme_auth", a.Status.Capabilities.NVMeAuth)
+		}
+		// Expected: a Protocol asking for DH-HMAC-CHAP on this node (no nvme_auth in its
+		// sysfs, as bookworm's 6.1) stalls the Agent with a message naming the node.
+		a.Spec.NVMeoF.Auth = true
+		if err := e.c.Update(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "Agent Stalled AuthUnsupported", func() error {
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(a), a); err != nil {
+				return err
+			}
+			sc := apimeta.FindStatusCondition(a.Status.Conditions, agent.CondStalled)
+			if sc == nil || sc.Status != "True" || sc.Reason != agent.ReasonAuthUnsupported || !strings.Contains(sc.Message, "node "+node) {
+				return fmt.Errorf("Stalled %+v", sc)
+			}
+			return nil
+		})
+		if rc := apimeta.FindStatusCondition(a.Status.Conditions, agent.CondReady); rc == nil || rc.Status != "False" || !strings.Contains(rc.Message, "NVMe target authentication") {
+			t.Errorf("Ready %+v, want False naming the missing target authentication", rc)
+		}
+		a.Spec.NVMeoF.Auth = false
+		if err := e.c.Update(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "Agent no longer Stalled", func() error {
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(a), a); err != nil {
+				return err
+			}
+			if sc := apimeta.FindStatusCondition(a.Status.Conditions, agent.CondStalled); sc != nil {
+				return fmt.Errorf("Stalled %+v", sc)
+			}
+			return nil
+		})
 	})
 
 	s := &storev1.Store{}
