@@ -100,6 +100,7 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config")
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/plinth/node", "folder of the node's stage records")
 	f.StringVar(&opts.HostNQNFile, "host-nqn-file", "/etc/nvme/hostnqn", "the node's NVMe host NQN")
+	f.StringVar(&opts.AuthNamespace, "auth-namespace", csi.DefaultAuthNamespace, "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node> (the controller's); the node plugin reads its own node's")
 	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 5*time.Minute, "bound of each wait for the agent when the caller sets no earlier deadline")
 	f.StringVar(&metricsAddr, "metrics-address", "", "serve Prometheus metrics on this address (e.g. :8080); empty disables")
 	f.StringVar(&healthAddr, "health-address", ":9474", "serve the liveness check /healthz on this address (may equal --metrics-address); empty disables")
