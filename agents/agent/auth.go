@@ -20,7 +20,10 @@ var errAuthSecret = errors.New("host secret not usable")
 
 // hostAuth returns the DH-HMAC-CHAP setting of every host the volume allows, from the hosts'
 // Secrets (nvmeauth.SecretName(node) in Options.AuthNamespace), or nil when the volume's
-// frozen protocol does not ask for authentication. Errors name the Secret, never its data.
+// frozen protocol does not ask for authentication. A host whose Secret is missing, for another
+// host NQN or malformed is left out of the map and named in the returned error (wrapping
+// errAuthSecret; the other hosts are still served); any other error (reading the API) is
+// returned alone. Errors name the Secret, never its data.
 func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[string]nvmet.HostAuth, error) {
 	p := vs.Spec.Policy.ProtocolSpec.NVMeoFTCP
 	if p == nil || !p.Auth.Enabled() {
@@ -35,6 +38,7 @@ func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[strin
 		return nil, err
 	}
 	out := map[string]nvmet.HostAuth{}
+	var unusable []error
 	for _, pub := range vs.Spec.Publications {
 		if pub.HostNQN == "" {
 			continue
@@ -46,23 +50,27 @@ func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[strin
 		var sec corev1.Secret
 		if err := n.reader.Get(ctx, client.ObjectKey{Namespace: n.opts.AuthNamespace, Name: name}, &sec); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil, fmt.Errorf("%w: Secret %s/%s of node %s not found (the controller makes it once the node's host NQN is known)", errAuthSecret, n.opts.AuthNamespace, name, pub.NodeName)
+				unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s of node %s not found (the controller makes it once the node's host NQN is known)", errAuthSecret, n.opts.AuthNamespace, name, pub.NodeName))
+				continue
 			}
 			return nil, fmt.Errorf("read Secret %s/%s: %w", n.opts.AuthNamespace, name, err)
 		}
 		if got := sec.Annotations[nvmeauth.AnnotationHostNQN]; got != pub.HostNQN {
-			return nil, fmt.Errorf("%w: Secret %s/%s is for host NQN %q, the publication to node %s names %q", errAuthSecret, n.opts.AuthNamespace, name, got, pub.NodeName, pub.HostNQN)
+			unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s is for host NQN %q, the publication to node %s names %q", errAuthSecret, n.opts.AuthNamespace, name, got, pub.NodeName, pub.HostNQN))
+			continue
 		}
 		a := nvmet.HostAuth{Key: string(sec.Data[nvmeauth.KeyHostSecret]), CtrlKey: string(sec.Data[nvmeauth.KeyCtrlSecret]), Hash: hash, DHGroup: group}
 		if _, _, err := nvmeauth.Decode(a.Key); err != nil {
-			return nil, fmt.Errorf("%w: Secret %s/%s key %s: %w", errAuthSecret, n.opts.AuthNamespace, name, nvmeauth.KeyHostSecret, err)
+			unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s key %s: %w", errAuthSecret, n.opts.AuthNamespace, name, nvmeauth.KeyHostSecret, err))
+			continue
 		}
 		if a.CtrlKey != "" {
 			if _, _, err := nvmeauth.Decode(a.CtrlKey); err != nil {
-				return nil, fmt.Errorf("%w: Secret %s/%s key %s: %w", errAuthSecret, n.opts.AuthNamespace, name, nvmeauth.KeyCtrlSecret, err)
+				unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s key %s: %w", errAuthSecret, n.opts.AuthNamespace, name, nvmeauth.KeyCtrlSecret, err))
+				continue
 			}
 		}
 		out[pub.HostNQN] = a
 	}
-	return out, nil
+	return out, errors.Join(unusable...)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -214,13 +215,17 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			r.fail(vs, ReasonExportFailed, err.Error())
 			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
-		if want.spec.HostAuth, err = r.hostAuth(ctx, vs); err != nil {
-			reason := ReasonExportFailed
-			if errors.Is(err, errAuthSecret) {
-				reason = storev1.ReasonAuthSecretMissing
-			}
-			r.fail(vs, reason, err.Error())
+		// Hosts without a usable secret stay out of the ACL (never allowed without
+		// authentication) while the rest of the export, revocations included, goes ahead;
+		// the volume then reports them and its publications stay unobserved.
+		auth, authErr := r.hostAuth(ctx, vs)
+		if authErr != nil && !errors.Is(authErr, errAuthSecret) {
+			r.fail(vs, ReasonExportFailed, authErr.Error())
 			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+		}
+		if auth != nil {
+			want.spec.HostAuth = auth
+			want.spec.Hosts = slices.DeleteFunc(want.spec.Hosts, func(h string) bool { _, ok := auth[h]; return !ok })
 		}
 		var cur *nvmet.Export
 		if e, err := r.target.Inspect(ctx, want.spec.NQN); err == nil {
@@ -257,6 +262,10 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			if err := r.target.RevalidateSize(ctx, want.spec.NQN); err != nil {
 				ctrl.LoggerFrom(ctx).Error(err, "revalidate namespace size", "nqn", want.spec.NQN)
 			}
+		}
+		if authErr != nil {
+			r.fail(vs, storev1.ReasonAuthSecretMissing, authErr.Error())
+			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
 		vs.Status.Export = &storev1.Export{NQN: want.spec.NQN, Address: want.spec.Endpoint.Address, Port: want.port}
 		if mark.ExportBootID != r.bootID {
