@@ -71,6 +71,9 @@ func TestExportWithHostAuthUnsupported(t *testing.T) {
 	if k.exists("subsystems/" + n + "/allowed_hosts/" + hostA) {
 		t.Error("the host was allowed without authentication")
 	}
+	if k.exists("hosts/" + hostA) {
+		t.Error("the host entry made for the key was left behind")
+	}
 	pid := fmt.Sprint(DerivePortID(Port{Transport: "tcp", Family: "ipv4", Address: "127.0.0.1", ServiceID: "4420"}))
 	if k.exists("ports/" + pid + "/subsystems/" + n) {
 		t.Error("the subsystem was linked into its port")

@@ -345,6 +345,7 @@ func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, auth map[s
 	anyPath := filepath.Join(sdir, "attr_allow_any_host")
 	adir := filepath.Join(sdir, "allowed_hosts")
 	var removed []string
+	var unauthenticated string // a host entry made but not given its key: removed again
 
 	err = func() error {
 		t.hostsMu.RLock()
@@ -375,6 +376,7 @@ func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, auth map[s
 					return err
 				}
 				if err := t.ensureHostAuth(h, auth[h], c); err != nil {
+					unauthenticated = h
 					return err
 				}
 			}
@@ -399,6 +401,9 @@ func (t *Target) reconcileHosts(nqn string, acl bool, hosts []string, auth map[s
 		return nil
 	}()
 	if err != nil {
+		if unauthenticated != "" {
+			_ = t.pruneHosts([]string{unauthenticated}, c) // only when no subsystem links it
+		}
 		return false, err
 	}
 	return acl && len(removed) > 0, t.pruneHosts(removed, c)
