@@ -10,6 +10,7 @@ package nvme
 
 import (
 	"context"
+	"crypto/sha1"
 	"errors"
 	"fmt"
 	"os"
@@ -49,6 +50,11 @@ type Target struct {
 	Port int32
 	// HostNQN is this node's host NQN; empty lets the kernel use its default.
 	HostNQN string
+	// HostID is the host identifier sent with HostNQN (hostid=, a UUID); "" derives it with
+	// HostIDFor. Linux >= 6.6 refuses a host NQN with the kernel's default host id when that id
+	// already belongs to another NQN (fabrics.c nvmf_host_add: "found same hostid"), so a
+	// host NQN always travels with its own id.
+	HostID string
 	// CtrlLossTmo is ctrl_loss_tmo in seconds (-1 reconnects forever); nil keeps the default.
 	CtrlLossTmo *int32
 	// ReconnectDelay is reconnect_delay in seconds; 0 keeps the default.
@@ -209,6 +215,11 @@ func ConnectOptions(t Target) string {
 	}
 	if t.HostNQN != "" {
 		opts = append(opts, "hostnqn="+t.HostNQN)
+		id := t.HostID
+		if id == "" {
+			id = HostIDFor(t.HostNQN)
+		}
+		opts = append(opts, "hostid="+id)
 	}
 	if t.CtrlLossTmo != nil {
 		opts = append(opts, fmt.Sprintf("ctrl_loss_tmo=%d", *t.CtrlLossTmo))
@@ -401,3 +412,20 @@ func HostNQN(path string) (string, error) {
 	}
 	return strings.TrimSpace(string(b)), nil
 }
+
+// HostIDFor returns the host identifier of a host NQN: the UUID of a UUID-based NQN
+// ("nqn.2014-08.org.nvmexpress:uuid:<uuid>", as nvme-cli's gen-hostnqn makes them and as
+// nvme-cli pairs /etc/nvme/hostid with it), else a UUID (version 5 layout) derived from the
+// SHA-1 of the NQN: stable, one per NQN.
+func HostIDFor(hostNQN string) string {
+	const prefix = "nqn.2014-08.org.nvmexpress:uuid:"
+	if u, ok := strings.CutPrefix(hostNQN, prefix); ok && uuidRe.MatchString(u) {
+		return strings.ToLower(u)
+	}
+	h := sha1.Sum([]byte(hostNQN))
+	h[6] = h[6]&0x0f | 0x50
+	h[8] = h[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
+
+var uuidRe = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)

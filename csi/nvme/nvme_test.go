@@ -217,8 +217,15 @@ func TestDisconnect(t *testing.T) {
 func TestConnectOptions(t *testing.T) {
 	tmo := int32(-1)
 	got := ConnectOptions(Target{NQN: "n", Address: "10.0.0.1", Port: 4420, HostNQN: "h", CtrlLossTmo: &tmo, ReconnectDelay: 2})
-	want := "nqn=n,transport=tcp,traddr=10.0.0.1,trsvcid=4420,hostnqn=h,ctrl_loss_tmo=-1,reconnect_delay=2"
+	want := "nqn=n,transport=tcp,traddr=10.0.0.1,trsvcid=4420,hostnqn=h,hostid=27d5482e-ebd0-55de-8438-9774fce28c69,ctrl_loss_tmo=-1,reconnect_delay=2"
 	if got != want {
+		t.Errorf("ConnectOptions = %q, want %q", got, want)
+	}
+	// a UUID-based host NQN travels with its UUID as host id; secrets as dhchap options
+	got = ConnectOptions(Target{NQN: "n", Address: "10.0.0.1", Port: 4420, HostNQN: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000A1",
+		DHCHAPSecret: "DHHC-1:00:a:", DHCHAPCtrlSecret: "DHHC-1:00:b:"})
+	if want := "nqn=n,transport=tcp,traddr=10.0.0.1,trsvcid=4420,hostnqn=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000A1," +
+		"hostid=00000000-0000-4000-8000-0000000000a1,dhchap_secret=DHHC-1:00:a:,dhchap_ctrl_secret=DHHC-1:00:b:"; got != want {
 		t.Errorf("ConnectOptions = %q, want %q", got, want)
 	}
 	// Protocol.nvmeofTcp.maxQueueSize reaches the fabrics write as queue_size.
