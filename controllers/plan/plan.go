@@ -237,11 +237,12 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 		in.Previous = inventory.New()
 	}
 	p := &Plan{Rendered: inventory.New()}
-	toDiff, err := p.classify(ctx, in, src)
+	entries := map[*unstructured.Unstructured]inventory.Entry{} // digests are computed once
+	toDiff, err := p.classify(ctx, in, src, entries)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.diff(ctx, in, src, toDiff); err != nil {
+	if err := p.diff(ctx, in, src, toDiff, entries); err != nil {
 		return nil, err
 	}
 	if err := p.prune(ctx, in, src); err != nil {
@@ -253,13 +254,14 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 // classify records every rendered object's entry and takes out the StorageClasses whose
 // immutable fields change: replaced ones leave the apply; blocked ones are applied with the
 // live immutable fields kept. It returns what goes through the dry-run.
-func (p *Plan) classify(ctx context.Context, in Input, src Source) ([]*unstructured.Unstructured, error) {
+func (p *Plan) classify(ctx context.Context, in Input, src Source, entries map[*unstructured.Unstructured]inventory.Entry) ([]*unstructured.Unstructured, error) {
 	var toDiff []*unstructured.Unstructured
 	for _, u := range in.Desired {
 		e, err := inventory.EntryOf(u)
 		if err != nil {
 			return nil, err
 		}
+		entries[u] = e
 		p.Rendered.Put(e)
 		if u.GetKind() != "StorageClass" {
 			toDiff = append(toDiff, u)
@@ -329,14 +331,17 @@ func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unst
 // one request it needs; a refusal is reported as the apply's error). The rest go through the
 // server-side dry-run, where a changed digest is a policy change and an unchanged digest with
 // a live difference is drift.
-func (p *Plan) diff(ctx context.Context, in Input, src Source, objs []*unstructured.Unstructured) error {
+func (p *Plan) diff(ctx context.Context, in Input, src Source, objs []*unstructured.Unstructured, entries map[*unstructured.Unstructured]inventory.Entry) error {
 	p.Objects = make([]Object, len(objs))
 	var need []*unstructured.Unstructured
 	var at []int
 	for i, u := range objs {
-		e, err := inventory.EntryOf(u)
-		if err != nil {
-			return err
+		e, ok := entries[u]
+		if !ok { // a StorageClass applied with its live immutable fields kept
+			var err error
+			if e, err = inventory.EntryOf(u); err != nil {
+				return err
+			}
 		}
 		o := Object{Object: u, Entry: e, Owners: in.Sources[u.GetKind()+"/"+u.GetName()], Action: Unchanged,
 			KeptImmutable: u.GetKind() == "StorageClass" && isKept(p.Classes, u.GetName())}
