@@ -282,7 +282,7 @@ func procStat(b *testing.B, pid int) (cpu time.Duration, hwmMiB float64) {
 	}
 	for _, line := range strings.Split(string(status), "\n") {
 		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
 			hwmMiB = kb / 1024
 		}
 	}
