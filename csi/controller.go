@@ -272,6 +272,10 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	vs := &storev1.VolumeState{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: id,
+			// The agent's finalizer, set here: otherwise the agent's first act on a new
+			// volume is a write of its own, one more per volume in a burst under its client
+			// limit. The agent releases it also for a volume it never acted on.
+			Finalizers: []string{storev1.FinalizerVolume},
 			Labels: map[string]string{
 				policyv1.LabelPool: storev1.NameLabelValue(poolName),
 				policyv1.LabelNode: storev1.NameLabelValue(store.Spec.NodeName),

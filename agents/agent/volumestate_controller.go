@@ -62,6 +62,11 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if deleting && !controllerutil.ContainsFinalizer(&vs, FinalizerVolume) {
 		return ctrl.Result{}, nil // never acted on, or already released
 	}
+	if deleting {
+		if released, err := r.releaseUntouched(ctx, &vs); released || err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	before := vs.DeepCopy()
 	store, err := r.storeOf(ctx, &vs)
 	if err != nil {
@@ -119,6 +124,27 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		before = vs.DeepCopy()
 	}
 	return r.converge(ctx, &vs, before, store, be, next)
+}
+
+// releaseUntouched releases the finalizer of a deleted VolumeState this agent never acted on:
+// no fencing mark names it (a mark is saved before the first act). The CSI controller creates
+// VolumeStates with this agent's finalizer already set, so that a new volume costs the agent
+// no write of its own before its status; a volume deleted before its agent got to it, or whose
+// Store is gone, must not keep it. Reports whether it released it.
+func (r *volumeReconciler) releaseUntouched(ctx context.Context, vs *storev1.VolumeState) (bool, error) {
+	unlock, err := r.marks.Lock(ctx, vs.Name)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	if _, found, err := r.marks.Load(vs.Name); found || err != nil {
+		return false, nil // acted on (or a corrupt mark, which the fenced path reports)
+	}
+	controllerutil.RemoveFinalizer(vs, FinalizerVolume)
+	if err := r.client.Update(ctx, vs); err != nil && !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	return true, nil
 }
 
 // converge creates, expands and exports the volume. Its status is written once, when it
