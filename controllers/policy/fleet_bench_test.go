@@ -58,10 +58,10 @@ var fleetKinds = map[string]bool{"agents": true, "stores": true, "storageclasses
 // controller first-apply-s, noop-s (reconcile time of the no-op), noop-wall-s, noop-writes,
 // first-requests, first-dryruns, first-writes, noop-requests, apiserver-cpu-s (first apply),
 // cpu-s and rss-mb (the controller process: CPU over both applies, peak RSS). One run per
-// controller (b.N is ignored: run it with -benchtime 1x).
+// controller (b.N is ignored: run it with -benchtime 1x); -bench 'FleetApply/plinth' runs
+// Plinth's side alone, PLINTH_BINARY names the plinth binary to run (default: this tree's).
 func BenchmarkFleetApply(b *testing.B) {
 	c := env(b)
-	controlplane.RequireBinaries(b, binSourceController, binKustomizeController)
 	n := benchEnvInt(b, "PLINTH_BENCH_NODES", 1000)
 	qps := benchEnvInt(b, "PLINTH_BENCH_QPS", 50)
 	burst := benchEnvInt(b, "PLINTH_BENCH_BURST", 300)
@@ -440,6 +440,7 @@ func freePorts(b *testing.B, n int) []int {
 // objects in Git, a Kustomization created (first apply), a reconcile requested with nothing
 // changed (no-op), then the Kustomization deleted and its objects pruned.
 func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string, n int) {
+	controlplane.RequireBinaries(b, binSourceController, binKustomizeController)
 	cs, err := kubernetes.NewForConfig(suite.cp.Admin.Config)
 	if err != nil {
 		b.Fatal(err)
