@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/internal/failpoint"
+	"github.com/plinth-storage/plinth/internal/hostnqn"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -651,6 +652,17 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if hostNQN == "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s has no %s annotation (is the node plugin running?)", nodeID, policyv1.AnnotationHostNQN)
 	}
+	// The ACL admits by host NQN alone: granting an NQN that another node presents too would
+	// admit that node as well. Refused, never granted and never widened to any host.
+	others, err := s.nodesPresenting(ctx, nodeID, hostNQN)
+	if err != nil {
+		return nil, err
+	}
+	if len(others) > 0 {
+		msg := hostnqn.Message(hostNQN, nodeID, others) + fmt.Sprintf("; publication of volume %s refused", id)
+		s.d.warn(&node, hostnqn.ReasonDuplicate, "Publish", msg)
+		return nil, status.Error(codes.FailedPrecondition, msg)
+	}
 	mode := req.GetVolumeCapability().GetAccessMode().GetMode()
 	want := storev1.Publication{NodeName: nodeID, HostNQN: hostNQN, AccessMode: mode.String(), ReadOnly: req.GetReadonly()}
 	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
@@ -703,6 +715,23 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		}
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+}
+
+// nodesPresenting returns the Nodes other than nodeID annotated with host NQN nqn (from the
+// informer), sorted.
+func (s *controller) nodesPresenting(ctx context.Context, nodeID, nqn string) ([]string, error) {
+	var nodes corev1.NodeList
+	if err := s.d.kube.List(ctx, &nodes); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list Nodes: %v", err)
+	}
+	var others []string
+	for _, n := range nodes.Items {
+		if n.Name != nodeID && n.Annotations[policyv1.AnnotationHostNQN] == nqn {
+			others = append(others, n.Name)
+		}
+	}
+	slices.Sort(others)
+	return others, nil
 }
 
 // updatePublications applies change to spec.publications with a resourceVersion

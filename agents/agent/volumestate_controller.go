@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -353,10 +354,12 @@ func (r *volumeReconciler) drifted(vs *storev1.VolumeState, items []storev1.Drif
 	return ctrl.Result{}
 }
 
-// fenced records a refusal: the counter, Fenced=True and Ready=False with
-// the reason; no retry (newer work arrives as a new event).
+// fenced records a refusal: the counter, a Warning event on the VolumeState, Fenced=True and
+// Ready=False with the reason; no retry (newer work arrives as a new event).
 func (r *volumeReconciler) fenced(ctx context.Context, vs, before *storev1.VolumeState, rej *fencing.Rejection) (ctrl.Result, error) {
 	FencingRejections.WithLabelValues(rej.Reason).Inc()
+	r.events.Eventf(vs, nil, corev1.EventTypeWarning, rej.Reason, "Fence", "node %s refused generation %d (publicationGeneration %d): %s",
+		r.opts.NodeName, vs.Generation, vs.Spec.PublicationGeneration, rej.Message)
 	ctrl.LoggerFrom(ctx).Info("work refused by fencing", "volume", vs.Name, "uid", vs.UID,
 		"generation", vs.Generation, "reason", rej.Reason, "message", rej.Message)
 	setCond(&vs.Status.Conditions, vs.Generation, CondFenced, true, rej.Reason, rej.Message)

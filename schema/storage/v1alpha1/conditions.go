@@ -21,6 +21,11 @@ const (
 	// ConditionFenced surfaces on a VolumeState whose work the agent's fencing mark refused
 	// (the reason is a fencing reason below).
 	ConditionFenced = "Fenced"
+	// ConditionHostNQNConflict surfaces on an Agent whose node's host NQN another node already
+	// presents (another Agent's status.hostNQN or another Node's plinth.dev/host-nqn): True
+	// with reason DuplicateHostNQN, naming both nodes; the Agent's status.hostNQN stays empty
+	// (the registration is rejected). Absent when the NQN is the node's alone.
+	ConditionHostNQNConflict = "HostNQNConflict"
 )
 
 // Reasons of an Agent's Ready condition.
