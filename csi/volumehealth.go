@@ -23,7 +23,7 @@ import (
 // controller, the device vanishes and every I/O fails with EIO while the pod keeps its mount.
 // NodeGetVolumeHealth answers kubelet when it asks; the monitor reports each failure once,
 // when it starts, as a Warning event on the VolumeState (reason DeviceGone or MountDead) and in
-// the metrics below, and a Normal event when the volume is healthy again (after unstage + stage).
+// the metrics below; the gauge goes back to 0 once it is healthy again (after unstage + stage).
 
 // The node plugin reads the VolumeState of a failed volume for its event.
 //
@@ -31,10 +31,6 @@ import (
 
 // DefaultVolumeHealthInterval is the period of the node plugin's check of its staged volumes.
 const DefaultVolumeHealthInterval = 30 * time.Second
-
-// ReasonVolumeHealthy is the reason of the Normal event of a staged volume that was reported
-// inaccessible and is healthy again.
-const ReasonVolumeHealthy = "VolumeHealthy"
 
 // volumeMetrics are the node plugin's volume health series; no per-volume label.
 type volumeMetrics struct {
@@ -111,8 +107,7 @@ func (d *Driver) monitorVolumes(ctx context.Context, interval time.Duration) {
 }
 
 // checkVolumes checks every staged volume once (stage records), sets the gauge, and reports each
-// change: a volume that became inaccessible (counter, Warning event) or healthy again (Normal
-// event).
+// volume that became inaccessible (counter, Warning event, log) once per failure.
 func (d *Driver) checkVolumes(ctx context.Context) {
 	recs, err := d.stages.List()
 	if err != nil {
@@ -135,17 +130,13 @@ func (d *Driver) checkVolumes(ctx context.Context) {
 			reason, msg = problems[0].GetReason(), problems[0].GetMessage()
 			counts[reason]++
 		}
-		prev, known := d.monitor.reported[rec.VolumeID]
+		prev := d.monitor.reported[rec.VolumeID]
 		d.monitor.reported[rec.VolumeID] = reason
-		switch {
-		case reason != "" && reason != prev:
+		if reason != "" && reason != prev {
 			d.metrics.failures.WithLabelValues(reason).Inc()
 			d.log.Error(errors.New(msg), "staged volume inaccessible", "volume", rec.VolumeID, "reason", reason, "node", d.opts.NodeName)
 			d.volumeEvent(ctx, rec.VolumeID, "Warning", reason, fmt.Sprintf("volume staged on node %s at %s is inaccessible: %s; "+
 				"unstage and stage it again once the target is reachable (see docs/operations.md)", d.opts.NodeName, rec.StagingPath, msg))
-		case reason == "" && known && prev != "":
-			d.log.Info("staged volume healthy again", "volume", rec.VolumeID, "node", d.opts.NodeName)
-			d.volumeEvent(ctx, rec.VolumeID, "Normal", ReasonVolumeHealthy, fmt.Sprintf("volume staged on node %s at %s is accessible again", d.opts.NodeName, rec.StagingPath))
 		}
 	}
 	for id := range d.monitor.reported {
