@@ -36,6 +36,7 @@ var extraTests = []extraTest{
 	{"StalePublicationForOldNodeRefused", testStalePublication},
 	{"DuplicateHostNQNRefused", testDuplicateHostNQN},
 	{"SnapshotRestoredOnAnotherNode", testSnapshotRestore},
+	{"MeasureRandomIOPS", testMeasureRandomIOPS},
 }
 
 // Expected: a volume is published to worker A, written and unstaged there, then moved to worker
