@@ -22,7 +22,9 @@ import (
 // NVMe-oF class) is made on the storage node's Store, exported, published to worker A and
 // staged there over the network — worker A has no LVM and no snapshot: only the NVMe-oF
 // connection — and the file reads back with the source's sha256 (not reformatted: same
-// filesystem UUID as the source). DeleteSnapshot while the restored volume exists answers OK,
+// filesystem UUID as the source). While the snapshot exists — after it was taken and after 4 MiB
+// more were written into the restored volume — the Store's status.capacity.snapshots equals what
+// lvs reports for the snapshot LVs (size × data_percent, the blocks they map). DeleteSnapshot while the restored volume exists answers OK,
 // its VolumeSnapshotState is gone, and the restored volume still reads the file; then both
 // volumes are deleted: the storage guest has exactly the LVs it had before the test, and no
 // VolumeState or VolumeSnapshotState of the test remains (no finalizer left behind).
@@ -56,6 +58,8 @@ func testSnapshotRestore(t *testing.T, s *suite) {
 		t.Errorf("%d LVs with the source and its snapshot, had %d before", n, before)
 	}
 
+	s.assertSnapshotSpace(t)
+
 	cv, err := s.ctrl.CreateVolume(t.Context(), &csipb.CreateVolumeRequest{Name: "pvc-crossnode-restored",
 		VolumeCapabilities: []*csipb.VolumeCapability{src.capability}, Parameters: s.params(pool + "-nvme"),
 		VolumeContentSource: &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{
@@ -79,6 +83,10 @@ func testSnapshotRestore(t *testing.T, s *suite) {
 	if out, _ := s.worker.try(time.Minute, "lvs --noheadings 2>/dev/null; ls /dev/mapper 2>/dev/null | grep -v control"); strings.TrimSpace(out) != "" {
 		t.Errorf("worker A holds LVs or device-mapper devices: %q (it should only hold the NVMe-oF connection)", out)
 	}
+
+	// written after the snapshot: the restored volume's new blocks are its own, not the snapshot's
+	s.writeFile(t, restored, "more", 4)
+	s.assertSnapshotSpace(t)
 
 	if _, err := s.ctrl.DeleteSnapshot(t.Context(), &csipb.DeleteSnapshotRequest{SnapshotId: sn.GetSnapshotId()}); err != nil {
 		t.Errorf("DeleteSnapshot while a volume restored from it exists: %v", err)
@@ -112,4 +120,40 @@ func testSnapshotRestore(t *testing.T, s *suite) {
 // params are the StorageClass parameters of the class placement.
 func (s *suite) params(placement string) map[string]string {
 	return map[string]string{policyv1.ParamPlacement: placement, policyv1.ParamPool: pool, policyv1.ParamProtocol: placement}
+}
+
+// assertSnapshotSpace waits (the agent refreshes the Store every 10 s) until the Store's
+// status.capacity.snapshots equals the bytes lvs reports the pool's snapshot LVs (snap-*) map:
+// lv_size × data_percent / 100, summed — and is not 0.
+func (s *suite) assertSnapshotSpace(t *testing.T) {
+	t.Helper()
+	var want int64
+	controlplane.Eventually(t, time.Minute, time.Second, "Store capacity.snapshots equals lvs", func() error {
+		out := s.storage.sh(t, time.Minute, fmt.Sprintf("lvs --noheadings --units b --nosuffix -o lv_name,lv_size,data_percent %s", vg))
+		want = 0
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) != 3 || !strings.HasPrefix(f[0], "snap-") {
+				continue
+			}
+			var size int64
+			var pct float64
+			if _, err := fmt.Sscan(f[1], &size); err != nil {
+				return fmt.Errorf("lvs line %q: %v", line, err)
+			}
+			if _, err := fmt.Sscan(f[2], &pct); err != nil {
+				return fmt.Errorf("lvs line %q: %v", line, err)
+			}
+			want += int64(float64(size) * pct / 100)
+		}
+		var st storev1.Store
+		if err := s.c.Get(t.Context(), client.ObjectKey{Name: storev1.StoreName(pool, storageNode)}, &st); err != nil {
+			return err
+		}
+		if st.Status.Capacity == nil || want == 0 || st.Status.Capacity.Snapshots != want {
+			return fmt.Errorf("Store capacity %+v, lvs: %d bytes mapped by snapshot LVs\n%s", st.Status.Capacity, want, out)
+		}
+		return nil
+	})
+	t.Logf("MEASURE snapshot space: Store capacity.snapshots = lvs = %d bytes", want)
 }
