@@ -22,6 +22,7 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/kernel/guest"
 )
 
 // extraTest is a subtest of TestCrossNode kept in its own file: it makes and removes its own
@@ -154,7 +155,7 @@ func testDuplicateHostNQN(t *testing.T, s *suite) {
 	defer s.c.Delete(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: workerC}}) //nolint:errcheck
 	s.worker.sh(t, time.Minute, fmt.Sprintf("(/tmp/plinth csi --mode node --endpoint tcp://127.0.0.1:50053 --node-name %s --kubeconfig %s/kubeconfig "+
 		"--state-dir /tmp/csi-%s --host-nqn-file /etc/nvme/hostnqn --registration-dir= --health-address= -v 2 >/tmp/csi-%s.log 2>&1 & echo $! > /tmp/csi-%s.pid)",
-		workerC, "/mnt/host", workerC, workerC, workerC))
+		workerC, guest.SharePath, workerC, workerC, workerC))
 	defer s.worker.try(time.Minute, fmt.Sprintf("kill $(cat /tmp/csi-%s.pid)", workerC)) //nolint:errcheck
 	ev := s.waitEvent(t, workerC, hostnqn.ReasonDuplicate, "Warning")
 	if !strings.Contains(ev, workerA) || !strings.Contains(ev, workerC) || !strings.Contains(ev, hostNQNA) {
