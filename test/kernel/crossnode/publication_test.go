@@ -173,7 +173,11 @@ func testDuplicateHostNQN(t *testing.T, s *suite) {
 	s.annotateHostNQN(t, workerC, hostNQNA)
 	v := s.createVolume(t, "pvc-crossnode-dupnqn", pool+"-nvme", 16<<20)
 	defer s.removeVolume(t, v)
-	v.nqn = s.volumeState(t, v.id).Status.Export.NQN
+	exp := s.volumeState(t, v.id).Status.Export
+	if exp == nil {
+		t.Fatalf("volume %s has no export after CreateVolume", v.id)
+	}
+	v.nqn = exp.NQN
 	for _, node := range []string{workerA, workerC} {
 		_, err := s.ctrl.ControllerPublishVolume(t.Context(), &csipb.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: node, VolumeCapability: v.capability})
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), workerA) || !strings.Contains(err.Error(), workerC) {
