@@ -162,7 +162,9 @@ func TestVolumeHealthReported(t *testing.T) {
 	node := fresh("health-node-")
 	create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
 	id := storev1.VolumeID(fresh("health-vol-"))
-	create(t, c, &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{fakeIgnore: "true"}}, Spec: storev1.VolumeStateSpec{CSIName: id, StoreName: "s", CapacityBytes: 1 << 20}})
+	create(t, c, &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{fakeIgnore: "true"}}, Spec: storev1.VolumeStateSpec{CSIName: id, StoreName: "s", CapacityBytes: 1 << 20, VolumeMode: "Filesystem",
+		Policy: storev1.FrozenPolicy{Placement: "p", Pool: "p", Protocol: "p", Backend: policyv1.Backend{File: &policyv1.FileBackend{Directory: "/x"}},
+			ProtocolSpec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "127.0.0.0/8"}}}}})
 	state := t.TempDir()
 	device := filepath.Join(t.TempDir(), "nvme9n1")
 	if err := os.WriteFile(device, nil, 0o600); err != nil {
