@@ -82,12 +82,16 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 					defaultSnapClass = vd
 				}
 			}
-			// Thick LVM LVs have no snapshots (the CSI driver refuses them): a class for them
+			// Thick LVM LVs and raw volumes have no snapshots (the CSI driver refuses them): a class for them
 			// would only produce VolumeSnapshots that never become ready.
 			if pool, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; ok {
 				if lvm := pool.obj.(*policyv1.StoragePool).Spec.Backend.LVM; lvm != nil && lvm.ThinPool == nil {
 					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
 						fmt.Sprintf("StoragePool %q is LVM without a thin pool: its volumes take no snapshots; declare lvm.thinPool or remove snapshotClass", pl.Spec.PoolRef.Name)))
+				}
+				if pool.obj.(*policyv1.StoragePool).Spec.Backend.Raw != nil {
+					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
+						fmt.Sprintf("StoragePool %q is raw: partitions and whole disks take no snapshots; remove snapshotClass", pl.Spec.PoolRef.Name)))
 				}
 			}
 		}

@@ -31,6 +31,8 @@ var fieldReaders = map[string]fieldReader{
 	"StoragePool.spec.backend.zfs.volBlockSize":         {"agents/agent/backend.go", "b.ZFS.VolBlockSize"},
 	"StoragePool.spec.backend.zfs.properties":           {"agents/agent/backend.go", "b.ZFS.Properties"},
 	"StoragePool.spec.backend.file.directory":           {"agents/agent/backend.go", "b.File.Directory"},
+	"StoragePool.spec.backend.raw.devices":              {"agents/agent/backend.go", "b.Raw.Devices"},
+	"StoragePool.spec.backend.raw.partitioning":         {"agents/agent/backend.go", "b.Raw.Partitioning"},
 	"StoragePool.spec.reserve":                          {"controllers/render/render.go", "p.Spec.Reserve"},
 	"StoragePool.spec.overcommitPercent":                {"controllers/render/render.go", "p.Spec.OvercommitPercent"},
 	"StoragePool.spec.driftPolicy":                      {"controllers/render/render.go", "p.Spec.DriftPolicy"},
