@@ -175,6 +175,14 @@ func TestHostGPT(t *testing.T) {
 	if _, err := r.Expand(ctx, vid(2), 200<<20); !errors.Is(err, backend.ErrOutOfRange) {
 		t.Fatalf("Expand B beyond its disk: %v, want ErrOutOfRange", err)
 	}
+	// a new partition on a disk with a mounted one (sfdisk refuses a disk in use without
+	// --no-reread), and its deletion
+	if _, err := r.Create(ctx, vid(3), 4<<20); err != nil {
+		t.Fatalf("Create beside a mounted partition: %v", err)
+	}
+	if err := r.Delete(ctx, vid(3)); err != nil {
+		t.Fatalf("Delete beside a mounted partition: %v", err)
+	}
 
 	// A mounted volume is never deleted: ErrInUse, the partition and its filesystem stay.
 	if err := r.Delete(ctx, vid(2)); !errors.Is(err, backend.ErrInUse) || !strings.Contains(err.Error(), "mounted at "+mnt) {
