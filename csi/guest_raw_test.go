@@ -172,6 +172,10 @@ func TestInGuestRaw(t *testing.T) {
 		if sig := signatureAt(disk, pa.Start*512); sig != "ext4" {
 			t.Fatalf("staged partition %s holds %q, want ext4", dev, sig)
 		}
+		// unpublished but still mounted: what the agent sees when a node's unmount failed
+		if _, err := ctrl.ControllerUnpublishVolume(ctx, &csipb.ControllerUnpublishVolumeRequest{VolumeId: a.GetVolumeId(), NodeId: nodeName}); err != nil {
+			t.Fatal(err)
+		}
 		short, cancel := context.WithTimeout(ctx, 20*time.Second)
 		_, err = ctrl.DeleteVolume(short, &csipb.DeleteVolumeRequest{VolumeId: a.GetVolumeId()})
 		cancel()
@@ -183,9 +187,6 @@ func TestInGuestRaw(t *testing.T) {
 			t.Fatalf("the mounted volume was touched: %d partitions (want %d), signature %q", n, before+2, signatureAt(disk, pa.Start*512))
 		}
 		if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: a.GetVolumeId(), StagingTargetPath: staging}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := ctrl.ControllerUnpublishVolume(ctx, &csipb.ControllerUnpublishVolumeRequest{VolumeId: a.GetVolumeId(), NodeId: nodeName}); err != nil {
 			t.Fatal(err)
 		}
 		del(a.GetVolumeId()) // the agent retries the deletion; now it goes through

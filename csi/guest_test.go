@@ -338,7 +338,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		g := csiGuest{t, gg}
 		// the disks now carry an empty GPT
 		out := g.sh(time.Minute, "for d in "+strings.Join(append(append([]string{}, guestRawGPTDisks...), guestRawWholeDisks...), " ")+"; do sfdisk --json $d | grep -c '\"label\": \"gpt\"'; done")
-		if strings.Fields(out) == nil || strings.Count(out, "1") != 4 {
+		if got := strings.Join(strings.Fields(out), " "); got != "1 1 1 1" {
 			t.Errorf("GPT labels on the raw disks: %q, want 4", out)
 		}
 	})
