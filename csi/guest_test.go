@@ -33,7 +33,8 @@ import (
 // next to the driver's socket; then this package's test binary runs in the guest
 // (TestInGuestNVMeoFNode) for the node path's field cases on the real kernel. The guest's
 // node connects to its own nvmet target over loopback TCP: the same kernel code as between
-// two machines.
+// two machines. In the same boot, two raw pools on four more virtio disks (GPT partitions,
+// whole disks; the local protocol) get a csi-sanity run of their own and TestInGuestRaw.
 //
 // It boots one guest (several minutes under software emulation), so it runs only with
 // PLINTH_GUEST_CSI=1, after make testbin and make kernel-assets (make test-kernel does both).
