@@ -60,8 +60,7 @@ var fieldReaders = map[string]fieldReader{
 	"Placement.spec.filesystem.mkfsOptions":             {"csi/controller.go", "fs.MkfsOptions"},
 	"Placement.spec.filesystem.mountOptions":            {"controllers/render/render.go", "pl.Spec.Filesystem.MountOptions"},
 	"Placement.spec.strategy":                           {"csi/controller.go", "placement.Spec.Strategy"},
-	// Not implemented yet: vet (and the controller, which vets) refuses a Placement that sets it.
-	"Placement.spec.spreadAcross": {"schema/vet/cross.go", "pl.Spec.SpreadAcross != \"\""},
+	"Placement.spec.spreadAcross":                       {"controllers/render/render.go", "pl.Spec.SpreadAcross"},
 }
 
 // policyFields lists the YAML paths of the leaf fields of t under prefix: structs are walked
