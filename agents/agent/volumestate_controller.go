@@ -321,12 +321,16 @@ func (r *volumeReconciler) timed(op string, f func() (backend.Volume, error)) (b
 }
 
 // backendFailed maps a backend error to status: InsufficientCapacity (the
-// CSI controller's RESOURCE_EXHAUSTED) or VolumeFailed; both retried at the
-// refresh interval (room may appear). The caller writes the status.
+// CSI controller's RESOURCE_EXHAUSTED), ExpansionRefused (its OUT_OF_RANGE) or
+// VolumeFailed; all retried at the refresh interval (room may appear: a raw
+// partition's neighbour may go). The caller writes the status.
 func (r *volumeReconciler) backendFailed(vs *storev1.VolumeState, err error) ctrl.Result {
 	reason := ReasonVolumeFailed
-	if errors.Is(err, backend.ErrInsufficientCapacity) {
+	switch {
+	case errors.Is(err, backend.ErrInsufficientCapacity):
 		reason = storev1.ReasonInsufficientCapacity
+	case errors.Is(err, backend.ErrOutOfRange):
+		reason = storev1.ReasonExpansionRefused
 	}
 	if vs.Status.ActualBytes == 0 {
 		vs.Status.Phase = storev1.VolumeFailed

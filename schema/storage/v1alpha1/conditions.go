@@ -58,6 +58,11 @@ const (
 	// ReasonVolumeFailed surfaces on a VolumeState when the backend refused or failed an
 	// operation (the message carries the command and its stderr).
 	ReasonVolumeFailed = "VolumeFailed"
+	// ReasonExpansionRefused surfaces on a VolumeState's Ready when the backend cannot give the
+	// volume the size its spec asks for whatever the free space: a raw partition with too
+	// little free space right after it, a whole-disk volume asked to outgrow its disk. The
+	// volume keeps its size; the CSI controller answers ControllerExpandVolume OUT_OF_RANGE.
+	ReasonExpansionRefused = "ExpansionRefused"
 	// ReasonExportFailed surfaces on a VolumeState when the nvmet export could not be made.
 	ReasonExportFailed = "ExportFailed"
 	// ReasonFenced surfaces on a VolumeState's Ready when fencing refused the work.
