@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -346,12 +347,16 @@ func (r *volumeReconciler) timed(op string, f func() (backend.Volume, error)) (b
 }
 
 // backendFailed maps a backend error to status: InsufficientCapacity (the
-// CSI controller's RESOURCE_EXHAUSTED) or VolumeFailed; both retried at the
-// refresh interval (room may appear). The caller writes the status.
+// CSI controller's RESOURCE_EXHAUSTED), ExpansionRefused (its OUT_OF_RANGE) or
+// VolumeFailed; all retried at the refresh interval (room may appear: a raw
+// partition's neighbour may go). The caller writes the status.
 func (r *volumeReconciler) backendFailed(vs *storev1.VolumeState, err error) ctrl.Result {
 	reason := ReasonVolumeFailed
-	if errors.Is(err, backend.ErrInsufficientCapacity) {
+	switch {
+	case errors.Is(err, backend.ErrInsufficientCapacity):
 		reason = storev1.ReasonInsufficientCapacity
+	case errors.Is(err, backend.ErrOutOfRange):
+		reason = storev1.ReasonExpansionRefused
 	}
 	if vs.Status.ActualBytes == 0 {
 		vs.Status.Phase = storev1.VolumeFailed
@@ -379,10 +384,12 @@ func (r *volumeReconciler) drifted(vs *storev1.VolumeState, items []storev1.Drif
 	return ctrl.Result{}
 }
 
-// fenced records a refusal: the counter, Fenced=True and Ready=False with
-// the reason; no retry (newer work arrives as a new event).
+// fenced records a refusal: the counter, a Warning event on the VolumeState, Fenced=True and
+// Ready=False with the reason; no retry (newer work arrives as a new event).
 func (r *volumeReconciler) fenced(ctx context.Context, vs, before *storev1.VolumeState, rej *fencing.Rejection) (ctrl.Result, error) {
 	FencingRejections.WithLabelValues(rej.Reason).Inc()
+	r.events.Eventf(vs, nil, corev1.EventTypeWarning, rej.Reason, "Fence", "node %s refused generation %d (publicationGeneration %d): %s",
+		r.opts.NodeName, vs.Generation, vs.Spec.PublicationGeneration, rej.Message)
 	ctrl.LoggerFrom(ctx).Info("work refused by fencing", "volume", vs.Name, "uid", vs.UID,
 		"generation", vs.Generation, "reason", rej.Reason, "message", rej.Message)
 	setCond(&vs.Status.Conditions, vs.Generation, CondFenced, true, rej.Reason, rej.Message)
