@@ -60,7 +60,9 @@ type burstDriver struct {
 // Reports per driver: CreateVolume p50/p99 as the provisioner sees it (createvolume-*),
 // PVC → Bound p50/p99 (bound-*), bound-vol/s (N over first create → last Bound), DeleteVolume
 // p50/p99 and delete-vol/s (N over first PVC delete → last PV gone), and the API server's CPU
-// per volume (apiserver-cpu-ms/vol, /proc of its process, create and delete together). Raw
+// per volume (apiserver-cpu-ms/vol, /proc of its process, create and delete together), and for
+// Plinth the peak RSS of the agent holding the N volumes and of the CSI controller
+// (agent-rss-mb, csi-controller-rss-mb). Raw
 // samples go to $PLINTH_BENCH_OUT/burst-<driver>-<metric>.txt when set. One run per driver
 // (b.N is ignored: run it with -benchtime 1x).
 func BenchmarkPVCBurst(b *testing.B) {
@@ -249,6 +251,9 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 		idle := time.NewTimer(window)
 		<-idle.C
 		b.ReportMetric(100*(procCPU(b, pid)-c0).Seconds()/time.Since(t0).Seconds(), "agent-idle-cpu-%")
+		// memory at scale: the agent holding the n volumes, the CSI controller after the burst
+		b.ReportMetric(procHWM(b, pid), "agent-rss-mb")
+		b.ReportMetric(procHWM(b, processPID(b, cp, "plinth-csi-controller")), "csi-controller-rss-mb")
 	}
 
 	first = time.Now()
@@ -354,6 +359,25 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// procHWM is the peak resident set size of process pid in MiB (VmHWM of /proc/<pid>/status).
+func procHWM(b *testing.B, pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			if err != nil {
+				b.Fatalf("VmHWM of %d: %v", pid, err)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
 }
 
 // startDriverCommand runs the peer driver's command line with its socket.

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/internal/failpoint"
+	"github.com/plinth-storage/plinth/internal/hostnqn"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -144,6 +145,9 @@ func protocolKind(p policyv1.ProtocolSpec) string {
 // errCapacity marks an agent's InsufficientCapacity report.
 var errCapacity = errors.New("insufficient capacity")
 
+// errRefused marks an agent's ExpansionRefused report: the volume cannot take the size at all.
+var errRefused = errors.New("expansion refused")
+
 // readyOrFailed is the wait condition of CreateVolume: Ready at the current generation with
 // the full size, or Failed.
 func readyOrFailed(vs *storev1.VolumeState) (bool, error) {
@@ -156,6 +160,10 @@ func readyOrFailed(vs *storev1.VolumeState) (bool, error) {
 	if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse &&
 		c.Reason == storev1.ReasonInsufficientCapacity && c.ObservedGeneration >= vs.Generation {
 		return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
+	}
+	if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse &&
+		c.Reason == storev1.ReasonExpansionRefused && c.ObservedGeneration >= vs.Generation {
+		return false, fmt.Errorf("%w: %s", errRefused, c.Message)
 	}
 	switch {
 	case st.Phase == storev1.VolumeFailed:
@@ -173,12 +181,16 @@ func readyOrFailed(vs *storev1.VolumeState) (bool, error) {
 	return false, nil
 }
 
-// waitError turns a wait failure into the CSI code: no room → RESOURCE_EXHAUSTED, over time →
-// DEADLINE_EXCEEDED (the CO retries and finds the volume by name), others → INTERNAL.
+// waitError turns a wait failure into the CSI code: no room → RESOURCE_EXHAUSTED, a size the
+// volume cannot take (a raw partition without free space after it) → OUT_OF_RANGE (CSI spec,
+// ControllerExpandVolume: unsupported capacity), over time → DEADLINE_EXCEEDED (the CO retries
+// and finds the volume by name), others → INTERNAL.
 func waitError(what string, err error) error {
 	switch {
 	case errors.Is(err, errCapacity):
 		return status.Errorf(codes.ResourceExhausted, "%s: %v", what, err)
+	case errors.Is(err, errRefused):
+		return status.Errorf(codes.OutOfRange, "%s: %v", what, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return status.Errorf(codes.DeadlineExceeded, "%s: the agent has not finished: %v", what, err)
 	}
@@ -278,6 +290,10 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	vs := &storev1.VolumeState{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: id,
+			// The agent's finalizer, set here: otherwise the agent's first act on a new
+			// volume is a write of its own, one more per volume in a burst under its client
+			// limit. The agent releases it also for a volume it never acted on.
+			Finalizers: []string{storev1.FinalizerVolume},
 			Labels: map[string]string{
 				policyv1.LabelPool: storev1.NameLabelValue(poolName),
 				policyv1.LabelNode: storev1.NameLabelValue(store.Spec.NodeName),
@@ -657,6 +673,17 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if hostNQN == "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s has no %s annotation (is the node plugin running?)", nodeID, policyv1.AnnotationHostNQN)
 	}
+	// The ACL admits by host NQN alone: granting an NQN that another node presents too would
+	// admit that node as well. Refused, never granted and never widened to any host.
+	others, err := s.nodesPresenting(ctx, nodeID, hostNQN)
+	if err != nil {
+		return nil, err
+	}
+	if len(others) > 0 {
+		msg := hostnqn.Message(hostNQN, nodeID, others) + fmt.Sprintf("; publication of volume %s refused", id)
+		s.d.warn(&node, hostnqn.ReasonDuplicate, "Publish", msg)
+		return nil, status.Error(codes.FailedPrecondition, msg)
+	}
 	mode := req.GetVolumeCapability().GetAccessMode().GetMode()
 	want := storev1.Publication{NodeName: nodeID, HostNQN: hostNQN, AccessMode: mode.String(), ReadOnly: req.GetReadonly()}
 	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
@@ -715,6 +742,23 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		}
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+}
+
+// nodesPresenting returns the Nodes other than nodeID annotated with host NQN nqn (from the
+// informer), sorted.
+func (s *controller) nodesPresenting(ctx context.Context, nodeID, nqn string) ([]string, error) {
+	var nodes corev1.NodeList
+	if err := s.d.kube.List(ctx, &nodes); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list Nodes: %v", err)
+	}
+	var others []string
+	for _, n := range nodes.Items {
+		if n.Name != nodeID && n.Annotations[policyv1.AnnotationHostNQN] == nqn {
+			others = append(others, n.Name)
+		}
+	}
+	slices.Sort(others)
+	return others, nil
 }
 
 // updatePublications applies change to spec.publications with a resourceVersion
@@ -932,10 +976,29 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		}
 		return false, err
 	})
+	if errors.Is(err, errRefused) {
+		s.undoExpansion(ctx, id, size)
+	}
 	if err != nil {
 		return nil, waitError("expand volume "+id, err)
 	}
 	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: done.Status.ActualBytes, NodeExpansionRequired: !block}, nil
+}
+
+// undoExpansion sets spec.capacityBytes of volume id back to its real size (status.actualBytes)
+// after the agent refused size for good (ExpansionRefused): the spec then no longer asks for a
+// size the volume cannot have, so the agent stops retrying it and CreateVolume's idempotency
+// and ListVolumes report the real size. Only when the spec still asks for size (optimistic
+// lock): a newer request is left alone. Failures are logged; the next expansion retries.
+func (s *controller) undoExpansion(ctx context.Context, id string, size int64) {
+	vs, err := s.readVolume(ctx, id)
+	if err != nil || vs == nil || vs.Spec.CapacityBytes != size || vs.Status.ActualBytes <= 0 || vs.Status.ActualBytes >= size {
+		return
+	}
+	vs.Spec.CapacityBytes = vs.Status.ActualBytes
+	if err := s.d.kube.Update(ctx, vs); err != nil {
+		s.d.log.Error(err, "set the refused expansion's size back", "volume", id)
+	}
 }
 
 // lockVolume takes volume id's lock (Aborted while another call holds it) and reads its

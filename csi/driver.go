@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/mount"
@@ -77,6 +78,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Log receives the gRPC log lines.
 	Log logr.Logger
+	// VolumeHealthInterval is the period of the node plugin's check of its staged volumes
+	// (volumehealth.go; default DefaultVolumeHealthInterval, negative disables).
+	VolumeHealthInterval time.Duration
 	// Initiator and Mounter override the node's kernel access (tests); nil means the real ones.
 	Initiator *nvme.Initiator
 	Mounter   *mount.Mounter
@@ -104,6 +108,9 @@ type Driver struct {
 	regPath    string // the registration socket while registration is on
 	duration   *prometheus.HistogramVec
 	registered prometheus.Gauge
+	events     events.EventRecorder // events.go; nil without an API config
+	metrics    volumeMetrics        // volumehealth.go
+	monitor    volumeMonitor
 }
 
 // Scheme returns the scheme the driver reads and writes with: core, storage.plinth.dev and
@@ -150,6 +157,9 @@ func New(opts Options) (*Driver, error) {
 	if opts.ProbeTimeout == 0 {
 		opts.ProbeTimeout = time.Second
 	}
+	if opts.VolumeHealthInterval == 0 {
+		opts.VolumeHealthInterval = DefaultVolumeHealthInterval
+	}
 	d := &Driver{
 		opts:      opts,
 		log:       opts.Log,
@@ -159,6 +169,7 @@ func New(opts Options) (*Driver, error) {
 		initiator: opts.Initiator,
 		locks:     volumeLocks{held: map[string]struct{}{}},
 		serving:   make(chan struct{}),
+		metrics:   newVolumeMetrics(),
 	}
 	if d.nodeMode() && opts.RegistrationDir != "" {
 		d.regPath = filepath.Join(opts.RegistrationDir, RegistrationSocketName)
@@ -196,6 +207,9 @@ func New(opts Options) (*Driver, error) {
 		if d.regPath != "" {
 			cs = append(cs, d.registered)
 		}
+		if d.nodeMode() {
+			cs = append(cs, d.metrics.inaccessible, d.metrics.failures)
+		}
 		for _, c := range cs {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("register metrics: %w", err)
@@ -229,9 +243,15 @@ func (d *Driver) Run(ctx context.Context) error {
 	if err := d.connect(ctx); err != nil {
 		return err
 	}
+	if err := d.startEvents(ctx); err != nil {
+		return err
+	}
 	if d.nodeMode() {
 		if err := d.initNode(ctx); err != nil {
 			return err
+		}
+		if d.opts.VolumeHealthInterval > 0 {
+			go d.monitorVolumes(ctx, d.opts.VolumeHealthInterval)
 		}
 	}
 	lis, err := listen(d.opts.Endpoint)

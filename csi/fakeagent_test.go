@@ -116,7 +116,9 @@ func (a *fakeAgent) reconcile(ctx context.Context, name string) {
 		return
 	}
 	if vs.DeletionTimestamp != nil {
-		if controllerutil.RemoveFinalizer(vs, fakeFinalizer) {
+		// its own finalizer, and the agent's that CreateVolume sets for the agent to release
+		ownRemoved := controllerutil.RemoveFinalizer(vs, fakeFinalizer)
+		if controllerutil.RemoveFinalizer(vs, storev1.FinalizerVolume) || ownRemoved {
 			a.mu.Lock()
 			if f, ok := a.free[vs.Spec.StoreName]; ok {
 				a.free[vs.Spec.StoreName] = f + vs.Status.ActualBytes

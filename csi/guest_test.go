@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,10 +33,50 @@ import (
 // next to the driver's socket; then this package's test binary runs in the guest
 // (TestInGuestNVMeoFNode) for the node path's field cases on the real kernel. The guest's
 // node connects to its own nvmet target over loopback TCP: the same kernel code as between
-// two machines.
+// two machines. In the same boot, two raw pools on four more virtio disks (GPT partitions,
+// whole disks; the local protocol) get a csi-sanity run of their own and TestInGuestRaw.
 //
 // It boots one guest (several minutes under software emulation), so it runs only with
 // PLINTH_GUEST_CSI=1, after make testbin and make kernel-assets (make test-kernel does both).
+
+// The raw pools' disks in the guest: GPT partitions on the first two, whole disks on the
+// others (the smaller one first).
+var (
+	guestRawGPTDisks   = []string{"/dev/vdb", "/dev/vdc"}
+	guestRawWholeDisks = []string{"/dev/vdd", "/dev/vde"}
+)
+
+// rawSanitySkip is the ginkgo.skip of the raw csi-sanity run: the snapshot, restore and clone
+// specs, which raw volumes cannot pass (CreateSnapshot and clones refuse them with
+// INVALID_ARGUMENT); the LVM run covers them.
+const rawSanitySkip = "Snapshot|from an existing source"
+
+// checkRawSanityReport is checkSanityReport for the raw run: the specs skipped are those of
+// every run (sanitySkipped) and those rawSanitySkip names, at least 10 of them (a skip
+// pattern that matched nothing, or a snapshot capability gone, shows), and nothing fails.
+func checkRawSanityReport(t *testing.T, path string) {
+	t.Helper()
+	res, err := csisanity.ReadReport(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("raw csi-sanity report: %d passed, %d skipped, %d failed, %d pending", res.Passed, res.Skipped, res.Failed, res.Pending)
+	re := regexp.MustCompile(rawSanitySkip)
+	skipped := slices.Clone(sanitySkipped)
+	extra := 0
+	for _, s := range res.SkippedSpecs {
+		if !slices.Contains(skipped, s) && re.MatchString(s) {
+			skipped = append(skipped, s)
+			extra++
+		}
+	}
+	if extra < 10 {
+		t.Errorf("the raw run skipped %d snapshot and clone specs, want at least 10", extra)
+	}
+	if err := res.Check(csisanity.Specs-len(skipped), csisanity.Pending, skipped); err != nil {
+		t.Errorf("raw csi-sanity did not run as this driver must (skipped now: %q):\n%v", res.SkippedSpecs, err)
+	}
+}
 
 const (
 	csiGuestNode = "guest-node"
@@ -131,8 +173,29 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
 	}})
 	store := storev1.StoreName(pool, csiGuestNode)
+	// Raw pools on their own virtio disks, reached by the local protocol: GPT partitions on
+	// /dev/vdb and /dev/vdc, whole disks /dev/vdd (128 MiB) and /dev/vde (192 MiB).
+	rawGPT := policyv1.Backend{Raw: &policyv1.RawBackend{Devices: guestRawGPTDisks, Partitioning: policyv1.PartitioningGPT}}
+	rawWhole := policyv1.Backend{Raw: &policyv1.RawBackend{Devices: guestRawWholeDisks, Partitioning: policyv1.PartitioningWhole}}
+	create(t, c, &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: "graw-local"}, Spec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}})
+	rawParams := map[string]map[string]string{}
+	var rawStores []string
+	for name, b := range map[string]policyv1.Backend{"graw": rawGPT, "gwhole": rawWhole} {
+		create(t, c, &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: policyv1.StoragePoolSpec{Backend: b}})
+		create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: policyv1.PlacementSpec{
+			PoolRef: policyv1.LocalObjectReference{Name: name}, ProtocolRef: policyv1.LocalObjectReference{Name: "graw-local"},
+			StorageClass: policyv1.StorageClassTemplate{Name: name, AllowVolumeExpansion: true, VolumeBindingMode: "WaitForFirstConsumer"},
+			Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+		}})
+		st := storev1.StoreName(name, csiGuestNode)
+		rawStores = append(rawStores, st)
+		create(t, c, &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: st, Labels: map[string]string{
+			policyv1.LabelPool: storev1.NameLabelValue(name), policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
+			Spec: storev1.StoreSpec{Pool: name, NodeName: csiGuestNode, Backend: b}})
+		rawParams[name] = map[string]string{policyv1.ParamPlacement: name, policyv1.ParamPool: name, policyv1.ParamProtocol: "graw-local"}
+	}
 	create(t, c, &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: csiGuestNode, Labels: map[string]string{policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
-		Spec: storev1.AgentSpec{NodeName: csiGuestNode, Stores: []string{store}, NVMeoF: &storev1.NVMeoFEndpoint{Port: 4420, BindCIDR: "127.0.0.0/8"}}})
+		Spec: storev1.AgentSpec{NodeName: csiGuestNode, Stores: append([]string{store}, rawStores...), NVMeoF: &storev1.NVMeoFEndpoint{Port: 4420, BindCIDR: "127.0.0.0/8"}}})
 	create(t, c, &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: store, Labels: map[string]string{
 		policyv1.LabelPool: storev1.NameLabelValue(pool), policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
 		Spec: storev1.StoreSpec{Pool: pool, NodeName: csiGuestNode, Backend: vg, Reserve: "5%", OvercommitPercent: 400}})
@@ -140,7 +203,8 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 
 	bootStart := time.Now()
 	gg, err := guest.Boot(ctx, guest.Options{
-		DiskBytes:     []int64{3 << 30}, // /dev/vda: the VG
+		// /dev/vda: the VG; /dev/vdb, /dev/vdc: the raw GPT pool; /dev/vdd, /dev/vde: the raw Whole pool
+		DiskBytes:     []int64{3 << 30, 1 << 30, 512 << 20, 128 << 20, 192 << 20},
 		GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
 		Timeout:       40 * time.Minute,
 	})
@@ -156,7 +220,9 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		t.Fatal(err)
 	}
 	pdata, _ := yaml.Marshal(params)
-	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata}
+	gptData, _ := yaml.Marshal(rawParams["graw"])
+	wholeData, _ := yaml.Marshal(rawParams["gwhole"])
+	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "raw-params.yaml": gptData, "whole-params.yaml": wholeData}
 	for _, f := range []string{filepath.Join(work, "plinth"), filepath.Join(work, "apimux"), filepath.Join(work, "csi.test"), sanity} {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -191,7 +257,14 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		var n corev1.Node
 		errS := c.Get(ctx, client.ObjectKey{Name: store}, &st)
 		errN := c.Get(ctx, client.ObjectKey{Name: csiGuestNode}, &n)
-		if errS == nil && errN == nil && apimeta.IsStatusConditionTrue(st.Status.Conditions, "Ready") && st.Status.Capacity != nil &&
+		rawReady := true
+		for _, name := range rawStores {
+			var rs storev1.Store
+			if err := c.Get(ctx, client.ObjectKey{Name: name}, &rs); err != nil || !apimeta.IsStatusConditionTrue(rs.Status.Conditions, "Ready") {
+				rawReady = false
+			}
+		}
+		if errS == nil && errN == nil && rawReady && apimeta.IsStatusConditionTrue(st.Status.Conditions, "Ready") && st.Status.Capacity != nil &&
 			n.Annotations[policyv1.AnnotationHostNQN] == csiGuestHostNQN && n.Labels[policyv1.LabelNVMeInitiator] == "true" {
 			break
 		}
@@ -243,6 +316,72 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		}
 	})
 
+	// The raw backend through the agent and the driver: csi-sanity on the GPT class (its
+	// snapshot and clone specs skipped: raw volumes have none, CreateSnapshot refuses them),
+	// then TestInGuestRaw in the guest.
+	t.Run("RawStores", func(t *testing.T) {
+		for _, name := range rawStores {
+			var st storev1.Store
+			if err := c.Get(ctx, client.ObjectKey{Name: name}, &st); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("store %s: capacity %+v", name, *st.Status.Capacity)
+			// GPT: 1 GiB + 512 MiB disks, 2 MiB each for the GPT and alignment, the larger bounds a
+			// volume; Whole: 128 + 192 MiB disks, the larger free one bounds a volume
+			want := [2]int64{1532 << 20, 1022 << 20}
+			if name == storev1.StoreName("gwhole", csiGuestNode) {
+				want = [2]int64{316 << 20, 190 << 20}
+			}
+			if cp := st.Status.Capacity; cp.Total != want[0] || cp.Available != want[1] || cp.Provisioned != 0 || st.Status.ExtentBytes != 1<<20 {
+				t.Errorf("store %s: capacity %+v, extent %d; want total %d, available %d, unit 1 MiB", name, *cp, st.Status.ExtentBytes, want[0], want[1])
+			}
+		}
+		g := csiGuest{t, gg}
+		// the disks now carry an empty GPT
+		out := g.sh(time.Minute, "for d in "+strings.Join(append(append([]string{}, guestRawGPTDisks...), guestRawWholeDisks...), " ")+"; do sfdisk --json $d | grep -c '\"label\": \"gpt\"'; done")
+		if got := strings.Join(strings.Fields(out), " "); got != "1 1 1 1" {
+			t.Errorf("GPT labels on the raw disks: %q, want 4", out)
+		}
+	})
+
+	t.Run("RawSanity", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		start := time.Now()
+		out, code := g.try(40*time.Minute, fmt.Sprintf("mkdir -p /tmp/rsanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/raw-params.yaml "+
+			"--csi.mountdir=/tmp/rsanity/mount --csi.stagingdir=/tmp/rsanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
+			"--ginkgo.no-color --ginkgo.timeout=35m --ginkgo.skip='%s' %s 2>&1", guestSocket, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/raw-sanity-report.json")))
+		t.Logf("TIMING csi-sanity raw in the guest %s", time.Since(start).Round(time.Second))
+		m := sanitySummary.FindStringSubmatch(out)
+		if code != 0 || m == nil {
+			t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
+		}
+		t.Logf("csi-sanity on raw GPT partitions in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
+		if m[4] != "0" {
+			t.Errorf("csi-sanity failures:\n%s", tailLines(out, 250))
+		}
+		checkRawSanityReport(t, filepath.Join(gg.ShareDir(), "raw-sanity-report.json"))
+		formatted := g.sh(time.Minute, `grep -c 'Disk successfully formatted (mkfs): ext4 - /dev/vd[bc][0-9]* ' /tmp/csi.log || true`)
+		t.Logf("csi-sanity's NodeStage formatted %s raw partitions", strings.TrimSpace(formatted))
+		if strings.TrimSpace(formatted) == "0" {
+			t.Error("csi-sanity staged no raw partition (no mkfs of a /dev/vd[bc]N device in the driver's log)")
+		}
+	})
+
+	t.Run("Raw", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		start := time.Now()
+		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_RAW_PARAMS=%s/raw-params.yaml PLINTH_CSI_GUEST_WHOLE_PARAMS=%s/whole-params.yaml "+
+			"PLINTH_CSI_GUEST_RAW_DISKS=%s PLINTH_CSI_GUEST_WHOLE_DISKS=%s PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestRaw$' -test.v -test.count=1 -test.timeout=14m 2>&1",
+			guestSocket, share, share, strings.Join(guestRawGPTDisks, ","), strings.Join(guestRawWholeDisks, ","), csiGuestNode))
+		t.Logf("TIMING TestInGuestRaw %s; in the guest:\n%s", time.Since(start).Round(time.Second), out)
+		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestRaw") {
+			t.Fatalf("TestInGuestRaw in the guest: exit %d", code)
+		}
+		if strings.Contains(out, "--- SKIP") {
+			t.Errorf("TestInGuestRaw skipped subtests in the guest (see its output above)")
+		}
+	})
+
 	t.Run("NothingLeftBehind", func(t *testing.T) {
 		g := csiGuest{t, gg}
 		var list storev1.VolumeStateList
@@ -250,7 +389,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, vs := range list.Items {
-			if vs.Spec.StoreName == store {
+			if vs.Spec.StoreName == store || slices.Contains(rawStores, vs.Spec.StoreName) {
 				t.Errorf("VolumeState %s left behind (phase %s)", vs.Name, vs.Status.Phase)
 			}
 		}
@@ -258,9 +397,10 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		out, code := g.try(5*time.Minute, `for i in $(seq 120); do n=$(lvs --noheadings -o lv_name plinth-csi | grep -vc '^ *pool$'); [ "$n" = 0 ] && break; sleep 1; done
 lvs --noheadings -o lv_name plinth-csi | grep -v '^ *pool$'
 for d in /sys/class/nvme-subsystem /sys/kernel/config/nvmet/subsystems `+guestStateDir+`; do ls -A $d 2>/dev/null; done
-grep ' /tmp/sanity\| /tmp/ig' /proc/self/mountinfo; true`)
+grep ' /tmp/sanity\| /tmp/rsanity\| /tmp/ig' /proc/self/mountinfo
+for d in `+strings.Join(append(append([]string{}, guestRawGPTDisks...), guestRawWholeDisks...), " ")+`; do sfdisk --json $d | grep '"node"'; done; true`)
 		if code != 0 || strings.TrimSpace(out) != "" {
-			t.Errorf("left in the guest (LVs, NVMe subsystems, nvmet subsystems, mounts, stage records):\n%s", out)
+			t.Errorf("left in the guest (LVs, NVMe subsystems, nvmet subsystems, stage records, mounts, raw partitions):\n%s", out)
 		}
 	})
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
 	"github.com/plinth-storage/plinth/internal/failpoint"
+	"github.com/plinth-storage/plinth/internal/hostnqn"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
@@ -33,9 +34,9 @@ type node struct {
 }
 
 // The node service's API access (kustomize/rbac/csi_node.yaml): the merge patch of its own
-// Node in initNode.
+// Node in initNode, after reading the Nodes for another one presenting the same host NQN.
 //
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;patch
 
 // initNode removes stage record temp files a crash left, reads the host NQN and, with an API config, labels the Node
 // plinth.dev/nvme-initiator=true when nvme-tcp is usable and annotates it with
@@ -63,6 +64,18 @@ func (d *Driver) initNode(ctx context.Context) error {
 	}
 	if nqn != "" {
 		meta["annotations"] = map[string]string{policyv1.AnnotationHostNQN: nqn}
+		rejected, err := d.duplicateHostNQN(ctx, nqn)
+		if err != nil {
+			return err
+		}
+		if rejected {
+			// not registered: no annotation (ControllerPublish grants nothing to this node)
+			// and no initiator label (the scheduler places no NVMe-oF volume here)
+			meta = map[string]any{
+				"labels":      map[string]any{policyv1.LabelNVMeInitiator: nil},
+				"annotations": map[string]any{policyv1.AnnotationHostNQN: nil},
+			}
+		}
 	}
 	if len(meta) == 0 {
 		d.log.Info("no NVMe host NQN: this node cannot consume NVMe-oF volumes", "file", d.opts.HostNQNFile)
@@ -74,8 +87,41 @@ func (d *Driver) initNode(ctx context.Context) error {
 	if err := d.kube.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return fmt.Errorf("label and annotate Node %s: %w", d.opts.NodeName, err)
 	}
-	d.log.Info("node registered for NVMe-oF", "node", d.opts.NodeName, "hostNQN", nqn, "initiator", meta["labels"] != nil)
+	if _, rejected := meta["annotations"].(map[string]any); !rejected {
+		d.log.Info("node registered for NVMe-oF", "node", d.opts.NodeName, "hostNQN", nqn, "initiator", meta["labels"] != nil)
+	}
 	return nil
+}
+
+// duplicateHostNQN applies the rule of internal/hostnqn to this node's host NQN and the other
+// Nodes' plinth.dev/host-nqn annotations: when another Node presents nqn and registered it first,
+// this node's registration is rejected, reported as a Warning event on its Node naming both
+// nodes and in the log.
+func (d *Driver) duplicateHostNQN(ctx context.Context, nqn string) (bool, error) {
+	var nodes corev1.NodeList
+	if err := d.kube.List(ctx, &nodes); err != nil {
+		return false, fmt.Errorf("list Nodes for host NQN %s: %w", nqn, err)
+	}
+	var self *corev1.Node
+	var others []string
+	for i, n := range nodes.Items {
+		switch {
+		case n.Name == d.opts.NodeName:
+			self = &nodes.Items[i]
+		case n.Annotations[policyv1.AnnotationHostNQN] == nqn:
+			others = append(others, n.Name)
+		}
+	}
+	holds := self != nil && self.Annotations[policyv1.AnnotationHostNQN] == nqn
+	if !hostnqn.Rejected(d.opts.NodeName, holds, others) {
+		return false, nil
+	}
+	msg := hostnqn.Message(nqn, d.opts.NodeName, others) + "; this node's registration is rejected: it is granted no NVMe-oF volume until its host NQN is its own"
+	d.log.Error(nil, "host NQN registration rejected", "node", d.opts.NodeName, "hostNQN", nqn, "alsoPresentedBy", others)
+	if self != nil {
+		d.warn(self, hostnqn.ReasonDuplicate, "Register", msg)
+	}
+	return true, nil
 }
 
 func (s *node) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
@@ -499,25 +545,11 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolume
 	if !staged && req.GetVolumePublishPath() == "" && req.GetStagingTargetPath() == "" {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
 	}
-	h := &csipb.VolumeHealth{VolumeId: id}
-	add := func(t csipb.VolumeHealthErrorType, reason, msg string) {
-		h.HealthStatuses = append(h.HealthStatuses, &csipb.VolumeHealth_VolumeHealthEntry{Status: t, Reason: reason, Message: msg})
-	}
+	var r *stage.Record
 	if staged {
-		if _, err := os.Stat(rec.Device); err != nil {
-			add(csipb.VolumeHealthErrorType_INACCESSIBLE, ReasonDeviceGone, fmt.Sprintf("device %s: %v", rec.Device, err))
-		}
+		r = &rec
 	}
-	dead := false
-	for _, p := range []string{req.GetStagingTargetPath(), req.GetVolumePublishPath()} {
-		if p == "" || dead {
-			continue
-		}
-		if err := s.d.mounter.Probe(p); err != nil && mount.IsCorrupted(err) {
-			dead = true
-			add(csipb.VolumeHealthErrorType_INACCESSIBLE, ReasonMountDead, fmt.Sprintf("%s: %v", p, err))
-		}
-	}
+	h := &csipb.VolumeHealth{VolumeId: id, HealthStatuses: s.d.volumeHealth(r, req.GetStagingTargetPath(), req.GetVolumePublishPath())}
 	return &csipb.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
 }
 

@@ -3,6 +3,7 @@ package csi_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"testing"
 	"time"
@@ -21,20 +22,36 @@ import (
 )
 
 // sidecars is the controller side as deployed: `plinth csi --mode controller`, the real agent
-// with the file backend on this host, csi-provisioner, csi-attacher and csi-resizer built from
-// their modules, on the control plane with kube-controller-manager (PV binder, expander).
+// with the file backend on this host, csi-provisioner, csi-attacher, csi-resizer and
+// csi-snapshotter built from their modules, and snapshot-controller with the snapshot CRDs
+// `make testbin` copies from the same module, on the control plane with
+// kube-controller-manager (PV binder, expander).
 type sidecars struct {
 	cs    *kubernetes.Clientset
 	class string
 	node  string
 	ns    string
+	// volumes is the file backend's directory on this host.
+	volumes string
 }
 
 func startSidecars(t testing.TB, name string) *sidecars {
 	t.Helper()
-	controlplane.RequireBinaries(t, controlplane.BinCSIProvisioner, controlplane.BinCSIAttacher, controlplane.BinCSIResizer)
+	controlplane.RequireBinaries(t, controlplane.BinCSIProvisioner, controlplane.BinCSIAttacher, controlplane.BinCSIResizer,
+		controlplane.BinCSISnapshotter, controlplane.BinSnapshotController)
 	cp := sharedControlPlane(t)
 	ctx := t.Context()
+	bin, err := controlplane.TestBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapCRDs, _ := filepath.Glob(filepath.Join(bin, "crds", "snapshot", "*.yaml"))
+	if len(snapCRDs) != 3 {
+		t.Fatalf("snapshot CRDs in %s: %v, want VolumeSnapshot, VolumeSnapshotContent and VolumeSnapshotClass (make testbin)", filepath.Join(bin, "crds", "snapshot"), snapCRDs)
+	}
+	if err := installCRDFiles(ctx, cp.Admin.Config, snapCRDs); err != nil {
+		t.Fatal(err)
+	}
 	plinth := buildPlinth(t, t.TempDir())
 	params := fileBackendNode(t, cp, plinth, name)
 	s := &sidecars{class: name + "-local", node: name + "-node", ns: name}
@@ -43,6 +60,11 @@ func startSidecars(t testing.TB, name string) *sidecars {
 		t.Fatal(err)
 	}
 	s.cs = cs
+	st := &storev1.Store{}
+	if err := kubeClient(t, cp.Admin.Config).Get(ctx, clientKey(storev1.StoreName(name, s.node)), st); err != nil || st.Spec.Backend.File == nil {
+		t.Fatalf("Store of %s: %v", name, err)
+	}
+	s.volumes = st.Spec.Backend.File.Directory
 	// What kubelet would do after NodeGetInfo: the topology label and the CSINode entry.
 	n, err := cs.CoreV1().Nodes().Get(ctx, s.node, metav1.GetOptions{})
 	if err != nil {
@@ -97,12 +119,17 @@ func startSidecars(t testing.TB, name string) *sidecars {
 			"--capacity-ownerref-level=-1", "--capacity-poll-interval=5s"}, []string{"NAMESPACE=" + s.ns}},
 		{controlplane.BinCSIAttacher, nil, nil},
 		{controlplane.BinCSIResizer, nil, nil},
+		{controlplane.BinCSISnapshotter, []string{"--extra-create-metadata"}, nil},
+		// Not a sidecar (no --csi-address): it serves VolumeSnapshots for every driver.
+		{controlplane.BinSnapshotController, nil, nil},
 	} {
 		// client-go's default of 5 requests/s (burst 10) queues the provisioner's PV create
 		// behind its events and PV deletes by 200–400 ms: deployments raise it
 		// (kustomize/csi/controller.yaml should carry the same flags).
-		args := append([]string{"--csi-address=" + sock, "--kubeconfig=" + cp.Admin.Kubeconfig, "--leader-election=false", "--timeout=60s", "--v=3",
-			"--kube-api-qps=50", "--kube-api-burst=100"}, sc.args...)
+		args := append([]string{"--kubeconfig=" + cp.Admin.Kubeconfig, "--leader-election=false", "--v=3", "--kube-api-qps=50", "--kube-api-burst=100"}, sc.args...)
+		if sc.bin != controlplane.BinSnapshotController {
+			args = append(args, "--csi-address="+sock, "--timeout=60s")
+		}
 		p, err := cp.StartProcess(ctx, controlplane.ProcessSpec{Name: sc.bin + "-" + name, Binary: sc.bin, Args: args, Env: sc.env})
 		if err != nil {
 			t.Fatal(err)
@@ -263,6 +290,7 @@ func TestSidecars(t *testing.T) {
 	})
 
 	t.Run("overrides", func(t *testing.T) { sidecarOverrides(t, s, "side-local") })
+	t.Run("snapshot and restore", func(t *testing.T) { sidecarSnapshot(t, s) })
 }
 
 // BenchmarkPVCBound measures PVC creation → Bound with the real sidecars, the controller, the

@@ -75,9 +75,14 @@ var errSnapshotUnsupported = errors.New("the backend takes no snapshots")
 // snapshotsSupported says why volumes of backend b can have no snapshots or clones, or "".
 // Thick (linear) LVM LVs have none: an LVM snapshot of a linear LV is a copy-on-write
 // volume of fixed size that fails when full, no safe base for a restore that outlives it.
+// Raw partitions and disks have none either: nothing below them keeps a point in time. The
+// capabilities are the driver's, not a class's, so such requests are INVALID_ARGUMENT.
 func snapshotsSupported(b policyv1.Backend) string {
 	if b.LVM != nil && b.LVM.ThinPool == nil {
 		return fmt.Sprintf("volume group %s has no thin pool: thick LVM volumes have no snapshots or clones (use a pool with lvm.thinPool)", b.LVM.VolumeGroup)
+	}
+	if b.Raw != nil {
+		return "raw partitions and disks have no snapshots or clones (use a pool with lvm.thinPool, zfs or file)"
 	}
 	return ""
 }

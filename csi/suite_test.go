@@ -83,6 +83,12 @@ func installCRDs(ctx context.Context, cfg *rest.Config) error {
 	if err != nil || len(files) == 0 {
 		return fmt.Errorf("no CRD YAML (%v)", err)
 	}
+	return installCRDFiles(ctx, cfg, files)
+}
+
+// installCRDFiles creates the CRDs of files (already existing ones are kept) and waits until
+// each is Established.
+func installCRDFiles(ctx context.Context, cfg *rest.Config, files []string) error {
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return err

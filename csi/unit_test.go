@@ -8,6 +8,7 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -160,5 +161,46 @@ func TestWaitOnIgnoresEarlierIncarnation(t *testing.T) {
 	}
 	if got[len(got)-1] != "new" {
 		t.Errorf("finished on %v, want the created volume", got)
+	}
+}
+
+// A refused expansion (reason ExpansionRefused at the current generation) ends the wait with
+// OUT_OF_RANGE; the same reason of an older generation does not (a new request is pending),
+// and no room stays RESOURCE_EXHAUSTED.
+func TestExpansionRefusedIsOutOfRange(t *testing.T) {
+	vs := &storev1.VolumeState{}
+	vs.Generation, vs.Spec.CapacityBytes = 2, 128<<20
+	vs.Status = storev1.VolumeStateStatus{Phase: storev1.VolumeExpanding, ObservedGeneration: 1, ActualBytes: 64 << 20}
+	set := func(reason string, gen int64) {
+		vs.Status.Conditions = []metav1.Condition{{Type: storev1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, ObservedGeneration: gen,
+			Message: "can grow only into the free space right after it"}}
+	}
+	set(storev1.ReasonExpansionRefused, 1)
+	if ok, err := readyOrFailed(vs); ok || err != nil {
+		t.Fatalf("refusal of an older generation: %v, %v; want to keep waiting", ok, err)
+	}
+	set(storev1.ReasonExpansionRefused, 2)
+	_, err := readyOrFailed(vs)
+	if st, _ := status.FromError(waitError("expand volume x", err)); st.Code() != codes.OutOfRange || !strings.Contains(st.Message(), "right after it") {
+		t.Fatalf("refused expansion: %v, want OUT_OF_RANGE with the agent's message", st)
+	}
+	set(storev1.ReasonInsufficientCapacity, 2)
+	_, err = readyOrFailed(vs)
+	if st, _ := status.FromError(waitError("expand volume x", err)); st.Code() != codes.ResourceExhausted {
+		t.Fatalf("no room: %v, want RESOURCE_EXHAUSTED", st)
+	}
+}
+
+// Raw volumes, like thick LVM ones, have no snapshots or clones.
+func TestSnapshotsSupported(t *testing.T) {
+	for b, want := range map[*policyv1.Backend]bool{
+		{Raw: &policyv1.RawBackend{Devices: []string{"/dev/vdb"}}}:                     false,
+		{LVM: &policyv1.LVMBackend{VolumeGroup: "vg"}}:                                 false,
+		{LVM: &policyv1.LVMBackend{VolumeGroup: "vg", ThinPool: &policyv1.ThinPool{}}}: true,
+		{File: &policyv1.FileBackend{Directory: "/d"}}:                                 true,
+	} {
+		if got := snapshotsSupported(*b) == ""; got != want {
+			t.Errorf("%s backend: snapshots %v, want %v", b.Kind(), got, want)
+		}
 	}
 }

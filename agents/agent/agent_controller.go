@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
+	"github.com/plinth-storage/plinth/internal/hostnqn"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -48,6 +52,17 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	st := &a.Status
 	st.ObservedGeneration = a.Generation
 	st.HostNQN = ni.HostNQN
+	if ni.HostNQN != "" {
+		others, err := r.duplicateHostNQN(ctx, &a, before.Status.HostNQN == ni.HostNQN, ni.HostNQN)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if len(others) > 0 {
+			st.HostNQN = "" // the registration is rejected: the first node keeps the NQN
+		}
+	} else {
+		apimeta.RemoveStatusCondition(&st.Conditions, storev1.ConditionHostNQNConflict)
+	}
 	st.Version = r.opts.Version
 	st.Capabilities = storev1.AgentCapabilities{Backends: ni.Backends, KernelModules: ni.Modules, NVMeAuth: ni.NVMeAuth, NVMeTLS: ni.NVMeTLS}
 	now := metav1.Now()
@@ -99,6 +114,9 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	} else {
 		apimeta.RemoveStatusCondition(&st.Conditions, CondStalled)
 	}
+	if c := apimeta.FindStatusCondition(st.Conditions, storev1.ConditionHostNQNConflict); c != nil {
+		notes = append(notes, "host NQN not registered: "+c.Message)
+	}
 	if len(blocking) > 0 {
 		setCond(&st.Conditions, a.Generation, CondReady, false, reason, strings.Join(append(blocking, notes...), "; "))
 	} else {
@@ -112,4 +130,66 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+}
+
+// duplicateHostNQN applies the rule of internal/hostnqn to the node's host NQN: the other nodes
+// that present nqn (another Agent's status.hostNQN, another Node's plinth.dev/host-nqn written
+// by its node plugin), read uncached, and whether this node's registration is rejected. It
+// returns those nodes when it is (nil otherwise) and keeps the HostNQNConflict condition and a
+// Warning event on the Agent, naming both nodes. holds says whether the Agent had nqn
+// registered already. The check runs when the NQN this process registers changes and while a
+// conflict stands (so it clears once an operator fixed the duplicate), not at every heartbeat:
+// a node that joins later with the same NQN is the one whose registration is rejected.
+func (r *agentReconciler) duplicateHostNQN(ctx context.Context, a *storev1.Agent, holds bool, nqn string) ([]string, error) {
+	conflict := apimeta.FindStatusCondition(a.Status.Conditions, storev1.ConditionHostNQNConflict)
+	r.mu.Lock()
+	checked := r.nqnChecked == nqn
+	r.mu.Unlock()
+	if checked && conflict == nil {
+		return nil, nil
+	}
+	self := a.Spec.NodeName
+	if self == "" {
+		self = a.Name
+	}
+	seen := map[string]bool{}
+	var agents storev1.AgentList
+	if err := r.reader.List(ctx, &agents); err != nil {
+		return nil, fmt.Errorf("list Agents for host NQN %s: %w", nqn, err)
+	}
+	for _, o := range agents.Items {
+		n := o.Spec.NodeName
+		if n == "" {
+			n = o.Name
+		}
+		if n != self && o.Status.HostNQN == nqn {
+			seen[n] = true
+		}
+	}
+	var nodes corev1.NodeList
+	if err := r.reader.List(ctx, &nodes); err != nil {
+		return nil, fmt.Errorf("list Nodes for host NQN %s: %w", nqn, err)
+	}
+	for _, n := range nodes.Items {
+		if n.Name == self {
+			holds = holds || n.Annotations[policyv1.AnnotationHostNQN] == nqn
+		} else if n.Annotations[policyv1.AnnotationHostNQN] == nqn {
+			seen[n.Name] = true
+		}
+	}
+	others := slices.Sorted(maps.Keys(seen))
+	r.mu.Lock()
+	r.nqnChecked = nqn
+	r.mu.Unlock()
+	if !hostnqn.Rejected(self, holds, others) {
+		apimeta.RemoveStatusCondition(&a.Status.Conditions, storev1.ConditionHostNQNConflict)
+		return nil, nil
+	}
+	msg := hostnqn.Message(nqn, self, others) + "; this node's registration is rejected"
+	if conflict == nil || conflict.Message != msg {
+		r.events.Eventf(a, nil, corev1.EventTypeWarning, hostnqn.ReasonDuplicate, "Register", "%s", msg)
+		ctrl.LoggerFrom(ctx).Error(nil, "host NQN registration rejected", "hostNQN", nqn, "node", self, "alsoPresentedBy", others)
+	}
+	setCond(&a.Status.Conditions, a.Generation, storev1.ConditionHostNQNConflict, true, hostnqn.ReasonDuplicate, msg)
+	return others, nil
 }

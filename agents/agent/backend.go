@@ -8,6 +8,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/file"
 	"github.com/plinth-storage/plinth/agents/lvm"
+	"github.com/plinth-storage/plinth/agents/raw"
 	"github.com/plinth-storage/plinth/agents/zfs"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -42,6 +43,8 @@ func newBackend(s *storev1.Store, reserveBytes int64, onCommand func(string, []s
 			Properties: b.ZFS.Properties, ReserveBytes: reserveBytes, OvercommitPercent: int64(s.Spec.OvercommitPercent),
 			OnCommand: onCommand,
 		})
+	case b.Raw != nil:
+		return raw.New(raw.Config{Devices: b.Raw.Devices, Partitioning: string(b.Raw.Partitioning), ReserveBytes: reserveBytes, OnCommand: onCommand})
 	}
 	return nil, fmt.Errorf("store %s declares no backend", s.Name)
 }

@@ -102,7 +102,7 @@ func benchBurst(b *testing.B, e *env, nodeName string, workers, n int, idle time
 	}
 	// the client limits of `plinth agent` (its --kube-api-qps and --kube-api-burst defaults)
 	cfg := rest.CopyConfig(e.cfg)
-	cfg.QPS, cfg.Burst = 50, 100
+	cfg.QPS, cfg.Burst = agent.DefaultKubeAPIQPS, agent.DefaultKubeAPIBurst
 	mgr, err := agent.NewManager(cfg, agent.Options{
 		NodeName: nodeName, StateDir: state, MetricsAddr: "0", ProbeAddr: "0", VolumeWorkers: workers,
 		HostNQNFile: filepath.Join(state, "hostnqn"), NVMetRoot: filepath.Join(state, "nvmet"),

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/agents/agent"
@@ -384,6 +386,18 @@ func TestHostFaults(t *testing.T) {
 		if after := counter(agent.FencingRejections, fencing.ReasonStalePublicationGeneration); after != before+1 {
 			t.Errorf("plinth_agent_fencing_rejections_total{reason=StalePublicationGeneration} %v → %v, want +1", before, after)
 		}
+		eventually(t, 30*time.Second, "Warning event StalePublicationGeneration on the VolumeState", func() error {
+			var list corev1.EventList
+			if err := e.c.List(ctx, &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
+				return err
+			}
+			for _, ev := range list.Items {
+				if ev.InvolvedObject.Name == vs.Name && ev.Reason == fencing.ReasonStalePublicationGeneration && ev.Type == corev1.EventTypeWarning {
+					return nil
+				}
+			}
+			return fmt.Errorf("no event about %s yet", vs.Name)
+		})
 		if _, err := os.Stat(filepath.Join(dir, vs.Name+".img")); !os.IsNotExist(err) {
 			t.Errorf("stale publication work created a volume: %v", err)
 		}

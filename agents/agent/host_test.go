@@ -276,6 +276,28 @@ func TestHostFileBackend(t *testing.T) {
 		eventually(t, 60*time.Second, "deleted", func() error { return gone(ctx, e.c, got) })
 	})
 
+	// The CSI controller creates VolumeStates with the agent's finalizer already set: one the
+	// agent never acted on (its Store gone, or deleted before the agent got to it) is released
+	// when deleted, with nothing made on the node and no fencing mark left.
+	t.Run("UntouchedVolumeReleased", func(t *testing.T) {
+		vs := newVolumeState("pvc-untouched", node, pool, storev1.StoreName("no-such-pool", node), 4*mib, local, backendDecl)
+		vs.Finalizers = []string{agent.FinalizerVolume}
+		if err := e.c.Create(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.Delete(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "untouched VolumeState deleted", func() error { return gone(ctx, e.c, vs) })
+		marks, _ := fencing.Open(filepath.Join(state, "agent", "marks"))
+		if m, found, err := marks.Load(vs.Name); found || err != nil {
+			t.Errorf("mark of a volume never acted on: %+v found=%v err=%v", m, found, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, vs.Name+".img")); !os.IsNotExist(err) {
+			t.Errorf("volume file of a volume never acted on: %v", err)
+		}
+	})
+
 	t.Run("CrashAfterCreateIsAdopted", func(t *testing.T) {
 		r.stop()
 		crashOpts := opts

@@ -13,10 +13,12 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -47,6 +49,13 @@ type node struct {
 	marks  *fencing.Store
 	target *nvmet.Target
 	wake   chan event.GenericEvent
+	// events records Warning events on the node's objects (fencing refusals, a duplicate
+	// host NQN); reader reads uncached what the node's cache does not hold (other Agents, Nodes).
+	events events.EventRecorder
+	reader client.Reader
+	// nqnChecked is the host NQN this process last checked against the other nodes'
+	// (agent_controller.go); guarded by mu.
+	nqnChecked string
 
 	mu     sync.Mutex
 	stores map[string]*storeRuntime
@@ -65,13 +74,15 @@ type storeRuntime struct {
 	total     int64 // physical size seen last, for percent reserves
 }
 
-// Scheme returns a scheme with the runtime API group.
+// Scheme returns a scheme with the runtime API group and core/v1.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := storev1.AddToScheme(s); err != nil {
 		panic(err) // static registration; cannot fail
 	}
-	if err := corev1.AddToScheme(s); err != nil { // Secrets of DH-HMAC-CHAP, read uncached
+	// Nodes (their host NQN annotation, agent_controller.go) and the Secrets of DH-HMAC-CHAP,
+	// both read uncached
+	if err := corev1.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	return s
@@ -99,6 +110,8 @@ func CacheOptions(nodeName string) cache.Options {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status;volumestates/status;volumesnapshotstates/status,verbs=get;patch;update
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers;volumesnapshotstates/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",namespace=plinth-system,resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // NewManager builds the agent's manager for cfg: cache scoped to the node,
 // /metrics on Options.MetricsAddr, /healthz and /readyz (caches synced) on
@@ -134,6 +147,8 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		marks:  marks,
 		target: nvmet.New(opts.NVMetRoot),
 		wake:   make(chan event.GenericEvent, 1024),
+		events: mgr.GetEventRecorder("plinth-agent"),
+		reader: mgr.GetAPIReader(),
 		stores: map[string]*storeRuntime{},
 
 		orphanSince: map[string]map[string]time.Time{},

@@ -27,7 +27,7 @@ type NodeInfo struct {
 	// Missing are the KernelModules not loaded, sorted.
 	Missing []string
 	// Backends usable on the node: "lvm" (lvm binary and device-mapper),
-	// "file" (/dev/loop-control), sorted.
+	// "file" (/dev/loop-control), "raw" (sfdisk, partx and wipefs), sorted.
 	Backends []string
 	// NVMeAuth and NVMeTLS: where the kernel supports NVMe in-band authentication and
 	// NVMe/TCP TLS ("host", "target"), see KernelNVMeSecurity.
@@ -96,6 +96,16 @@ func (o *Options) probe() NodeInfo {
 		if _, err := os.Stat(filepath.Join(o.DevRoot, "mapper", "control")); err == nil {
 			ni.Backends = append(ni.Backends, "lvm")
 		}
+	}
+	// raw: partition tables with sfdisk (Debian fdisk), the kernel told with partx, wipes with wipefs
+	raw := true
+	for _, c := range []string{"sfdisk", "partx", "wipefs"} {
+		if _, err := o.LookPath(c); err != nil {
+			raw = false
+		}
+	}
+	if raw {
+		ni.Backends = append(ni.Backends, "raw")
 	}
 	sort.Strings(ni.Backends)
 	ni.NVMeAuth, ni.NVMeTLS = KernelNVMeSecurity(o.SysRoot)

@@ -29,6 +29,14 @@ const (
 	// of new volumes is not queued behind one another, while each backend still
 	// serialises what must be (the file backend its capacity check, LVM its VG lock).
 	DefaultVolumeWorkers = 8
+	// DefaultKubeAPIQPS and DefaultKubeAPIBurst are the client-side limits of `plinth agent`
+	// (--kube-api-qps, --kube-api-burst), in requests per second and requests. A new volume
+	// costs the agent three writes (finalizer, Creating, Ready): a burst of 100 volumes is 300
+	// writes, which a burst allowance of 300 sends at once instead of spreading them over
+	// 4 s at 50 per second. An idle agent writes its Agent and Stores once per refresh; the
+	// API server's priority and fairness, not this limit, protects it from many nodes.
+	DefaultKubeAPIQPS   = 50
+	DefaultKubeAPIBurst = 300
 )
 
 // FinalizerVolume keeps a VolumeState until the agent removed its export and

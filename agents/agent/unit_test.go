@@ -74,6 +74,21 @@ func TestProbe(t *testing.T) {
 	if want := []string{"file"}; !reflect.DeepEqual(ni.Backends, want) {
 		t.Errorf("backends %v, want %v", ni.Backends, want)
 	}
+	// raw needs all three of sfdisk, partx and wipefs
+	have := map[string]bool{"sfdisk": true, "partx": true}
+	o.LookPath = func(c string) (string, error) {
+		if have[c] {
+			return "/usr/sbin/" + c, nil
+		}
+		return "", errors.New("absent")
+	}
+	if ni := o.probe(); !reflect.DeepEqual(ni.Backends, []string{"file"}) {
+		t.Errorf("backends without wipefs %v, want [file]", ni.Backends)
+	}
+	have["wipefs"] = true
+	if ni := o.probe(); !reflect.DeepEqual(ni.Backends, []string{"file", "raw"}) {
+		t.Errorf("backends with sfdisk, partx and wipefs %v, want [file raw]", ni.Backends)
+	}
 	nqn := "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001"
 	os.WriteFile(o.HostNQNFile, []byte(nqn+"\n"), 0o644)
 	if ni := o.probe(); ni.HostNQN != nqn || ni.HostNQNError != "" {

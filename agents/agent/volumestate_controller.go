@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -62,6 +63,11 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	deleting := !vs.DeletionTimestamp.IsZero()
 	if deleting && !controllerutil.ContainsFinalizer(&vs, FinalizerVolume) {
 		return ctrl.Result{}, nil // never acted on, or already released
+	}
+	if deleting {
+		if released, err := r.releaseUntouched(ctx, &vs); released || err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	before := vs.DeepCopy()
 	store, err := r.storeOf(ctx, &vs)
@@ -120,6 +126,27 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		before = vs.DeepCopy()
 	}
 	return r.converge(ctx, &vs, before, store, be, next)
+}
+
+// releaseUntouched releases the finalizer of a deleted VolumeState this agent never acted on:
+// no fencing mark names it (a mark is saved before the first act). The CSI controller creates
+// VolumeStates with this agent's finalizer already set, so that a new volume costs the agent
+// no write of its own before its status; a volume deleted before its agent got to it, or whose
+// Store is gone, must not keep it. Reports whether it released it.
+func (r *volumeReconciler) releaseUntouched(ctx context.Context, vs *storev1.VolumeState) (bool, error) {
+	unlock, err := r.marks.Lock(ctx, vs.Name)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	if _, found, err := r.marks.Load(vs.Name); found || err != nil {
+		return false, nil // acted on (or a corrupt mark, which the fenced path reports)
+	}
+	controllerutil.RemoveFinalizer(vs, FinalizerVolume)
+	if err := r.client.Update(ctx, vs); err != nil && !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	return true, nil
 }
 
 // converge creates, expands and exports the volume. Its status is written once, when it
@@ -340,12 +367,16 @@ func (r *volumeReconciler) timed(op string, f func() (backend.Volume, error)) (b
 }
 
 // backendFailed maps a backend error to status: InsufficientCapacity (the
-// CSI controller's RESOURCE_EXHAUSTED) or VolumeFailed; both retried at the
-// refresh interval (room may appear). The caller writes the status.
+// CSI controller's RESOURCE_EXHAUSTED), ExpansionRefused (its OUT_OF_RANGE) or
+// VolumeFailed; all retried at the refresh interval (room may appear: a raw
+// partition's neighbour may go). The caller writes the status.
 func (r *volumeReconciler) backendFailed(vs *storev1.VolumeState, err error) ctrl.Result {
 	reason := ReasonVolumeFailed
-	if errors.Is(err, backend.ErrInsufficientCapacity) {
+	switch {
+	case errors.Is(err, backend.ErrInsufficientCapacity):
 		reason = storev1.ReasonInsufficientCapacity
+	case errors.Is(err, backend.ErrOutOfRange):
+		reason = storev1.ReasonExpansionRefused
 	}
 	if vs.Status.ActualBytes == 0 {
 		vs.Status.Phase = storev1.VolumeFailed
@@ -373,10 +404,12 @@ func (r *volumeReconciler) drifted(vs *storev1.VolumeState, items []storev1.Drif
 	return ctrl.Result{}
 }
 
-// fenced records a refusal: the counter, Fenced=True and Ready=False with
-// the reason; no retry (newer work arrives as a new event).
+// fenced records a refusal: the counter, a Warning event on the VolumeState, Fenced=True and
+// Ready=False with the reason; no retry (newer work arrives as a new event).
 func (r *volumeReconciler) fenced(ctx context.Context, vs, before *storev1.VolumeState, rej *fencing.Rejection) (ctrl.Result, error) {
 	FencingRejections.WithLabelValues(rej.Reason).Inc()
+	r.events.Eventf(vs, nil, corev1.EventTypeWarning, rej.Reason, "Fence", "node %s refused generation %d (publicationGeneration %d): %s",
+		r.opts.NodeName, vs.Generation, vs.Spec.PublicationGeneration, rej.Message)
 	ctrl.LoggerFrom(ctx).Info("work refused by fencing", "volume", vs.Name, "uid", vs.UID,
 		"generation", vs.Generation, "reason", rej.Reason, "message", rej.Message)
 	setCond(&vs.Status.Conditions, vs.Generation, CondFenced, true, rej.Reason, rej.Message)

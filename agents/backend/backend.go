@@ -97,6 +97,12 @@ type Capacity struct {
 	MetadataUsedRatio float64
 	// ExtentBytes is the allocation unit sizes are rounded up to (bytes).
 	ExtentBytes int64
+	// Contiguous is true when a volume must fit in one free region (raw partitions, whole
+	// disks): LargestFreeBytes then bounds Available.
+	Contiguous bool
+	// LargestFreeBytes is the largest volume one free region still holds (bytes; the
+	// largest aligned gap of a GPT, the largest free disk), used when Contiguous.
+	LargestFreeBytes int64
 }
 
 // Allocatable is physical − reserve, clamped at 0 (B07: no underflow).
@@ -115,7 +121,9 @@ func (c Capacity) Allocatable(reserveBytes int64) int64 {
 //     snapshots; bounded by nothing else, since thin volumes use pool space
 //     lazily (never derived from VG free, which does not see the room inside the thin pool);
 //   - linear / file: free − reserve (the free space is what is physically
-//     left, whoever else uses the VG or filesystem).
+//     left, whoever else uses the VG or filesystem);
+//   - contiguous (raw): that, and never more than LargestFreeBytes, since a
+//     volume cannot span two free regions.
 //
 // overcommitPercent <= 0 means 100 (no overcommit); it applies to thin
 // capacity only. The result is clamped at 0 (B07).
@@ -124,6 +132,9 @@ func (c Capacity) Available(reserveBytes int64, overcommitPercent int64) int64 {
 		reserveBytes = 0
 	}
 	if !c.Thin {
+		if c.Contiguous {
+			return clamp(min(c.FreeBytes-reserveBytes, c.LargestFreeBytes))
+		}
 		return clamp(c.FreeBytes - reserveBytes)
 	}
 	limit := policyv1.ProvisionLimit(clamp(c.TotalBytes-reserveBytes), true, overcommitPercent)

@@ -32,6 +32,11 @@ func TestAvailable(t *testing.T) {
 		{"thin snapshots", Capacity{Thin: true, TotalBytes: 99 * gib, ProvisionedBytes: 20 * gib, SnapshotBytes: 4 * gib}, 0, 0, 75 * gib, 99 * gib},
 		// Linear: the snapshot space is already gone from free.
 		{"linear snapshots", Capacity{TotalBytes: 100 * gib, FreeBytes: 40 * gib, SnapshotBytes: 4 * gib}, 20 * gib, 0, 20 * gib, 80 * gib},
+		// Raw: 30 GiB free in three 10 GiB gaps takes one 10 GiB volume, not 30 GiB.
+		{"contiguous largest region", Capacity{Contiguous: true, TotalBytes: 100 * gib, FreeBytes: 30 * gib, LargestFreeBytes: 10 * gib}, 0, 0, 10 * gib, 100 * gib},
+		// ... and the reserve still bounds it when it is tighter than the largest region.
+		{"contiguous reserve", Capacity{Contiguous: true, TotalBytes: 100 * gib, FreeBytes: 30 * gib, LargestFreeBytes: 30 * gib}, 25 * gib, 0, 5 * gib, 75 * gib},
+		{"contiguous full", Capacity{Contiguous: true, TotalBytes: 100 * gib}, 0, 0, 0, 100 * gib},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -24,6 +24,11 @@ var (
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrInUse: the kernel refuses because the device is open.
 	ErrInUse = errors.New("in use")
+	// ErrOutOfRange: the volume cannot take this size whatever the free space (a raw
+	// partition with no free space right after it, a whole-disk volume asked to outgrow its
+	// disk). The agent reports it as reason ExpansionRefused; the CSI controller answers
+	// OUT_OF_RANGE.
+	ErrOutOfRange = errors.New("out of range")
 )
 
 // CommandError is a failed external command (lvcreate, losetup, ...). Its

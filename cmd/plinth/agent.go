@@ -74,8 +74,8 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 	f.StringVar(&opts.NVMetRoot, "nvmet-root", "/sys/kernel/config/nvmet", "nvmet configfs tree")
 	f.StringVar(&opts.AuthNamespace, "auth-namespace", "", "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node> (default $POD_NAMESPACE, then "+agent.DefaultAuthNamespace+")")
 	f.IntVar(&verbosity, "v", 0, "log verbosity (0 info, 1 debug)")
-	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit; client-go's own default of 5 delays every volume's status writes)")
-	f.IntVar(&burst, "kube-api-burst", 100, "burst of requests to the API server above --kube-api-qps")
+	f.Float32Var(&qps, "kube-api-qps", agent.DefaultKubeAPIQPS, "requests per second to the API server (client-side limit; client-go's own default of 5 delays every volume's status writes)")
+	f.IntVar(&burst, "kube-api-burst", agent.DefaultKubeAPIBurst, "burst of requests to the API server above --kube-api-qps")
 	return cmd
 }
 

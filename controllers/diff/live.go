@@ -325,6 +325,8 @@ func placementField(changes []storageclass.Change) string {
 			return "spec.poolRef.name"
 		case "parameters." + policyv1.ParamProtocol:
 			return "spec.protocolRef.name"
+		case "parameters." + policyv1.ParamSpreadAcross:
+			return "spec.spreadAcross"
 		case "reclaimPolicy":
 			return "spec.storageClass.reclaimPolicy"
 		case "volumeBindingMode":

@@ -88,7 +88,9 @@ func (o oldRender) Get(_ context.Context, gvk schema.GroupVersionKind, name stri
 	return nil, nil
 }
 
-func (oldRender) Unchanged(context.Context, *unstructured.Unstructured) bool { return false }
+func (oldRender) Cached(context.Context, *unstructured.Unstructured) plan.CacheState {
+	return plan.CacheUnknown
+}
 
 func (o oldRender) DryRun(_ context.Context, objs []*unstructured.Unstructured) ([]plan.DryRun, error) {
 	out := make([]plan.DryRun, len(objs))

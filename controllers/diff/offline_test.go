@@ -39,6 +39,14 @@ func TestOffline(t *testing.T) {
 				}
 			}},
 		{tree: "replace", exit: diff.ExitChanges, objects: []string{"replace StorageClass/plinth-fast"}},
+		// spreadAcross is a StorageClass parameter: setting it replaces the class.
+		{tree: "spread", exit: diff.ExitChanges, objects: []string{"replace StorageClass/plinth-fast"},
+			check: func(t *testing.T, r *diff.Report) {
+				if o := r.Objects[0]; len(o.Fields) != 1 || o.Fields[0] != "parameters.plinth.dev/spread-across" ||
+					!strings.Contains(o.Reason, "topology.kubernetes.io/zone") {
+					t.Errorf("replacement fields %v, reason %q", o.Fields, o.Reason)
+				}
+			}},
 		{tree: "removed", exit: diff.ExitChanges, objects: []string{"prune StorageClass/plinth-scratch"},
 			check: func(t *testing.T, r *diff.Report) {
 				if len(r.Policy) != 1 || r.Policy[0].Action != "delete" || r.Policy[0].File != "testdata/live/base/placements.yaml" || r.Policy[0].Line == 0 {

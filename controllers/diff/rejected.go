@@ -98,6 +98,8 @@ func renderedFrom(kind, ownerKind, field string) string {
 			return "spec.poolRef.name"
 		case under("parameters." + policyv1.ParamProtocol):
 			return "spec.protocolRef.name"
+		case under("parameters." + policyv1.ParamSpreadAcross):
+			return "spec.spreadAcross"
 		case under("mountOptions"):
 			return "spec.filesystem.mountOptions"
 		case under("metadata.name"):

@@ -21,6 +21,7 @@ func TestRejectedField(t *testing.T) {
 		{"Agent", "Protocol", "spec.nvmeof.bindCIDR", "spec.nvmeofTcp.bindCIDR"},
 		{"Agent", "StoragePool", "spec.nvmeof.port", ""},
 		{"StorageClass", "Placement", "parameters[csi.storage.k8s.io/fstype]", "spec.filesystem.fsType"},
+		{"StorageClass", "Placement", "parameters[plinth.dev/spread-across]", "spec.spreadAcross"},
 		{"StorageClass", "Placement", "mountOptions[0]", "spec.filesystem.mountOptions"},
 		{"StorageClass", "Placement", "reclaimPolicy", "spec.storageClass.reclaimPolicy"},
 		{"StorageClass", "Placement", "volumeBindingMode", "spec.storageClass.volumeBindingMode"},

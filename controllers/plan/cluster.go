@@ -29,7 +29,7 @@ type Cluster struct {
 	// Reader reads live objects from the API server (not a cache: a replacement or prune
 	// must see the object as it is now).
 	Reader client.Reader
-	// Cache, when set, answers Unchanged from an informer cache; nil sends every object
+	// Cache, when set, answers Cached from an informer cache; nil sends every object
 	// through the dry-run.
 	Cache client.Client
 	// Manager runs the dry-runs under the controller's field manager.
@@ -53,28 +53,35 @@ func (c *Cluster) Get(ctx context.Context, gvk schema.GroupVersionKind, name str
 	return u, nil
 }
 
-// Unchanged implements Source: whether the cached copy of u holds every field u sets.
-func (c *Cluster) Unchanged(ctx context.Context, u *unstructured.Unstructured) bool {
+// Cached implements Source from the informer cache (Cache); CacheUnknown without one, for a
+// kind the scheme does not know, or on a read error other than not found.
+func (c *Cluster) Cached(ctx context.Context, u *unstructured.Unstructured) CacheState {
 	if c.Cache == nil {
-		return false
+		return CacheUnknown
 	}
 	o, err := c.Cache.Scheme().New(u.GroupVersionKind())
 	if err != nil {
-		return false
+		return CacheUnknown
 	}
 	obj, ok := o.(client.Object)
 	if !ok {
-		return false
+		return CacheUnknown
 	}
 	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj); err != nil {
-		return false
+		if apierrors.IsNotFound(err) {
+			return CacheAbsent
+		}
+		return CacheUnknown
 	}
 	obj.GetObjectKind().SetGroupVersionKind(u.GroupVersionKind()) // typed cache objects carry no TypeMeta
 	live, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
-		return false
+		return CacheUnknown
 	}
-	return drift.Subset(u.Object, live)
+	if drift.Subset(u.Object, live) {
+		return CacheHolds
+	}
+	return CacheDiffers
 }
 
 // DryRun implements Source with fluxcd/pkg/ssa's server-side dry-run diff.

@@ -58,10 +58,10 @@ type DryRun struct {
 type Source interface {
 	// Get returns the live object of kind gvk named name, or nil when there is none.
 	Get(ctx context.Context, gvk schema.GroupVersionKind, name string) (*unstructured.Unstructured, error)
-	// Unchanged reports, without a server round trip, whether the live object already holds
-	// every field u sets; false when it cannot tell. Only asked for objects whose digest the
-	// inventory already records.
-	Unchanged(ctx context.Context, u *unstructured.Unstructured) bool
+	// Cached says, without a server round trip, what an informer cache knows of u's live
+	// object: absent, holding every field u sets, or differing; CacheUnknown when it cannot
+	// tell (no cache, a kind it does not hold).
+	Cached(ctx context.Context, u *unstructured.Unstructured) CacheState
 	// DryRun dry-runs each object, in the order given; the error is for a cancelled context.
 	DryRun(ctx context.Context, objs []*unstructured.Unstructured) ([]DryRun, error)
 	// ClassUsage counts the PVCs and PVs of StorageClass name.
@@ -69,6 +69,20 @@ type Source interface {
 	// StoreUsage counts the VolumeStates on Store name.
 	StoreUsage(ctx context.Context, name string) (Usage, error)
 }
+
+// CacheState is what a Source's informer cache knows of a rendered object's live copy.
+type CacheState int
+
+const (
+	// CacheUnknown: no cache, or the cache does not hold that kind; a dry-run decides.
+	CacheUnknown CacheState = iota
+	// CacheAbsent: the cache holds the kind and no object of that name.
+	CacheAbsent
+	// CacheHolds: the cached copy holds every field the render sets.
+	CacheHolds
+	// CacheDiffers: the cached copy lacks or differs in a field the render sets.
+	CacheDiffers
+)
 
 // Action is what the plan does with a rendered object.
 type Action string
@@ -223,11 +237,12 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 		in.Previous = inventory.New()
 	}
 	p := &Plan{Rendered: inventory.New()}
-	toDiff, err := p.classify(ctx, in, src)
+	entries := map[*unstructured.Unstructured]inventory.Entry{} // digests are computed once
+	toDiff, err := p.classify(ctx, in, src, entries)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.diff(ctx, in, src, toDiff); err != nil {
+	if err := p.diff(ctx, in, src, toDiff, entries); err != nil {
 		return nil, err
 	}
 	if err := p.prune(ctx, in, src); err != nil {
@@ -239,13 +254,14 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 // classify records every rendered object's entry and takes out the StorageClasses whose
 // immutable fields change: replaced ones leave the apply; blocked ones are applied with the
 // live immutable fields kept. It returns what goes through the dry-run.
-func (p *Plan) classify(ctx context.Context, in Input, src Source) ([]*unstructured.Unstructured, error) {
+func (p *Plan) classify(ctx context.Context, in Input, src Source, entries map[*unstructured.Unstructured]inventory.Entry) ([]*unstructured.Unstructured, error) {
 	var toDiff []*unstructured.Unstructured
 	for _, u := range in.Desired {
 		e, err := inventory.EntryOf(u)
 		if err != nil {
 			return nil, err
 		}
+		entries[u] = e
 		p.Rendered.Put(e)
 		if u.GetKind() != "StorageClass" {
 			toDiff = append(toDiff, u)
@@ -308,23 +324,34 @@ func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unst
 	return cc, nil
 }
 
-// diff decides each object: objects whose digest the inventory records and whose live copy
-// already holds every field need no server round trip (a no-op reconcile of 1,000 objects
-// makes no request for them); the rest go through the server-side dry-run, where a changed
-// digest is a policy change and an unchanged digest with a live difference is drift.
-func (p *Plan) diff(ctx context.Context, in Input, src Source, objs []*unstructured.Unstructured) error {
+// diff decides each object without a server round trip where the informer cache can: an
+// object whose digest the inventory records and whose cached copy holds every field is
+// Unchanged (a no-op reconcile of 1,000 objects makes no request for them); an object the
+// inventory does not record and the cache does not hold is a Create (the apply itself is the
+// one request it needs; a refusal is reported as the apply's error). The rest go through the
+// server-side dry-run, where a changed digest is a policy change and an unchanged digest with
+// a live difference is drift.
+func (p *Plan) diff(ctx context.Context, in Input, src Source, objs []*unstructured.Unstructured, entries map[*unstructured.Unstructured]inventory.Entry) error {
 	p.Objects = make([]Object, len(objs))
 	var need []*unstructured.Unstructured
 	var at []int
 	for i, u := range objs {
-		e, err := inventory.EntryOf(u)
-		if err != nil {
-			return err
+		e, ok := entries[u]
+		if !ok { // a StorageClass applied with its live immutable fields kept
+			var err error
+			if e, err = inventory.EntryOf(u); err != nil {
+				return err
+			}
 		}
 		o := Object{Object: u, Entry: e, Owners: in.Sources[u.GetKind()+"/"+u.GetName()], Action: Unchanged,
 			KeptImmutable: u.GetKind() == "StorageClass" && isKept(p.Classes, u.GetName())}
 		p.Objects[i] = o
-		if old, ok := in.Previous.Get(e.ID()); ok && old.Digest == e.Digest && src.Unchanged(ctx, u) {
+		old, recorded := in.Previous.Get(e.ID())
+		switch cached := src.Cached(ctx, u); {
+		case recorded && old.Digest == e.Digest && cached == CacheHolds:
+			continue
+		case !recorded && cached == CacheAbsent:
+			p.Objects[i].Action = Create
 			continue
 		}
 		need = append(need, u)

@@ -23,12 +23,12 @@ import (
 // The API server's own part (what a dry-run returns) is covered by the controller's and
 // plinth diff's integration tests on a real kube-apiserver.
 type fakeSource struct {
-	live      map[string]*unstructured.Unstructured
-	dryRun    map[string]DryRun
-	unchanged map[string]bool
-	classes   map[string]Usage
-	stores    map[string]Usage
-	dryRuns   []string
+	live    map[string]*unstructured.Unstructured
+	dryRun  map[string]DryRun
+	cached  map[string]CacheState
+	classes map[string]Usage
+	stores  map[string]Usage
+	dryRuns []string
 }
 
 func (f *fakeSource) Get(_ context.Context, gvk schema.GroupVersionKind, name string) (*unstructured.Unstructured, error) {
@@ -38,8 +38,8 @@ func (f *fakeSource) Get(_ context.Context, gvk schema.GroupVersionKind, name st
 	return nil, nil
 }
 
-func (f *fakeSource) Unchanged(_ context.Context, u *unstructured.Unstructured) bool {
-	return f.unchanged[u.GetKind()+"/"+u.GetName()]
+func (f *fakeSource) Cached(_ context.Context, u *unstructured.Unstructured) CacheState {
+	return f.cached[u.GetKind()+"/"+u.GetName()]
 }
 
 func (f *fakeSource) DryRun(_ context.Context, objs []*unstructured.Unstructured) ([]DryRun, error) {
@@ -170,7 +170,9 @@ func TestReplacementRules(t *testing.T) {
 
 // TestObjectRules: a changed digest is a policy change, an unchanged digest with a live
 // difference is drift (corrected by driftPolicy), a refused dry-run is kept with its error,
-// and an object the inventory records whose live copy holds every field skips the dry-run.
+// an object the inventory records whose live copy holds every field skips the dry-run, and so
+// does an object neither the inventory nor the cache holds (a Create); an object the
+// inventory records but the cache does not hold is dry-run (deleted outside Plinth: drift).
 func TestObjectRules(t *testing.T) {
 	correct := runtimeObj("Store", "p.a", "a", nil)
 	correct.Object["spec"].(map[string]any)["driftPolicy"] = "Correct"
@@ -180,6 +182,7 @@ func TestObjectRules(t *testing.T) {
 	fresh := runtimeObj("Agent", "c", "c", nil)
 	refused := runtimeObj("Agent", "d", "d", nil)
 	cached := runtimeObj("Agent", "e", "e", nil)
+	absent := runtimeObj("Agent", "f", "f", nil)
 	oldChanged := runtimeObj("Agent", "b", "b", map[string]string{"x": "old"})
 	src := &fakeSource{
 		dryRun: map[string]DryRun{
@@ -189,9 +192,10 @@ func TestObjectRules(t *testing.T) {
 			"Agent/c":   {Action: ssa.CreatedAction},
 			"Agent/d":   {Err: errors.New("denied")},
 		},
-		unchanged: map[string]bool{"Agent/e": true, "Agent/b": true},
+		cached: map[string]CacheState{"Agent/e": CacheHolds, "Agent/b": CacheHolds, "Agent/f": CacheAbsent, "Store/p.a": CacheAbsent,
+			"Store/q.a": CacheDiffers},
 	}
-	in := Input{Desired: []*unstructured.Unstructured{correct, report, changed, fresh, refused, cached},
+	in := Input{Desired: []*unstructured.Unstructured{correct, report, changed, fresh, refused, cached, absent},
 		Sources:  map[string][]string{"Store/p.a": {"StoragePool/p"}, "Agent/b": {"StoragePool/p", "StoragePool/q"}},
 		Previous: entries(t, correct, report, oldChanged, cached)}
 	p, err := Make(context.Background(), in, src)
@@ -203,7 +207,7 @@ func TestObjectRules(t *testing.T) {
 		correct bool
 	}{
 		"Store/p.a": {Drift, true}, "Store/q.a": {Drift, false}, "Agent/b": {Change, false},
-		"Agent/c": {Create, false}, "Agent/d": {Rejected, false}, "Agent/e": {Unchanged, false},
+		"Agent/c": {Create, false}, "Agent/d": {Rejected, false}, "Agent/e": {Unchanged, false}, "Agent/f": {Create, false},
 	}
 	for i := range p.Objects {
 		o := &p.Objects[i]
@@ -221,8 +225,11 @@ func TestObjectRules(t *testing.T) {
 	if o := p.Objects[4]; o.Apply() || o.DryRunErr == nil {
 		t.Errorf("refused: %+v", o)
 	}
+	if o := p.Objects[6]; !o.Apply() {
+		t.Errorf("new object the cache does not hold: %+v, want applied", o)
+	}
 	if got := strings.Join(src.dryRuns, ","); got != "Store/p.a,Store/q.a,Agent/b,Agent/c,Agent/d" {
-		t.Errorf("dry-runs %s: an inventoried object whose cache holds every field needs none; a changed digest always does", got)
+		t.Errorf("dry-runs %s: an inventoried object whose cache holds every field needs none, nor does one neither inventory nor cache holds; a changed digest always does", got)
 	}
 }
 

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/fluxcd/pkg/ssa"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -201,46 +202,67 @@ func (r *Reconciler) undrain(ctx context.Context, s *scope) (bool, error) {
 	return false, nil
 }
 
-// apply applies what policy changed and the drift to correct, all in one fluxcd/pkg/ssa
-// ApplyAll (dry-runs in parallel, then the applies). ApplyAll stops at the first failure
-// without saying which object failed in a typed way, so then each object is applied on its
-// own: every error carries its object and is reported on the object's owners.
+// applyConcurrency bounds the server-side applies in flight; the client's QPS and burst
+// (--kube-api-qps, --kube-api-burst) bound their rate.
+const applyConcurrency = 8
+
+// apply applies what policy changed and the drift to correct: one server-side apply per
+// object under the controller's field manager with forced ownership — the request
+// fluxcd/pkg/ssa's ApplyAll sends once its own dry-run found a change. That dry-run would be
+// the second one here: the plan already decided, from a dry-run or (for objects new to the
+// inventory and to the cache) from the informer cache, that each of these objects changes.
+// Objects go kind by kind in apply order (StorageClasses, Agents, Stores), up to
+// applyConcurrency at once within a kind; a failed apply carries its object and is reported on
+// the object's owners, the others still apply.
 func (r *Reconciler) apply(ctx context.Context, s *scope) (bool, error) {
-	byKey := map[string]*plan.Object{}
-	var objs []*unstructured.Unstructured
+	var todo []*plan.Object
 	for i := range s.plan.Objects {
 		if o := &s.plan.Objects[i]; o.Apply() {
-			byKey[o.Key()] = o
-			objs = append(objs, o.Object)
+			todo = append(todo, o)
 		}
 	}
-	if len(objs) == 0 {
+	if len(todo) == 0 {
 		return false, nil
 	}
-	applied := func(o *plan.Object, a ssa.Action) {
-		if a == ssa.CreatedAction || a == ssa.ConfiguredAction {
-			s.each(o.Owners, func(p *policyObject) { p.out.applied = append(p.out.applied, o.Key()+" "+string(a)) })
+	sort.SliceStable(todo, func(i, j int) bool {
+		return inventory.KindOrder(todo[i].Object.GetKind()) < inventory.KindOrder(todo[j].Object.GetKind())
+	})
+	errs := make([]error, len(todo))
+	for lo := 0; lo < len(todo); {
+		hi := lo
+		for hi < len(todo) && todo[hi].Object.GetKind() == todo[lo].Object.GetKind() {
+			hi++
 		}
-	}
-	cs, err := r.manager.ApplyAll(ctx, objs, ssa.DefaultApplyOptions())
-	if err == nil {
-		for _, e := range cs.Entries {
-			if o := byKey[e.ObjMetadata.GroupKind.Kind+"/"+e.ObjMetadata.Name]; o != nil {
-				applied(o, e.Action)
-			}
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(applyConcurrency)
+		for i := lo; i < hi; i++ {
+			g.Go(func() error {
+				u := todo[i].Object.DeepCopy() // the response lands in u; the plan keeps the render
+				//nolint:staticcheck // an apply patch of an unstructured object, as fluxcd/pkg/ssa sends it
+				errs[i] = r.Client.Patch(gctx, u, client.Apply, client.ForceOwnership, client.FieldOwner(r.FieldManager))
+				return nil
+			})
 		}
-		ctrl.LoggerFrom(ctx).Info("applied", "changes", len(cs.Entries))
-		return false, nil
+		_ = g.Wait() // the goroutines return no error: each apply's is kept in errs
+		lo = hi
 	}
-	for _, u := range objs {
-		o := byKey[u.GetKind()+"/"+u.GetName()]
-		e, err := r.manager.Apply(ctx, o.Object, ssa.DefaultApplyOptions())
-		if err != nil {
-			s.fail(&ObjectError{Op: "apply", Kind: u.GetKind(), Name: u.GetName(), Err: err}, o.Owners)
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	changes := 0
+	for i, o := range todo {
+		if errs[i] != nil {
+			s.fail(&ObjectError{Op: "apply", Kind: o.Object.GetKind(), Name: o.Object.GetName(), Err: errs[i]}, o.Owners)
 			continue
 		}
-		applied(o, e.Action)
+		a := ssa.ConfiguredAction
+		if o.Action == plan.Create {
+			a = ssa.CreatedAction
+		}
+		changes++
+		s.each(o.Owners, func(p *policyObject) { p.out.applied = append(p.out.applied, o.Key()+" "+string(a)) })
 	}
+	ctrl.LoggerFrom(ctx).Info("applied", "changes", changes, "failed", len(todo)-changes)
 	return false, nil
 }
 

@@ -90,7 +90,7 @@ func setUp(cp *controlplane.ControlPlane) error {
 
 // env returns the suite's client, or skips t (binaries absent, PLINTH_INTEGRATION unset) or
 // fails it (absent with PLINTH_INTEGRATION=1, or the control plane did not start).
-func env(t *testing.T) client.Client {
+func env(t testing.TB) client.Client {
 	t.Helper()
 	if suite.skip != nil {
 		prereq.Missing(t, "test binary: %v (make testbin builds it)", suite.skip)

@@ -237,6 +237,10 @@ func storageClass(pl *policyv1.Placement) storagev1.StorageClass {
 		AllowVolumeExpansion: &expand,
 		MountOptions:         append([]string(nil), pl.Spec.Filesystem.MountOptions...),
 	}
+	if k := pl.Spec.SpreadAcross; k != "" {
+		// Only when set: classes of placements without it keep the parameters they had.
+		sc.Parameters[policyv1.ParamSpreadAcross] = k
+	}
 	if t.IsDefault {
 		sc.Annotations = map[string]string{defaultClassAnnotation: "true"}
 	}

@@ -134,6 +134,14 @@ func TestDeterministic(t *testing.T) {
 		if sc.Parameters[policyv1.ParamPool] == "" || sc.Parameters[policyv1.ParamFSType] == "" {
 			t.Errorf("StorageClass %s parameters: %v", sc.Name, sc.Parameters)
 		}
+		// spreadAcross reaches plinth-scheduler as a parameter, only on the class that sets it.
+		spread, has := sc.Parameters[policyv1.ParamSpreadAcross]
+		if want := sc.Name == "plinth-local-zonal"; has != want || want && spread != "topology.kubernetes.io/zone" {
+			t.Errorf("StorageClass %s: %s = %q (present %v)", sc.Name, policyv1.ParamSpreadAcross, spread, has)
+		}
+	}
+	if len(a.StorageClasses) != 3 {
+		t.Errorf("%d StorageClasses, want 3", len(a.StorageClasses))
 	}
 }
 

@@ -1,5 +1,5 @@
-// Command benchtable reads the output of `make bench` (go test -bench lines and the SCALE: log
-// lines of the fleet-apply test) from the files named on its command line and prints ONE
+// Command benchtable reads the output of `make bench` (go test -bench lines, and the SCALE: log
+// lines of TestScaleThousandObjects, which no row shows any more) from the files named on its command line and prints ONE
 // Markdown table: metric, Plinth, peer or floor measured in the same run, ratio, target. A row
 // whose benchmark did not run (or failed) reads "not measured". With -o the table is also
 // written to a file.
@@ -91,11 +91,20 @@ var rows = []row{
 	{"PVC → Bound one at a time, real sidecars, p99, ms", "BenchmarkPVCBound bound-p99-ms", "", "", "—"},
 	{"Scheduler Filter+Score at 5,000 nodes, ns/node", "BenchmarkFilterScore ns/node", "", "", "≤ 200"},
 	{"Scheduler Filter+Score, allocs per 5,000-node cycle", "BenchmarkFilterScore allocs/op", "", "", "0"},
-	{"vet + render 10,000 policies over 1,000 nodes, s", "BenchmarkVetAndRender10kPolicies1kNodes sec/op", "", "", "≤ 5"},
-	{"render only 10,000 policies over 1,000 nodes, s", "BenchmarkRender10kPolicies1kNodes sec/op", "", "", "—"},
-	{"Fleet apply, 500 nodes (1,001 objects): first apply, s", "fleet first-apply-s", "", "kustomize-controller (not measured)", "≤ 10"},
-	{"Fleet apply: no-op re-apply, s", "fleet noop-s", "", "", "≤ 0.5"},
-	{"Fleet apply: no-op writes", "fleet noop-writes", "", "", "0"},
+	{"vet + render 10,000 policies over 1,000 nodes, CPU s (one core)", "BenchmarkVetAndRender10kPolicies1kNodes cpu-s/op", "", "", "≤ 5"},
+	{"vet + render 10,000 policies over 1,000 nodes, wall s (shared machine)", "BenchmarkVetAndRender10kPolicies1kNodes sec/op", "", "", "—"},
+	{"render only 10,000 policies over 1,000 nodes, CPU s", "BenchmarkRender10kPolicies1kNodes cpu-s/op", "", "", "—"},
+	{"Fleet apply (N nodes, 2N+1 objects): first apply, s", "BenchmarkFleetApply/plinth first-apply-s", "BenchmarkFleetApply/kustomize-controller first-apply-s", "kustomize-controller", "≤ 10 and ≤ 0.25× peer"},
+	{"Fleet apply: no-op re-apply (reconcile), s", "BenchmarkFleetApply/plinth noop-s", "BenchmarkFleetApply/kustomize-controller noop-s", "kustomize-controller", "≤ 0.5"},
+	{"Fleet apply: no-op writes", "BenchmarkFleetApply/plinth noop-writes", "BenchmarkFleetApply/kustomize-controller noop-writes", "kustomize-controller", "0"},
+	{"Fleet apply: no-op requests for the applied kinds", "BenchmarkFleetApply/plinth noop-requests", "BenchmarkFleetApply/kustomize-controller noop-requests", "kustomize-controller", "—"},
+	{"Fleet apply: first apply, requests for the applied kinds", "BenchmarkFleetApply/plinth first-requests", "BenchmarkFleetApply/kustomize-controller first-requests", "kustomize-controller", "—"},
+	{"Fleet apply: first apply, of which dry-runs", "BenchmarkFleetApply/plinth first-dryruns", "BenchmarkFleetApply/kustomize-controller first-dryruns", "kustomize-controller", "—"},
+	{"Fleet apply: first apply, API server CPU, s", "BenchmarkFleetApply/plinth apiserver-cpu-s", "BenchmarkFleetApply/kustomize-controller apiserver-cpu-s", "kustomize-controller", "—"},
+	{"Fleet apply: controller CPU (first apply + no-op), s", "BenchmarkFleetApply/plinth cpu-s", "BenchmarkFleetApply/kustomize-controller cpu-s", "kustomize-controller", "—"},
+	{"Fleet apply: controller peak RSS, MiB", "BenchmarkFleetApply/plinth rss-mb", "BenchmarkFleetApply/kustomize-controller rss-mb", "kustomize-controller", "report"},
+	{"PVC burst: agent peak RSS holding N volumes, MiB", "BenchmarkPVCBurst/plinth agent-rss-mb", "", "", "report"},
+	{"PVC burst: CSI controller peak RSS, MiB", "BenchmarkPVCBurst/plinth csi-controller-rss-mb", "", "", "report"},
 	{"PVC → pod Running on real nodes p50, ms", "BenchmarkPodWithVolumeRunning p50-ms", "BenchmarkPodWithVolumeRunning floor-p50-ms", "same pod, no volume", "—"},
 	{"PVC → pod Running on real nodes p99, ms", "BenchmarkPodWithVolumeRunning p99-ms", "BenchmarkPodWithVolumeRunning floor-p99-ms", "same pod, no volume", "—"},
 }

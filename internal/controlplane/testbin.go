@@ -34,6 +34,8 @@ const (
 	BinCSIAttacher           = "csi-attacher"
 	BinCSIResizer            = "csi-resizer"
 	BinCSISanity             = "csi-sanity"
+	BinCSISnapshotter        = "csi-snapshotter"
+	BinSnapshotController    = "snapshot-controller"
 )
 
 // MissingBinaryError says that a test binary is not where it should be; the

@@ -9,8 +9,8 @@ import (
 
 // crossCheck applies the rules that need the whole set, with maps keyed by name (O(n)):
 // unique names per kind, references that resolve, unique StorageClass names, at most one
-// default class, the local protocol only with WaitForFirstConsumer, and no field that nothing
-// implements yet (spreadAcross). invalid holds the
+// default class, the local protocol only with WaitForFirstConsumer, and spreadAcross only where
+// the scheduler places the volumes (see spreadProblems). invalid holds the
 // "Kind/name" of documents that failed their schema: a reference to one of them is not
 // reported again as missing (its own problems say what is wrong).
 func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
@@ -62,11 +62,8 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 		} else {
 			classes[pl.Spec.StorageClass.Name] = vd
 		}
-		// Accepted and ignored would be worse than refused: nothing spreads volumes yet (the
-		// scheduler plugin and CreateVolume do not read it), so a user asking for it is told.
 		if pl.Spec.SpreadAcross != "" {
-			ps = append(ps, at(vd.doc, []string{"spec", "spreadAcross"},
-				fmt.Sprintf("spreadAcross is not implemented yet: volumes would not be spread across %s; remove the field", pl.Spec.SpreadAcross)))
+			ps = append(ps, spreadProblems(vd, pl, proto, ok)...)
 		}
 		if sc := pl.Spec.SnapshotClass; sc != nil {
 			if first, dup := snapClasses[sc.Name]; dup {
@@ -83,12 +80,16 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 					defaultSnapClass = vd
 				}
 			}
-			// Thick LVM LVs have no snapshots (the CSI driver refuses them): a class for them
+			// Thick LVM LVs and raw volumes have no snapshots (the CSI driver refuses them): a class for them
 			// would only produce VolumeSnapshots that never become ready.
 			if pool, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; ok {
 				if lvm := pool.obj.(*policyv1.StoragePool).Spec.Backend.LVM; lvm != nil && lvm.ThinPool == nil {
 					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
 						fmt.Sprintf("StoragePool %q is LVM without a thin pool: its volumes take no snapshots; declare lvm.thinPool or remove snapshotClass", pl.Spec.PoolRef.Name)))
+				}
+				if pool.obj.(*policyv1.StoragePool).Spec.Backend.Raw != nil {
+					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
+						fmt.Sprintf("StoragePool %q is raw: partitions and whole disks take no snapshots; remove snapshotClass", pl.Spec.PoolRef.Name)))
 				}
 			}
 		}
@@ -100,6 +101,26 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 				defaultClass = vd
 			}
 		}
+	}
+	return ps
+}
+
+// spreadProblems checks a Placement that sets spreadAcross. The plinth-scheduler plugin
+// spreads volumes while it schedules their pod, so it needs both a local Protocol (the pod's
+// node is the volume's node; an NVMe-oF volume's storage node is chosen later by CreateVolume,
+// which does not spread) and WaitForFirstConsumer (with Immediate the volume is provisioned
+// before any pod is scheduled). Accepted and ignored would be worse than refused.
+func spreadProblems(vd *vetted, pl *policyv1.Placement, proto *vetted, protoFound bool) []Problem {
+	var ps []Problem
+	if pl.Spec.StorageClass.VolumeBindingMode == "Immediate" {
+		ps = append(ps, at(vd.doc, []string{"spec", "spreadAcross"},
+			fmt.Sprintf("spreadAcross %s needs storageClass.volumeBindingMode WaitForFirstConsumer: with Immediate a volume is provisioned before its pod is scheduled, so nothing can spread it",
+				pl.Spec.SpreadAcross)))
+	}
+	if protoFound && proto.obj.(*policyv1.Protocol).Spec.NVMeoFTCP != nil {
+		ps = append(ps, at(vd.doc, []string{"spec", "spreadAcross"},
+			fmt.Sprintf("spreadAcross %s needs a local Protocol: the scheduler spreads volumes on the nodes of their pods, while an NVMe-oF volume of Protocol %q is placed on a storage node by CreateVolume, which does not spread volumes",
+				pl.Spec.SpreadAcross, pl.Spec.ProtocolRef.Name)))
 	}
 	return ps
 }

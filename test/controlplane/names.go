@@ -38,6 +38,8 @@ const (
 	BinCSIAttacher           = icp.BinCSIAttacher
 	BinCSIResizer            = icp.BinCSIResizer
 	BinCSISanity             = icp.BinCSISanity
+	BinCSISnapshotter        = icp.BinCSISnapshotter
+	BinSnapshotController    = icp.BinSnapshotController
 
 	EnvTestBin     = icp.EnvTestBin
 	EnvIntegration = icp.EnvIntegration

@@ -173,7 +173,7 @@ copy_bin() { # copy_bin <path> <dest-dir>: the binary and its shared libraries (
 	done
 }
 bin_of() { command -v "$1" || { [ -x "/sbin/$1" ] && echo "/sbin/$1"; } || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || { echo "setup: $1 missing (hack/install-deps.sh)" >&2; exit 1; }; }
-for b in lvm dmsetup nvme mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs pdata_tools blkid wipefs losetup; do
+for b in lvm dmsetup nvme mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs pdata_tools blkid wipefs losetup sfdisk partx; do
 	copy_bin "$(bin_of "$b")" sbin
 done
 copy_bin "$(bin_of kmod)" sbin

@@ -104,6 +104,7 @@ var debianPackages = map[string]string{
 	"losetup": "util-linux", "mkfs.xfs": "xfsprogs", "xfs_io": "xfsprogs", "xfs_growfs": "xfsprogs",
 	"mkfs.ext4": "e2fsprogs", "resize2fs": "e2fsprogs", "promtool": "prometheus",
 	"qemu-system-x86_64": "qemu-system-x86", "nvme": "nvme-cli",
+	"sfdisk": "fdisk", "partx": "util-linux", "wipefs": "util-linux",
 }
 
 func debianHint(cmd string) string {

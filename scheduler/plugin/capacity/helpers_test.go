@@ -43,16 +43,35 @@ func (c *cycleState) Read(k fwk.StateKey) (fwk.StateData, error) {
 
 func (c *cycleState) Write(k fwk.StateKey, d fwk.StateData) { c.data[k] = d }
 
-// nodeInfo is a minimal fwk.NodeInfo: the plugin only calls Node().
+// nodeInfo is a minimal fwk.NodeInfo: the plugin only calls Node() and GetPods().
 type nodeInfo struct {
 	fwk.NodeInfo
 	node *corev1.Node
+	pods *[]fwk.PodInfo
 }
 
 func (n nodeInfo) Node() *corev1.Node { return n.node }
 
+func (n nodeInfo) GetPods() []fwk.PodInfo {
+	if n.pods == nil {
+		return nil
+	}
+	return *n.pods
+}
+
+// podInfo is a minimal fwk.PodInfo: the plugin only calls GetPod().
+type podInfo struct {
+	fwk.PodInfo
+	pod *corev1.Pod
+}
+
+func (p podInfo) GetPod() *corev1.Pod { return p.pod }
+
+// assume puts pod on node n as the scheduler's cache does for a pod in flight or bound.
+func (n nodeInfo) assume(pod *corev1.Pod) { *n.pods = append(*n.pods, podInfo{pod: pod}) }
+
 func mkNode(name string, labels map[string]string) nodeInfo {
-	return nodeInfo{node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}}
+	return nodeInfo{node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, pods: &[]fwk.PodInfo{}}
 }
 
 // fixture builds a Plugin over in-memory listers (what the informers would hold).
@@ -62,6 +81,7 @@ type fixture struct {
 	pvcs    cache.Indexer
 	pvs     cache.Indexer
 	classes cache.Indexer
+	pods    cache.Indexer
 	nodes   map[string]bool
 }
 
@@ -70,6 +90,7 @@ func newFixture(t testing.TB) *fixture {
 		pvcs:    cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
 		pvs:     cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 		classes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		pods:    cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
 		nodes:   map[string]bool{},
 	}
 	f.p = &Plugin{
@@ -78,6 +99,7 @@ func newFixture(t testing.TB) *fixture {
 		pvcs:      corelisters.NewPersistentVolumeClaimLister(f.pvcs),
 		pvs:       corelisters.NewPersistentVolumeLister(f.pvs),
 		classes:   storagelisters.NewStorageClassLister(f.classes),
+		pods:      corelisters.NewPodLister(f.pods),
 		nodeLabel: storev1.NameLabelValue,
 		nodeGone:  func(n string) bool { return len(f.nodes) > 0 && !f.nodes[n] },
 	}
@@ -147,7 +169,11 @@ type result struct {
 func (f *fixture) cycle(pod *corev1.Pod, nodes ...nodeInfo) result {
 	ctx := context.Background()
 	r := result{state: newCycleState(), filter: map[string]*fwk.Status{}}
-	_, r.pre = f.p.PreFilter(ctx, r.state, pod, nil)
+	all := make([]fwk.NodeInfo, len(nodes))
+	for i, n := range nodes {
+		all[i] = n
+	}
+	_, r.pre = f.p.PreFilter(ctx, r.state, pod, all)
 	if !r.pre.IsSuccess() {
 		return r
 	}

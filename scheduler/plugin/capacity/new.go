@@ -53,6 +53,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		cache:     newView(time.Duration(args.ReservationTimeoutSeconds) * time.Second),
 		pvcs:      f.Core().V1().PersistentVolumeClaims().Lister(),
 		pvs:       f.Core().V1().PersistentVolumes().Lister(),
+		pods:      f.Core().V1().Pods().Lister(),
 		classes:   f.Storage().V1().StorageClasses().Lister(),
 		nodeLabel: storev1.NameLabelValue,
 	}
@@ -173,8 +174,10 @@ func (p *Plugin) onClaim(o any) {
 
 // EventsToRegister lists what may make a pod this plugin rejected schedulable: Store
 // capacity reported or changed, Placements and Protocols appearing, new nodes or node
-// labels (the NVMe-oF initiator label), new claims and classes, and pods leaving or being
-// un-assumed (their bookings are released).
+// labels (the NVMe-oF initiator label, a spreadAcross label), new claims and classes, pods
+// leaving or being un-assumed (their bookings are released, a workload's counts per domain
+// drop), and pods assigned to a node (a workload's least-loaded domain may have filled up,
+// letting the others take the next volume).
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: eventResource(storesGVR), ActionType: fwk.Add | fwk.Update}},
@@ -184,5 +187,6 @@ func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, 
 		{Event: fwk.ClusterEvent{Resource: fwk.PersistentVolumeClaim, ActionType: fwk.Add | fwk.Update}},
 		{Event: fwk.ClusterEvent{Resource: fwk.StorageClass, ActionType: fwk.Add}},
 		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}},
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Add}},
 	}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -72,10 +73,12 @@ func decodeArgs(obj runtime.Object) (Args, error) {
 // Placements and Protocols in memory (fed by informers) plus the bookings of pods in
 // flight, so Filter and Score make no API call.
 type Plugin struct {
-	args      Args
-	cache     *view
-	pvcs      corelisters.PersistentVolumeClaimLister
-	pvs       corelisters.PersistentVolumeLister
+	args  Args
+	cache *view
+	pvcs  corelisters.PersistentVolumeClaimLister
+	pvs   corelisters.PersistentVolumeLister
+	// pods lists a workload's pods that are not in the scheduler's snapshot (spreadAcross).
+	pods      corelisters.PodLister
 	classes   storagelisters.StorageClassLister
 	synced    func() bool
 	nodeGone  func(node string) bool
@@ -119,6 +122,9 @@ type podState struct {
 	totalBytes int64
 	// boundNodes hold the pod's bound local Plinth volumes (from the PVs' node affinity).
 	boundNodes []string
+	// spreads are the spreadAcross constraints of the pod's unbound claims, one per
+	// (placement, label key), counted over the snapshot in PreFilter.
+	spreads []spreadDemand
 }
 
 // Clone returns the state itself: it is never modified after PreFilter.
@@ -157,9 +163,10 @@ func hasClaims(pod *corev1.Pod) bool {
 
 // PreFilter collects the pod's claims of StorageClasses provisioned by csi.plinth.dev:
 // unbound ones of WaitForFirstConsumer classes with their requests, pools and placement
-// strategy, and bound local ones with their node. A pod without such claims is skipped
-// (Filter and Score do not run for it).
-func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+// strategy, and bound local ones with their node. For unbound claims of classes with
+// plinth.dev/spread-across it counts the workload's volumes per domain (see countSpread).
+// A pod without such claims is skipped (Filter and Score do not run for it).
+func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	if !hasClaims(pod) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
@@ -222,6 +229,11 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 			strategyBytes, st.strategy = req, strategy
 		}
 		key := storev1.NameLabelValue(pool)
+		if k := sc.Parameters[policyv1.ParamSpreadAcross]; k != "" && !slices.ContainsFunc(st.spreads, func(d spreadDemand) bool {
+			return d.placement == placement && d.key == k
+		}) {
+			st.spreads = append(st.spreads, spreadDemand{placement: placement, key: k, pool: pool, poolKey: key})
+		}
 		st.claims = append(st.claims, claimDemand{claim: pvc.Namespace + "/" + pvc.Name, poolKey: key, bytes: req})
 		st.totalBytes = addSat(st.totalBytes, req)
 		for i := range st.pools {
@@ -238,6 +250,9 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 	}
 	if len(st.pools) == 0 && !st.nvme && len(st.boundNodes) == 0 {
 		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	for i := range st.spreads {
+		p.countSpread(pod, nodes, &st.spreads[i])
 	}
 	cs.Write(stateKey, st)
 	return nil, nil
@@ -267,9 +282,12 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 // Filter passes a node when, for every pool of the pod's local claims, the pool's Store on
 // the node has valid capacity and available − booked ≥ the pod's request on that pool
 // (bytes, exact), and, for NVMe-oF claims, the node is labelled
-// plinth.dev/nvme-initiator=true. Failures are UnschedulableAndUnresolvable for a missing
-// initiator, missing Store or broken capacity data, and Unschedulable when the Store is
-// merely full (capacity may free up).
+// plinth.dev/nvme-initiator=true, and, for claims of a Placement with spreadAcross, the
+// node carries the label and its domain holds no more of the workload's volumes of the
+// placement than the least-loaded one (filterSpread). Failures are
+// UnschedulableAndUnresolvable for a missing initiator, missing spread label, missing Store
+// or broken capacity data, and Unschedulable when the Store is merely full (capacity may
+// free up) or the domain already holds more of the workload's volumes.
 func (p *Plugin) Filter(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, ni fwk.NodeInfo) *fwk.Status {
 	st, ok := readState(cs)
 	if !ok {
@@ -284,6 +302,9 @@ func (p *Plugin) Filter(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, ni 
 	}
 	if len(st.pools) == 0 {
 		return nil
+	}
+	if s := filterSpread(st.spreads, node); s != nil {
+		return s
 	}
 	nk := p.nodeLabel(node.Name)
 	p.cache.mu.RLock()

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -44,6 +45,7 @@ const (
 	annSelected  = "volume.kubernetes.io/selected-node"
 	ns           = "default"
 	pluginWeight = 50
+	zone         = "topology.kubernetes.io/zone"
 )
 
 var (
@@ -63,7 +65,9 @@ type env struct {
 // TestPlinthCapacityWithRealScheduler: one control plane and one scheduler for all cases;
 // each case uses its own pool and nodes so they do not interfere.
 func TestPlinthCapacityWithRealScheduler(t *testing.T) {
-	cp := controlplane.ForTest(t, controlplane.Options{})
+	// The real StatefulSet controller creates the pods and claims of the spreadAcross case;
+	// no other controller runs (nothing provisions or binds volumes).
+	cp := controlplane.ForTest(t, controlplane.Options{ControllerManager: true, Controllers: []string{"statefulset-controller"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := &env{t: t, ctx: ctx}
@@ -171,6 +175,73 @@ func TestPlinthCapacityWithRealScheduler(t *testing.T) {
 				e.expectUnschedulable(n, capacity.FilterReasonInsufficient)
 			}
 		}
+	})
+	t.Run("spreadAcross puts one volume of a StatefulSet per zone", func(t *testing.T) {
+		e := e.with(t)
+		// 3 zones × 2 nodes, Spreadout, and zone a the emptiest: without spreading every
+		// replica would go to zone a. Zone c has room for one 1 GiB volume only (c1), and two
+		// unlabelled nodes with the most room of all must never be chosen.
+		e.placementSpec("zn", map[string]any{"strategy": "Spreadout", "spreadAcross": zone})
+		e.class("zn", "zn", "zn", "local", policyv1.ParamSpreadAcross, zone)
+		free := map[string]int64{"zn-a1": 90 * GiB, "zn-a2": 80 * GiB, "zn-b1": 40 * GiB, "zn-b2": 30 * GiB,
+			"zn-c1": 3 * GiB / 2, "zn-c2": GiB / 2, "zn-bare1": 500 * GiB, "zn-bare2": 400 * GiB}
+		for n, b := range free {
+			var labels map[string]string
+			if !strings.Contains(n, "bare") {
+				labels = map[string]string{zone: n[3:4]}
+			}
+			e.node(n, labels)
+			e.store("zn", n, &storev1.Capacity{Total: 1 << 40, Allocatable: 1 << 40, Provisioned: 1<<40 - b, Available: b})
+		}
+		claims := func(n int) []string {
+			var cs []string
+			for i := range n {
+				cs = append(cs, fmt.Sprintf("data-zn-%d", i))
+			}
+			return cs
+		}
+		perZone := func(placed map[string]string) map[string]int {
+			c := map[string]int{}
+			for _, n := range placed {
+				if strings.Contains(n, "bare") {
+					t.Errorf("a volume was placed on unlabelled node %s", n)
+					continue
+				}
+				c[n[3:4]]++
+			}
+			return c
+		}
+		e.statefulSet("zn", "zn", 3, GiB)
+		placed := e.waitPlaced(claims(3), 3)
+		if c := perZone(placed); c["a"] != 1 || c["b"] != 1 || c["c"] != 1 || placed["data-zn-0"] == "" {
+			t.Fatalf("3 replicas: volumes per zone %v, want one in each of a, b, c (placed %v)", c, placed)
+		}
+		if n := placed[keyOfZone(placed, "c")]; n != "zn-c1" {
+			t.Errorf("zone c's volume on %s, want zn-c1 (zn-c2 is too small)", n)
+		}
+		// The 4th may go to any zone; zone c is full, so Spreadout picks the emptiest node
+		// of a and b.
+		e.scale("zn", 4)
+		placed = e.waitPlaced(claims(4), 4)
+		if c := perZone(placed); c["a"]+c["b"] != 3 || c["c"] != 1 {
+			t.Fatalf("4 replicas: volumes per zone %v, want 3 in a and b together, 1 in c", c)
+		}
+		e.scale("zn", 6)
+		placed = e.waitPlaced(claims(6), 5)
+		if c := perZone(placed); c["a"] != 2 || c["b"] != 2 || c["c"] != 1 {
+			t.Fatalf("5 of 6 replicas: volumes per zone %v, want a 2, b 2, c 1 (placed %v)", c, placed)
+		}
+		// The 6th would put a third volume in a or b while c, the least-loaded zone, is full:
+		// it stays Pending (DoNotSchedule), saying why.
+		var pending string
+		for _, cl := range claims(6) {
+			if placed[cl] == "" {
+				pending = strings.TrimPrefix(cl, "data-")
+			}
+		}
+		e.expectUnschedulable(pending, capacity.FilterReasonSpreadSkew)
+		e.expectUnschedulable(pending, capacity.FilterReasonNoSpreadLabel)
+		t.Logf("volumes per zone with 6 replicas: %v, %s Pending", perZone(placed), pending)
 	})
 	t.Run("NVMe-oF needs the initiator label", func(t *testing.T) {
 		e := e.with(t)
@@ -308,28 +379,43 @@ func (e *env) protocol(name string, spec map[string]any) {
 
 func (e *env) placement(name, strategy, protocol string) {
 	e.t.Helper()
+	e.placementSpec(name, map[string]any{"strategy": strategy, "protocolRef": map[string]any{"name": protocol}})
+}
+
+// placementSpec creates Placement name of pool name and class name, local unless spec
+// names another protocolRef; spec's fields are added to (or replace) those.
+func (e *env) placementSpec(name string, spec map[string]any) {
+	e.t.Helper()
+	full := map[string]any{
+		"poolRef": map[string]any{"name": name}, "protocolRef": map[string]any{"name": "local"},
+		"storageClass": map[string]any{"name": name},
+	}
+	for k, v := range spec {
+		full[k] = v
+	}
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": policyv1.GroupVersion.String(), "kind": "Placement",
-		"metadata": map[string]any{"name": name},
-		"spec": map[string]any{
-			"poolRef": map[string]any{"name": name}, "protocolRef": map[string]any{"name": protocol},
-			"storageClass": map[string]any{"name": name}, "strategy": strategy,
-		}}}
+		"metadata": map[string]any{"name": name}, "spec": full}}
 	if _, err := e.dyn.Resource(placementGVR).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
-// class creates the StorageClass render would write for a placement.
-func (e *env) class(name, placement, pool, protocol string) {
+// class creates the StorageClass render would write for a placement; extra are more
+// parameters as key, value pairs.
+func (e *env) class(name, placement, pool, protocol string, extra ...string) {
 	e.t.Helper()
 	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	params := map[string]string{policyv1.ParamPlacement: placement, policyv1.ParamPool: pool,
+		policyv1.ParamProtocol: protocol, policyv1.ParamFSType: "ext4"}
+	for i := 0; i+1 < len(extra); i += 2 {
+		params[extra[i]] = extra[i+1]
+	}
 	_, err := e.cs.StorageV1().StorageClasses().Create(e.ctx, &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: name},
 		Provisioner:       policyv1.DriverName,
 		VolumeBindingMode: &wffc,
-		Parameters: map[string]string{policyv1.ParamPlacement: placement, policyv1.ParamPool: pool,
-			policyv1.ParamProtocol: protocol, policyv1.ParamFSType: "ext4"},
+		Parameters:        params,
 	}, metav1.CreateOptions{})
 	if err != nil {
 		e.t.Fatal(err)
@@ -452,6 +538,60 @@ func (e *env) waitPlaced(names []string, want int) map[string]string {
 		e.t.Fatalf("%d claims placed, want %d: %v", len(placed), want, placed)
 	}
 	return placed
+}
+
+// statefulSet creates a StatefulSet with Parallel pod management (no kubelet makes pods
+// Ready, so OrderedReady would stop after the first) and one volumeClaimTemplate "data" of
+// class; the real StatefulSet controller creates pods <name>-<i> and claims data-<name>-<i>.
+func (e *env) statefulSet(name, class string, replicas int32, bytes int64) {
+	e.t.Helper()
+	labels := map[string]string{"app": name}
+	_, err := e.cs.AppsV1().StatefulSets(ns).Create(e.ctx, &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:            &replicas,
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			Selector:            &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10",
+					VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}}},
+			},
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
+				ObjectMeta: metav1.ObjectMeta{Name: "data"},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(bytes, resource.BinarySI)}},
+				},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// scale sets the StatefulSet's replicas.
+func (e *env) scale(name string, replicas int32) {
+	e.t.Helper()
+	sc, err := e.cs.AppsV1().StatefulSets(ns).GetScale(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sc.Spec.Replicas = replicas
+	if _, err := e.cs.AppsV1().StatefulSets(ns).UpdateScale(e.ctx, name, sc, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// keyOfZone returns a claim of placed whose node is in zone z (node names zn-<zone><i>).
+func keyOfZone(placed map[string]string, z string) string {
+	for cl, n := range placed {
+		if n[3:4] == z {
+			return cl
+		}
+	}
+	return ""
 }
 
 // expectUnschedulable waits for the pod's PodScheduled=False condition naming reason.

@@ -9,6 +9,7 @@ const (
 	DefaultReclaimPolicy       = "Delete"
 	DefaultVolumeBindingMode   = "WaitForFirstConsumer"
 	DefaultFSType              = "ext4"
+	DefaultPartitioning        = PartitioningGPT
 )
 
 // Default fills the unset fields of a StoragePool with their defaults.
@@ -21,6 +22,9 @@ func (in *StoragePool) Default() {
 	}
 	if z := in.Spec.Backend.ZFS; z != nil && z.VolBlockSize == "" {
 		z.VolBlockSize = DefaultVolBlockSize
+	}
+	if r := in.Spec.Backend.Raw; r != nil && r.Partitioning == "" {
+		r.Partitioning = DefaultPartitioning
 	}
 }
 

@@ -31,6 +31,8 @@ var fieldReaders = map[string]fieldReader{
 	"StoragePool.spec.backend.zfs.volBlockSize":         {"agents/agent/backend.go", "b.ZFS.VolBlockSize"},
 	"StoragePool.spec.backend.zfs.properties":           {"agents/agent/backend.go", "b.ZFS.Properties"},
 	"StoragePool.spec.backend.file.directory":           {"agents/agent/backend.go", "b.File.Directory"},
+	"StoragePool.spec.backend.raw.devices":              {"agents/agent/backend.go", "b.Raw.Devices"},
+	"StoragePool.spec.backend.raw.partitioning":         {"agents/agent/backend.go", "b.Raw.Partitioning"},
 	"StoragePool.spec.reserve":                          {"controllers/render/render.go", "p.Spec.Reserve"},
 	"StoragePool.spec.overcommitPercent":                {"controllers/render/render.go", "p.Spec.OvercommitPercent"},
 	"StoragePool.spec.driftPolicy":                      {"controllers/render/render.go", "p.Spec.DriftPolicy"},
@@ -62,8 +64,7 @@ var fieldReaders = map[string]fieldReader{
 	"Placement.spec.filesystem.mkfsOptions":             {"csi/controller.go", "fs.MkfsOptions"},
 	"Placement.spec.filesystem.mountOptions":            {"controllers/render/render.go", "pl.Spec.Filesystem.MountOptions"},
 	"Placement.spec.strategy":                           {"csi/controller.go", "placement.Spec.Strategy"},
-	// Not implemented yet: vet (and the controller, which vets) refuses a Placement that sets it.
-	"Placement.spec.spreadAcross": {"schema/vet/cross.go", "pl.Spec.SpreadAcross != \"\""},
+	"Placement.spec.spreadAcross":                       {"controllers/render/render.go", "pl.Spec.SpreadAcross"},
 }
 
 // policyFields lists the YAML paths of the leaf fields of t under prefix: structs are walked

@@ -23,7 +23,7 @@ type StoragePoolSpec struct {
 	// +optional
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
 
-	// Backend holds exactly one of lvm, zfs or file.
+	// Backend holds exactly one of lvm, zfs, file or raw.
 	Backend Backend `json:"backend"`
 
 	// Reserve is headroom never provisioned on each node: a quantity in bytes ("10Gi") or a
@@ -46,7 +46,7 @@ type StoragePoolSpec struct {
 }
 
 // Backend holds exactly one storage backend.
-// +kubebuilder:validation:XValidation:rule="[has(self.lvm), has(self.zfs), has(self.file)].filter(x, x).size() == 1",message="exactly one of lvm, zfs or file must be set"
+// +kubebuilder:validation:XValidation:rule="[has(self.lvm), has(self.zfs), has(self.file), has(self.raw)].filter(x, x).size() == 1",message="exactly one of lvm, zfs, file or raw must be set"
 type Backend struct {
 	// LVM keeps volumes as logical volumes of one volume group, optionally in a thin pool.
 	// +optional
@@ -58,6 +58,10 @@ type Backend struct {
 	// without LVM.
 	// +optional
 	File *FileBackend `json:"file,omitempty"`
+	// Raw keeps each volume as a GPT partition of one of the declared disks, or as a whole
+	// disk (Carina's raw-disk volumes).
+	// +optional
+	Raw *RawBackend `json:"raw,omitempty"`
 }
 
 // LVMBackend is an LVM volume group, created by the agent on the declared devices when they are
@@ -132,6 +136,38 @@ type FileBackend struct {
 	Directory string `json:"directory"`
 }
 
+// Partitioning says how the raw backend carves volumes out of its disks.
+// +kubebuilder:validation:Enum=GPT;Whole
+type Partitioning string
+
+const (
+	// PartitioningGPT makes each volume a GPT partition the agent carves from a disk's free
+	// space (first 1 MiB-aligned start of the largest free region; sizes in whole MiB).
+	PartitioningGPT Partitioning = "GPT"
+	// PartitioningWhole makes each volume take one whole disk: the smallest free disk that
+	// holds the requested size. The disk carries a GPT with one partition spanning it, which
+	// is where the volume's id is kept (a bare disk has no place for a name).
+	PartitioningWhole Partitioning = "Whole"
+)
+
+// RawBackend keeps volumes on the declared disks directly, without a volume manager: a GPT
+// partition per volume, or a whole disk per volume. The agent writes a GPT only on disks that
+// carry no signature, or that carry a GPT whose every partition is Plinth's.
+type RawBackend struct {
+	// Devices are the whole disks (absolute /dev paths; stable ones such as
+	// /dev/disk/by-id/... where udev makes them), never partitions. 1 to 64, unique.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^/dev/[A-Za-z0-9/_.:+-]+$`
+	Devices []string `json:"devices"`
+
+	// Partitioning is GPT (default: a partition per volume) or Whole (a disk per volume).
+	// +optional
+	// +kubebuilder:default=GPT
+	Partitioning Partitioning `json:"partitioning,omitempty"`
+}
+
 // StoragePool declares where capacity lives.
 //
 // +kubebuilder:object:root=true
@@ -172,7 +208,7 @@ func (b Backend) IsThin() bool {
 	return (b.LVM != nil && b.LVM.ThinPool != nil) || b.ZFS != nil
 }
 
-// Kind returns "lvm", "zfs" or "file", or "" when no backend is set.
+// Kind returns "lvm", "zfs", "file" or "raw", or "" when no backend is set.
 func (b Backend) Kind() string {
 	switch {
 	case b.LVM != nil:
@@ -181,6 +217,8 @@ func (b Backend) Kind() string {
 		return "zfs"
 	case b.File != nil:
 		return "file"
+	case b.Raw != nil:
+		return "raw"
 	}
 	return ""
 }

@@ -21,6 +21,10 @@ const (
 	ParamProtocol  = "plinth.dev/protocol"
 	// ParamFSType is the parameter external-provisioner passes as the volume's fsType.
 	ParamFSType = "csi.storage.k8s.io/fstype"
+	// ParamSpreadAcross is the Placement's spreadAcross (a node label key), present only when
+	// set. The scheduler plugin reads it to spread the volumes of one workload across the
+	// label's values; being a parameter, it is immutable for the class's lifetime.
+	ParamSpreadAcross = "plinth.dev/spread-across"
 )
 
 const (

@@ -21,6 +21,11 @@ const (
 	// ConditionFenced surfaces on a VolumeState whose work the agent's fencing mark refused
 	// (the reason is a fencing reason below).
 	ConditionFenced = "Fenced"
+	// ConditionHostNQNConflict surfaces on an Agent whose node's host NQN another node already
+	// presents (another Agent's status.hostNQN or another Node's plinth.dev/host-nqn): True
+	// with reason DuplicateHostNQN, naming both nodes; the Agent's status.hostNQN stays empty
+	// (the registration is rejected). Absent when the NQN is the node's alone.
+	ConditionHostNQNConflict = "HostNQNConflict"
 )
 
 // Reasons of an Agent's Ready condition.
@@ -66,6 +71,11 @@ const (
 	// ReasonVolumeFailed surfaces on a VolumeState when the backend refused or failed an
 	// operation (the message carries the command and its stderr).
 	ReasonVolumeFailed = "VolumeFailed"
+	// ReasonExpansionRefused surfaces on a VolumeState's Ready when the backend cannot give the
+	// volume the size its spec asks for whatever the free space: a raw partition with too
+	// little free space right after it, a whole-disk volume asked to outgrow its disk. The
+	// volume keeps its size; the CSI controller answers ControllerExpandVolume OUT_OF_RANGE.
+	ReasonExpansionRefused = "ExpansionRefused"
 	// ReasonExportFailed surfaces on a VolumeState when the nvmet export could not be made.
 	ReasonExportFailed = "ExportFailed"
 	// ReasonFenced surfaces on a VolumeState's Ready when fencing refused the work.

@@ -113,8 +113,8 @@ var apimuxScript = fmt.Sprintf("cp %[1]s/apimux %[1]s/plinth /tmp/ && (/tmp/apim
 // nodePluginScript starts a node plugin serving CSI on TCP port (forwarded to the host).
 func nodePluginScript(node, nqnFile string, port int) string {
 	return fmt.Sprintf("(/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig "+
-		"--state-dir /tmp/csi-%s --host-nqn-file %s --registration-dir= --health-address= -v 2 >/tmp/csi-%s.log 2>&1 &)",
-		port, node, guest.SharePath, node, nqnFile, node)
+		"--state-dir /tmp/csi-%s --host-nqn-file %s --registration-dir= --health-address= --metrics-address %s --volume-health-interval 2s -v 2 >/tmp/csi-%s.log 2>&1 &)",
+		port, node, guest.SharePath, node, nqnFile, nodeMetricsAddr(port), node)
 }
 
 // setUpStorage starts, in the storage guest (at boot and after a reboot), the API mux, its
@@ -132,13 +132,13 @@ func (s *suite) setUpStorage(t *testing.T) {
 	s.storage.sh(t, time.Minute, fmt.Sprintf(`cat > /tmp/agent-loop.sh <<'EOF'
 while :; do
   PLINTH_FAILPOINTS=$(cat /tmp/agent-failpoints 2>/dev/null) /tmp/plinth agent --node %s --kubeconfig %s/kubeconfig \
-    --state-dir /var/lib/plinth --refresh-interval 10s --metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >>/tmp/agent.log 2>&1 &
+    --state-dir /var/lib/plinth --refresh-interval 10s --metrics-bind-address %s --health-probe-bind-address 0 --v 1 >>/tmp/agent.log 2>&1 &
   echo $! > /tmp/agent.pid
   wait $!
   echo $? >> /tmp/agent-exits
 done
 EOF
-(sh /tmp/agent-loop.sh >/dev/null 2>&1 &)`, storageNode, guest.SharePath))
+(sh /tmp/agent-loop.sh >/dev/null 2>&1 &)`, storageNode, guest.SharePath, agentMetricsAddr))
 	// worker B: a second initiator identity, in this guest (see workerB)
 	s.storage.sh(t, time.Minute, fmt.Sprintf("echo %s > /tmp/hostnqn-b && %s", hostNQNB, nodePluginScript(workerB, "/tmp/hostnqn-b", 50052)))
 }
@@ -710,11 +710,14 @@ done`, v.nqn))
 	// Expected: a cut longer than ctrlLossTmo: the worker's kernel removes the controller after
 	// its reconnect attempts (ctrlLossTmo/reconnectDelay of them); the write held meanwhile fails
 	// (not a hang): the kernel fails the held I/O with EIO, which the write sees as EIO or, when
-	// ext4 met it first and remounted read-only, EROFS; NodeGetVolumeHealth reports the volume INACCESSIBLE; after the link
+	// ext4 met it first and remounted read-only, EROFS; NodeGetVolumeHealth reports the volume INACCESSIBLE
+	// and worker A's node plugin reports it unasked (assertLongCutReported: a Warning event
+	// DeviceGone, plinth_csi_node_volume* metrics, back to 0 after the restage); after the link
 	// returns, NodeUnstage + NodeStage bring it back with the same filesystem (same UUID: not
 	// reformatted) and every file written before the cut verifies.
 	t.Run("LongCutFailsWithEIOThenRestage", func(t *testing.T) {
 		_, uuid := mounted(t, s.worker, v)
+		failuresBefore := s.nodeFailures(t)
 		s.relay.Cut()
 		cutAt := time.Now()
 		w := background(s.worker, 10*time.Minute, directWriteScript(v, "long", 4))
@@ -737,9 +740,11 @@ done`, v.nqn))
 		} else {
 			t.Logf("reported: %s: %s", st[0].GetReason(), st[0].GetMessage())
 		}
+		s.assertLongCutReported(t, v, failuresBefore)
 		s.relay.Restore()
 		s.unstage(t, s.nodeA, v)
 		s.stage(t, s.nodeA, v)
+		s.assertRecovered(t)
 		if _, u := mounted(t, s.worker, v); u != uuid {
 			t.Errorf("filesystem UUID %s after restage, was %s: reformatted", u, uuid)
 		}
@@ -901,6 +906,9 @@ echo "ports=$(ls ports | wc -w)"`, v2.id))
 		}
 	})
 
+	for _, x := range extraTests { // publication_test.go
+		t.Run(x.name, func(t *testing.T) { x.run(t, s) })
+	}
 	t.Run("Auth", s.testAuth)
 
 	t.Run("DeleteLeavesNothing", func(t *testing.T) {

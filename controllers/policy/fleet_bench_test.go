@@ -1,0 +1,723 @@
+package policy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/cgi"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/plinth-storage/plinth/controllers/policy"
+	"github.com/plinth-storage/plinth/controllers/render"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/schema/vet"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// The fleet-apply benchmark: one policy set (a StoragePool selecting every node, an NVMe-oF
+// Protocol, a Placement) rendered for N Nodes (N Stores, N Agents, one StorageClass), applied
+// on the suite's API server by two controllers in turn, each a process of its own started with
+// the same client limits (--kube-api-qps, --kube-api-burst):
+//   - kustomize-controller (Flux, the peer): the objects `plinth render` prints for those
+//     policies and Nodes, committed to a Git repository served on loopback (git http-backend)
+//     and fetched by source-controller, applied by a Kustomization (prune: true);
+//   - plinth: `plinth controller`, rendering the same objects from the policy objects.
+// Per controller: first apply (object creation → Ready, wall clock), a no-op re-apply (its
+// reconcile time, from controller-runtime's controller_runtime_reconcile_time_seconds, and the
+// writes it makes), the API server's requests for the applied kinds by verb (from its own
+// apiserver_request_total), the API server's and the controller's CPU, and the controller's
+// peak RSS. Between the two, the peer's objects are pruned by deleting its Kustomization.
+
+// fleetKinds are the resources of the applied objects; requests to them are what is counted.
+var fleetKinds = map[string]bool{"agents": true, "stores": true, "storageclasses": true}
+
+// BenchmarkFleetApply: PLINTH_BENCH_NODES Nodes (default 1000), both controllers at
+// PLINTH_BENCH_QPS / PLINTH_BENCH_BURST (default 50 / 300: the default of both). Reports per
+// controller first-apply-s, noop-s (reconcile time of the no-op), noop-wall-s, noop-writes,
+// first-requests, first-dryruns, first-writes, noop-requests, apiserver-cpu-s (first apply),
+// cpu-s and rss-mb (the controller process: CPU over both applies, peak RSS). One run per
+// controller (b.N is ignored: run it with -benchtime 1x); -bench 'FleetApply/plinth' runs
+// Plinth's side alone, PLINTH_BINARY names the plinth binary to run (default: this tree's).
+func BenchmarkFleetApply(b *testing.B) {
+	c := env(b)
+	n := benchEnvInt(b, "PLINTH_BENCH_NODES", 1000)
+	qps := benchEnvInt(b, "PLINTH_BENCH_QPS", 50)
+	burst := benchEnvInt(b, "PLINTH_BENCH_BURST", 300)
+	b.Logf("fleet: %d nodes, %d objects, client limits %d QPS burst %d, load average %s", n, 2*n+1, qps, burst, loadAverage())
+
+	createFleetNodes(b, c, n)
+	pool, proto, pl := fleetPolicies()
+	objects := renderFleet(b, c, pool, proto, pl)
+	limits := []string{"--kube-api-qps=" + strconv.Itoa(qps), "--kube-api-burst=" + strconv.Itoa(burst)}
+
+	b.Run("kustomize-controller", func(b *testing.B) {
+		b.ReportAllocs()
+		runFluxFleet(b, c, objects, limits, n)
+	})
+	b.Run("plinth", func(b *testing.B) {
+		b.ReportAllocs()
+		runPlinthFleet(b, c, pool, proto, pl, limits, n)
+	})
+}
+
+const (
+	binSourceController    = "flux-source-controller"
+	binKustomizeController = "flux-kustomize-controller"
+	fluxNamespace          = "flux-system"
+)
+
+func benchEnvInt(b *testing.B, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func fleetPolicies() (*policyv1.StoragePool, *policyv1.Protocol, *policyv1.Placement) {
+	p := pool("fleet", "fleet", "")
+	proto := &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: "fleet-nvme"},
+		Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "10.20.0.0/16"}}}
+	pl := placement("fleet", "fleet", "fleet-nvme", "fleet")
+	return p, proto, pl
+}
+
+// createFleetNodes creates n Nodes labelled for the fleet pool (standing in for kubelet, which
+// registers Nodes); Nodes left by an earlier run are kept.
+func createFleetNodes(b *testing.B, c client.Client, n int) {
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n; i += 8 {
+				nd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("fleet-%05d", i), Labels: map[string]string{"plinth.dev/storage": "fleet"}}}
+				if err := c.Create(ctx, nd); err != nil && !apierrors.IsAlreadyExists(err) {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
+
+// renderFleet renders the policies for the fleet's Nodes exactly as the controller does (vetted
+// with the embedded schema, defaults filled in) and returns the YAML stream `plinth render`
+// prints.
+func renderFleet(b *testing.B, c client.Client, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement) []byte {
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes, client.MatchingLabels{"plinth.dev/storage": "fleet"}); err != nil {
+		b.Fatal(err)
+	}
+	v, err := vet.NewVetter()
+	if err != nil {
+		b.Fatal(err)
+	}
+	pol, problems := policy.VetObjects(v, []policyv1.StoragePool{*p}, []policyv1.Protocol{*proto}, []policyv1.Placement{*pl})
+	if len(problems) > 0 {
+		b.Fatalf("fleet policies do not vet: %v", problems)
+	}
+	out, err := render.Render(render.Input{Pools: pol.Pools, Protocols: pol.Protocols, Placements: pol.Placements, Nodes: nodes.Items})
+	if err != nil {
+		b.Fatal(err)
+	}
+	y, err := out.YAML()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return y
+}
+
+// apiCounts are the API server's requests for the applied kinds (fleetKinds).
+type apiCounts struct{ reads, dryRuns, writes float64 }
+
+func (a apiCounts) sub(o apiCounts) apiCounts {
+	return apiCounts{a.reads - o.reads, a.dryRuns - o.dryRuns, a.writes - o.writes}
+}
+func (a apiCounts) total() float64 { return a.reads + a.dryRuns + a.writes }
+
+var (
+	metricLine = regexp.MustCompile(`^(\w+)\{(.*)\} (\S+)$`)
+	labelPair  = regexp.MustCompile(`(\w+)="([^"]*)"`)
+)
+
+// promSamples returns name's samples in a Prometheus text exposition as (labels, value).
+func promSamples(text []byte, name string) []struct {
+	labels map[string]string
+	value  float64
+} {
+	var out []struct {
+		labels map[string]string
+		value  float64
+	}
+	sc := bufio.NewScanner(bytes.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<22)
+	for sc.Scan() {
+		m := metricLine.FindStringSubmatch(sc.Text())
+		if m == nil || m[1] != name {
+			continue
+		}
+		l := map[string]string{}
+		for _, kv := range labelPair.FindAllStringSubmatch(m[2], -1) {
+			l[kv[1]] = kv[2]
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, struct {
+			labels map[string]string
+			value  float64
+		}{l, v})
+	}
+	return out
+}
+
+// apiServerCounts reads apiserver_request_total from the API server's /metrics.
+func apiServerCounts(b *testing.B, cs kubernetes.Interface) apiCounts {
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		b.Fatalf("API server /metrics: %v", err)
+	}
+	var a apiCounts
+	for _, s := range promSamples(raw, "apiserver_request_total") {
+		if !fleetKinds[s.labels["resource"]] || s.labels["subresource"] != "" {
+			continue
+		}
+		switch {
+		case s.labels["verb"] == "GET" || s.labels["verb"] == "LIST" || s.labels["verb"] == "WATCH":
+			a.reads += s.value
+		case s.labels["dry_run"] != "":
+			a.dryRuns += s.value
+		default:
+			a.writes += s.value
+		}
+	}
+	return a
+}
+
+// reconcileSeconds is the sum and count of controller_runtime_reconcile_time_seconds of
+// controller name, read from a controller's metrics endpoint.
+func reconcileSeconds(b *testing.B, url, name string) (sum, count float64) {
+	resp, err := http.Get(url)
+	if err != nil {
+		b.Fatalf("metrics %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		b.Fatal(err)
+	}
+	for _, s := range promSamples(buf.Bytes(), "controller_runtime_reconcile_time_seconds_sum") {
+		if s.labels["controller"] == name {
+			sum = s.value
+		}
+	}
+	for _, s := range promSamples(buf.Bytes(), "controller_runtime_reconcile_time_seconds_count") {
+		if s.labels["controller"] == name {
+			count = s.value
+		}
+	}
+	return sum, count
+}
+
+// procStat is a process's CPU time (user+system, /proc/<pid>/stat fields 14 and 15, clock
+// ticks of 1/100 s) and peak RSS (VmHWM of /proc/<pid>/status) in MiB.
+func procStat(b *testing.B, pid int) (cpu time.Duration, hwmMiB float64) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	cpu = time.Duration(ut+st) * 10 * time.Millisecond
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			hwmMiB = kb / 1024
+		}
+	}
+	return cpu, hwmMiB
+}
+
+func apiServerPID(b *testing.B) int {
+	for _, p := range suite.cp.Processes() {
+		if p.Name == controlplane.BinKubeAPIServer {
+			return p.PID()
+		}
+	}
+	b.Fatal("no kube-apiserver process")
+	return 0
+}
+
+// poll calls f every 20 ms until it returns nil, failing b after timeout.
+func poll(b *testing.B, timeout time.Duration, what string, f func() error) {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s: not within %s: %v", what, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fleetGone waits until no Store, Agent or StorageClass of the fleet is left.
+func fleetGone(b *testing.B, c client.Client) {
+	poll(b, 15*time.Minute, "fleet objects pruned", func() error {
+		var stores storev1.StoreList
+		if err := c.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: "fleet"}); err != nil {
+			return err
+		}
+		var agents storev1.AgentList
+		if err := c.List(ctx, &agents); err != nil {
+			return err
+		}
+		var sc storagev1.StorageClass
+		err := c.Get(ctx, types.NamespacedName{Name: "fleet"}, &sc)
+		if err == nil || !apierrors.IsNotFound(err) {
+			return fmt.Errorf("StorageClass fleet still there (%v)", err)
+		}
+		if len(stores.Items)+len(agents.Items) > 0 {
+			return fmt.Errorf("%d Stores, %d Agents left", len(stores.Items), len(agents.Items))
+		}
+		return nil
+	})
+}
+
+// fleetRun is what one controller's run measured.
+type fleetRun struct {
+	first, noopWall, noopReconcile time.Duration
+	firstReq, noopReq              apiCounts
+	apiCPU, cpu                    time.Duration
+	rssMiB                         float64
+}
+
+func (r fleetRun) report(b *testing.B, n int) {
+	b.ReportMetric(r.first.Seconds(), "first-apply-s")
+	b.ReportMetric(r.noopReconcile.Seconds(), "noop-s")
+	b.ReportMetric(r.noopWall.Seconds(), "noop-wall-s")
+	b.ReportMetric(r.noopReq.writes, "noop-writes")
+	b.ReportMetric(r.noopReq.total(), "noop-requests")
+	b.ReportMetric(r.firstReq.total(), "first-requests")
+	b.ReportMetric(r.firstReq.dryRuns, "first-dryruns")
+	b.ReportMetric(r.firstReq.writes, "first-writes")
+	b.ReportMetric(r.firstReq.reads, "first-reads")
+	b.ReportMetric(r.apiCPU.Seconds(), "apiserver-cpu-s")
+	b.ReportMetric(r.cpu.Seconds(), "cpu-s")
+	b.ReportMetric(r.rssMiB, "rss-mb")
+	b.Logf("%d objects: first apply %s (requests for the applied kinds: %.0f reads, %.0f dry-runs, %.0f writes; API server CPU %s); "+
+		"no-op reconcile %s (wall %s; %.0f reads, %.0f dry-runs, %.0f writes); controller CPU %s, peak RSS %.0f MiB; load average %s",
+		2*n+1, r.first.Round(time.Millisecond), r.firstReq.reads, r.firstReq.dryRuns, r.firstReq.writes, r.apiCPU.Round(time.Millisecond),
+		r.noopReconcile.Round(time.Millisecond), r.noopWall.Round(time.Millisecond), r.noopReq.reads, r.noopReq.dryRuns, r.noopReq.writes,
+		r.cpu.Round(time.Millisecond), r.rssMiB, loadAverage())
+}
+
+// gitServer is a bare repository served over smart HTTP on loopback by git http-backend, with a
+// work tree to commit from.
+type gitServer struct {
+	bare, work, url string
+	srv             *http.Server
+}
+
+func runGit(dir string, args ...string) error {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=plinth bench", "GIT_AUTHOR_EMAIL=bench@plinth.invalid",
+		"GIT_COMMITTER_NAME=plinth bench", "GIT_COMMITTER_EMAIL=bench@plinth.invalid")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func serveGit(b *testing.B, files map[string][]byte) *gitServer {
+	dir := b.TempDir()
+	g := &gitServer{bare: filepath.Join(dir, "fleet.git"), work: filepath.Join(dir, "work")}
+	for _, step := range [][]string{{dir, "init", "-q", "--bare", "-b", "main", g.bare}, {dir, "init", "-q", "-b", "main", g.work}} {
+		if err := runGit(step[0], step[1:]...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for p, data := range files {
+		full := filepath.Join(g.work, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(full, data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{"add", "-A"}, {"commit", "-q", "-m", "fleet"}, {"push", "-q", g.bare, "main"}} {
+		if err := runGit(g.work, args...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	out, err := exec.Command("git", "--exec-path").Output()
+	if err != nil {
+		b.Fatalf("git --exec-path: %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/git/", &cgi.Handler{Path: filepath.Join(strings.TrimSpace(string(out)), "git-http-backend"), Root: "/git",
+		Env: []string{"GIT_PROJECT_ROOT=" + dir, "GIT_HTTP_EXPORT_ALL=1"}})
+	g.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go g.srv.Serve(l) //nolint:errcheck // closed at the end of the benchmark
+	b.Cleanup(func() { g.srv.Close() })
+	g.url = fmt.Sprintf("http://%s/git/fleet.git", l.Addr())
+	return g
+}
+
+func freePorts(b *testing.B, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		p, err := controlplane.FreePort()
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[i] = p
+	}
+	return out
+}
+
+// runFluxFleet: source-controller and kustomize-controller started for this run, the rendered
+// objects in Git, a Kustomization created (first apply), a reconcile requested with nothing
+// changed (no-op), then the Kustomization deleted and its objects pruned.
+func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string, n int) {
+	controlplane.RequireBinaries(b, binSourceController, binKustomizeController)
+	cs, err := kubernetes.NewForConfig(suite.cp.Admin.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bin, err := controlplane.TestBinDir()
+	if err != nil {
+		b.Fatal(err)
+	}
+	crds, err := filepath.Glob(filepath.Join(bin, "crds", "flux", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		b.Fatalf("no Flux CRDs under %s/crds/flux (make testbin): %v", bin, err)
+	}
+	if _, err := envtest.InstallCRDs(suite.cp.Admin.Config, envtest.CRDInstallOptions{Paths: crds, ErrorIfPathMissing: true}); err != nil {
+		b.Fatalf("install Flux CRDs: %v", err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fluxNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	g := serveGit(b, map[string][]byte{"fleet/objects.yaml": objects})
+
+	ports := freePorts(b, 5)
+	storage := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	kubeconfig := []string{"KUBECONFIG=" + suite.cp.Admin.Kubeconfig} // Flux's controllers take no --kubeconfig flag
+	sc, err := suite.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-" + binSourceController, Binary: binSourceController,
+		Args: append([]string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
+			"--storage-path=" + b.TempDir(), "--storage-addr=" + storage, "--storage-adv-addr=" + storage,
+			"--enable-leader-election=false", "--log-level=info"}, limits...),
+		Env: kubeconfig, Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2]), nil)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sc.Stop() //nolint:errcheck
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
+	kc, err := suite.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-" + binKustomizeController, Binary: binKustomizeController,
+		Args: append([]string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[3]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[4]),
+			"--enable-leader-election=false", "--log-level=info"}, limits...),
+		Env: kubeconfig, Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4]), nil)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kc.Stop() //nolint:errcheck
+
+	repo := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
+		"metadata": map[string]any{"name": "fleet", "namespace": fluxNamespace},
+		"spec":     map[string]any{"interval": "1h", "url": g.url, "ref": map[string]any{"branch": "main"}},
+	}}
+	if err := c.Create(ctx, repo); err != nil {
+		b.Fatal(err)
+	}
+	defer c.Delete(ctx, repo) //nolint:errcheck
+	poll(b, 5*time.Minute, "GitRepository fleet Ready", func() error { return fluxReady(c, repo, "artifact") })
+
+	ks := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+		"metadata": map[string]any{"name": "fleet", "namespace": fluxNamespace},
+		"spec": map[string]any{"interval": "1h", "path": "./fleet", "prune": true, "timeout": "20m",
+			"sourceRef": map[string]any{"kind": "GitRepository", "name": "fleet"}},
+	}}
+	api := apiServerPID(b)
+	var r fleetRun
+	cpu0, _ := procStat(b, kc.PID())
+	api0, _ := procStat(b, api)
+	req0 := apiServerCounts(b, cs)
+	b.ResetTimer()
+	start := time.Now()
+	if err := c.Create(ctx, ks); err != nil {
+		b.Fatal(err)
+	}
+	poll(b, 30*time.Minute, "Kustomization fleet applied", func() error { return fluxReady(c, ks, "lastAppliedRevision") })
+	r.first = time.Since(start)
+	b.StopTimer()
+	api1, _ := procStat(b, api)
+	r.apiCPU = api1 - api0
+	r.firstReq = apiServerCounts(b, cs).sub(req0)
+
+	sum0, count0 := reconcileSeconds(b, metricsURL, "kustomization")
+	req0 = apiServerCounts(b, cs)
+	token := strconv.FormatInt(time.Now().UnixNano(), 10)
+	start = time.Now()
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"reconcile.fluxcd.io/requestedAt":%q}}}`, token)
+	if err := c.Patch(ctx, ks, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		b.Fatal(err)
+	}
+	poll(b, 30*time.Minute, "Kustomization fleet re-applied", func() error {
+		if err := fluxReady(c, ks, "lastAppliedRevision"); err != nil {
+			return err
+		}
+		if h, _, _ := unstructured.NestedString(ks.Object, "status", "lastHandledReconcileAt"); h != token {
+			return fmt.Errorf("lastHandledReconcileAt %q", h)
+		}
+		return nil
+	})
+	r.noopWall = time.Since(start)
+	r.noopReq = apiServerCounts(b, cs).sub(req0)
+	poll(b, time.Minute, "reconcile time recorded", func() error {
+		sum, count := reconcileSeconds(b, metricsURL, "kustomization")
+		if count == count0 {
+			return fmt.Errorf("no reconcile finished")
+		}
+		r.noopReconcile = time.Duration((sum - sum0) / (count - count0) * float64(time.Second))
+		return nil
+	})
+	cpu1, hwm := procStat(b, kc.PID())
+	r.cpu, r.rssMiB = cpu1-cpu0, hwm
+	r.report(b, n)
+
+	if err := c.Delete(ctx, ks); err != nil {
+		b.Fatal(err)
+	}
+	fleetGone(b, c)
+}
+
+// fluxReady returns nil when u (re-read) is Ready=True for its generation and has status.field.
+func fluxReady(c client.Client, u *unstructured.Unstructured, field string) error {
+	if err := c.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
+		return err
+	}
+	if _, ok, _ := unstructured.NestedFieldNoCopy(u.Object, "status", field); !ok {
+		return fmt.Errorf("no status.%s", field)
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, cd := range conds {
+		m, _ := cd.(map[string]any)
+		if m["type"] == "Ready" {
+			og, _ := m["observedGeneration"].(int64)
+			if m["status"] == "True" && og == u.GetGeneration() {
+				return nil
+			}
+			return fmt.Errorf("Ready=%v %v: %v", m["status"], m["reason"], m["message"])
+		}
+	}
+	return fmt.Errorf("no Ready condition")
+}
+
+// runPlinthFleet: `plinth controller` started for this run, the policy objects created (first
+// apply), a reconcile with nothing changed (an annotation on the StoragePool: the controller
+// reconciles on annotation changes; nothing it renders changes), then the policies deleted
+// and the objects pruned.
+func runPlinthFleet(b *testing.B, c client.Client, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement, limits []string, n int) {
+	cs, err := kubernetes.NewForConfig(suite.cp.Admin.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	plinth := buildPlinth(b)
+	ports := freePorts(b, 2)
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0])
+	pc, err := suite.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-plinth-controller", Binary: plinth,
+		Args: append([]string{"controller", "--kubeconfig=" + suite.cp.Admin.Kubeconfig, "--namespace=" + namespace,
+			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
+			"--resync-interval=0", "--log-format=console"}, limits...),
+		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1]), nil)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pc.Stop() //nolint:errcheck
+
+	api := apiServerPID(b)
+	var r fleetRun
+	cpu0, _ := procStat(b, pc.PID())
+	api0, _ := procStat(b, api)
+	req0 := apiServerCounts(b, cs)
+	p, proto, pl = p.DeepCopy(), proto.DeepCopy(), pl.DeepCopy()
+	b.ResetTimer()
+	start := time.Now()
+	for _, o := range []client.Object{p, proto, pl} {
+		if err := c.Create(ctx, o); err != nil {
+			b.Fatal(err)
+		}
+	}
+	poll(b, 30*time.Minute, "policies applied", func() error {
+		for _, o := range []client.Object{p, pl} {
+			if err := policyReady(c, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r.first = time.Since(start)
+	b.StopTimer()
+	api1, _ := procStat(b, api)
+	r.apiCPU = api1 - api0
+	r.firstReq = apiServerCounts(b, cs).sub(req0)
+
+	// Let the reconciles the controller's own status writes cause pass first.
+	var sum0, count0 float64
+	poll(b, 5*time.Minute, "controller quiet", func() error {
+		s, cnt := reconcileSeconds(b, metricsURL, "policy")
+		if cnt != count0 {
+			sum0, count0 = s, cnt
+			time.Sleep(time.Second)
+			return fmt.Errorf("still reconciling")
+		}
+		return nil
+	})
+	req0 = apiServerCounts(b, cs)
+	start = time.Now()
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"bench.plinth.dev/noop":%q}}}`, strconv.FormatInt(time.Now().UnixNano(), 10))
+	if err := c.Patch(ctx, p, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		b.Fatal(err)
+	}
+	poll(b, 30*time.Minute, "no-op reconcile", func() error {
+		sum, count := reconcileSeconds(b, metricsURL, "policy")
+		if count == count0 {
+			return fmt.Errorf("no reconcile finished")
+		}
+		r.noopWall = time.Since(start)
+		r.noopReconcile = time.Duration((sum - sum0) / (count - count0) * float64(time.Second))
+		return nil
+	})
+	r.noopReq = apiServerCounts(b, cs).sub(req0)
+	cpu1, hwm := procStat(b, pc.PID())
+	r.cpu, r.rssMiB = cpu1-cpu0, hwm
+	r.report(b, n)
+
+	for _, o := range []client.Object{pl, p, proto} {
+		if err := c.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+			b.Fatal(err)
+		}
+	}
+	fleetGone(b, c)
+}
+
+// policyReady returns nil when o (re-read) is Ready=True for its generation.
+func policyReady(c client.Client, o client.Object) error {
+	if err := c.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+		return err
+	}
+	var conds []metav1.Condition
+	switch v := o.(type) {
+	case *policyv1.StoragePool:
+		conds = v.Status.Conditions
+	case *policyv1.Placement:
+		conds = v.Status.Conditions
+	}
+	for _, cd := range conds {
+		if cd.Type == "Ready" {
+			if cd.Status == metav1.ConditionTrue && cd.ObservedGeneration == o.GetGeneration() {
+				return nil
+			}
+			return fmt.Errorf("%s Ready=%s %s: %s", o.GetName(), cd.Status, cd.Reason, cd.Message)
+		}
+	}
+	return fmt.Errorf("%s: no Ready condition", o.GetName())
+}
+
+var builtPlinth struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// buildPlinth returns $PLINTH_BINARY, or builds ./cmd/plinth of this tree once.
+func buildPlinth(b *testing.B) string {
+	if p := os.Getenv("PLINTH_BINARY"); p != "" {
+		return p
+	}
+	builtPlinth.once.Do(func() {
+		root, err := controlplane.ModuleRoot()
+		if err != nil {
+			builtPlinth.err = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "plinth-bin-")
+		if err != nil {
+			builtPlinth.err = err
+			return
+		}
+		builtPlinth.path = filepath.Join(dir, "plinth")
+		cmd := exec.Command("go", "build", "-o", builtPlinth.path, "./cmd/plinth")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			builtPlinth.err = fmt.Errorf("go build ./cmd/plinth: %v\n%s", err, out)
+		}
+	})
+	if builtPlinth.err != nil {
+		b.Fatal(builtPlinth.err)
+	}
+	return builtPlinth.path
+}

@@ -1,0 +1,166 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/plinth-storage/plinth/csi/mount"
+	"github.com/plinth-storage/plinth/csi/stage"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// The node plugin watches the volumes it staged, so that a failure nobody asks about is still
+// reported: an NVMe-oF link cut for longer than ctrlLossTmo makes the kernel remove the
+// controller, the device vanishes and every I/O fails with EIO while the pod keeps its mount.
+// NodeGetVolumeHealth answers kubelet when it asks; the monitor reports each failure once,
+// when it starts, as a Warning event on the VolumeState (reason DeviceGone or MountDead) and in
+// the metrics below; the gauge goes back to 0 once it is healthy again (after unstage + stage).
+
+// The node plugin reads the VolumeState of a failed volume for its event.
+//
+// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates,verbs=get
+
+// DefaultVolumeHealthInterval is the period of the node plugin's check of its staged volumes.
+const DefaultVolumeHealthInterval = 30 * time.Second
+
+// volumeMetrics are the node plugin's volume health series; no per-volume label.
+type volumeMetrics struct {
+	// inaccessible is plinth_csi_node_volumes_inaccessible{reason}: staged volumes of this
+	// node that are inaccessible now, by reason (DeviceGone, MountDead).
+	inaccessible *prometheus.GaugeVec
+	// failures is plinth_csi_node_volume_failures_total{reason}: staged volumes that became
+	// inaccessible, counted once per failure.
+	failures *prometheus.CounterVec
+}
+
+func newVolumeMetrics() volumeMetrics {
+	m := volumeMetrics{
+		inaccessible: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "plinth_csi_node_volumes_inaccessible",
+			Help: "Staged volumes of this node that are inaccessible now (device gone, mount dead), by reason.",
+		}, []string{"reason"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "plinth_csi_node_volume_failures_total",
+			Help: "Staged volumes of this node that became inaccessible (device gone, mount dead), by reason.",
+		}, []string{"reason"}),
+	}
+	// every reason exists from the start at 0, so that increase() sees the first failure
+	for _, r := range []string{ReasonDeviceGone, ReasonMountDead} {
+		m.inaccessible.WithLabelValues(r)
+		m.failures.WithLabelValues(r)
+	}
+	return m
+}
+
+// volumeHealth checks a staged volume: its recorded device exists, and the mounts at the given
+// paths (empty ones skipped) are not dead (EIO, ENOTCONN, ESTALE). It returns the problems
+// found, none when healthy.
+func (d *Driver) volumeHealth(rec *stage.Record, paths ...string) []*csipb.VolumeHealth_VolumeHealthEntry {
+	var out []*csipb.VolumeHealth_VolumeHealthEntry
+	add := func(reason, msg string) {
+		out = append(out, &csipb.VolumeHealth_VolumeHealthEntry{Status: csipb.VolumeHealthErrorType_INACCESSIBLE, Reason: reason, Message: msg})
+	}
+	if rec != nil {
+		if _, err := os.Stat(rec.Device); err != nil {
+			add(ReasonDeviceGone, fmt.Sprintf("device %s: %v", rec.Device, err))
+		}
+	}
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		if err := d.mounter.Probe(p); err != nil && mount.IsCorrupted(err) {
+			add(ReasonMountDead, fmt.Sprintf("%s: %v", p, err))
+			break
+		}
+	}
+	return out
+}
+
+// volumeMonitor remembers, per staged volume, the reason it was last reported inaccessible.
+type volumeMonitor struct {
+	mu       sync.Mutex
+	reported map[string]string // volume id → reason, "" when healthy
+}
+
+// monitorVolumes checks the staged volumes every interval until ctx ends.
+func (d *Driver) monitorVolumes(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.checkVolumes(ctx)
+		}
+	}
+}
+
+// checkVolumes checks every staged volume once (stage records), sets the gauge, and reports each
+// volume that became inaccessible (counter, Warning event, log) once per failure.
+func (d *Driver) checkVolumes(ctx context.Context) {
+	recs, err := d.stages.List()
+	if err != nil {
+		d.log.Error(err, "volume health: read stage records")
+		return
+	}
+	d.monitor.mu.Lock()
+	defer d.monitor.mu.Unlock()
+	if d.monitor.reported == nil {
+		d.monitor.reported = map[string]string{}
+	}
+	counts := map[string]float64{ReasonDeviceGone: 0, ReasonMountDead: 0}
+	seen := map[string]bool{}
+	for i := range recs {
+		rec := &recs[i]
+		seen[rec.VolumeID] = true
+		problems := d.volumeHealth(rec, append([]string{rec.StagingPath}, rec.Targets...)...)
+		reason, msg := "", ""
+		if len(problems) > 0 {
+			reason, msg = problems[0].GetReason(), problems[0].GetMessage()
+			counts[reason]++
+		}
+		prev := d.monitor.reported[rec.VolumeID]
+		d.monitor.reported[rec.VolumeID] = reason
+		if reason != "" && reason != prev {
+			d.metrics.failures.WithLabelValues(reason).Inc()
+			d.log.Error(errors.New(msg), "staged volume inaccessible", "volume", rec.VolumeID, "reason", reason, "node", d.opts.NodeName)
+			d.volumeEvent(ctx, rec.VolumeID, "Warning", reason, fmt.Sprintf("volume staged on node %s at %s is inaccessible: %s; "+
+				"unstage and stage it again once the target is reachable (see docs/operations.md)", d.opts.NodeName, rec.StagingPath, msg))
+		}
+	}
+	for id := range d.monitor.reported {
+		if !seen[id] {
+			delete(d.monitor.reported, id)
+		}
+	}
+	for r, n := range counts {
+		d.metrics.inaccessible.WithLabelValues(r).Set(n)
+	}
+}
+
+// volumeEvent records an event on the VolumeState of volume id (read for its UID, so that
+// kubectl describe lists it); dropped when there is no API access or no such VolumeState.
+func (d *Driver) volumeEvent(ctx context.Context, id, typ, reason, msg string) {
+	if d.events == nil || d.kube == nil {
+		return
+	}
+	vs := &storev1.VolumeState{}
+	if err := d.kube.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+		if !apierrors.IsNotFound(err) {
+			d.log.Error(err, "volume health: read VolumeState for the event", "volume", id)
+		}
+		return
+	}
+	d.events.Eventf(vs, nil, typ, reason, "VolumeHealth", "%s", msg)
+}
