@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	corev1 "k8s.io/api/core/v1"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -43,15 +42,15 @@ type node struct {
 	bootID string
 	opts   Options
 	client client.Client
-	// reader reads uncached: the host Secrets of DH-HMAC-CHAP, by name (no Secret informer,
-	// so the agent needs only "get" on Secrets of one namespace)
-	reader client.Reader
 	marks  *fencing.Store
 	target *nvmet.Target
 	wake   chan event.GenericEvent
 	// events records Warning events on the node's objects (fencing refusals, a duplicate
-	// host NQN); reader reads uncached what the node's cache does not hold (other Agents, Nodes).
+	// host NQN).
 	events events.EventRecorder
+	// reader reads uncached what the node's cache does not hold: other Agents and Nodes, and
+	// the host Secrets of DH-HMAC-CHAP by name (no Secret informer, so the agent needs only
+	// "get" on Secrets of one namespace).
 	reader client.Reader
 	// nqnChecked is the host NQN this process last checked against the other nodes'
 	// (agent_controller.go); guarded by mu.
@@ -148,7 +147,6 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		target: nvmet.New(opts.NVMetRoot),
 		wake:   make(chan event.GenericEvent, 1024),
 		events: mgr.GetEventRecorder("plinth-agent"),
-		reader: mgr.GetAPIReader(),
 		stores: map[string]*storeRuntime{},
 
 		orphanSince: map[string]map[string]time.Time{},
