@@ -179,8 +179,8 @@ func TestLive(t *testing.T) {
 		// it has no target authentication.
 		{"auth", want{exit: diff.ExitViolations,
 			objects: []string{"change Agent/node-c"},
-			violations: []string{"AuthUnsupported Protocol/nvme spec.nvmeofTcp.auth testdata/live/auth/protocols.yaml:16",
-				"ProtocolChangeWithExports Protocol/nvme spec.nvmeofTcp.auth testdata/live/auth/protocols.yaml:16"},
+			violations: []string{"ProtocolChangeWithExports Protocol/nvme spec.nvmeofTcp.auth testdata/live/auth/protocols.yaml:16",
+				"AuthUnsupported Protocol/nvme spec.nvmeofTcp.auth testdata/live/auth/protocols.yaml:16"},
 			check: func(t *testing.T, r *diff.Report) {
 				for _, v := range r.Violations {
 					if v.Rule == diff.RuleAuthUnsupported && !strings.Contains(v.Message, "node node-c") {
