@@ -107,6 +107,10 @@ type suite struct {
 }
 
 // apimuxScript starts the guest's end of the API mux (the binaries are in the share).
+// copyTimeout bounds copying the plinth and apimux binaries (~100 MB) from the 9p share into the
+// guest's tmpfs: under software emulation on a loaded host this alone has taken over a minute.
+const copyTimeout = 4 * time.Minute
+
 var apimuxScript = fmt.Sprintf("cp %[1]s/apimux %[1]s/plinth /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %[2]s:6443 >/tmp/apimux.log 2>&1 &)",
 	guest.SharePath, guest.GuestForwardAddr)
 
@@ -125,7 +129,7 @@ func nodePluginScript(node, nqnFile string, port int) string {
 // dir), recording each exit code in /tmp/agent-exits; /tmp/agent.pid is the running agent.
 func (s *suite) setUpStorage(t *testing.T) {
 	t.Helper()
-	s.storage.sh(t, time.Minute, apimuxScript)
+	s.storage.sh(t, copyTimeout, apimuxScript)
 	setIP(t, s.storage, storageMAC, storageAddr+"/24")
 	// the agent's state (fencing marks) lives on the node's disk, as /var/lib/plinth does
 	s.storage.sh(t, time.Minute, "mkdir -p /var/lib/plinth && { blkid /dev/vdb >/dev/null || mkfs.ext4 -q /dev/vdb; } && mount /dev/vdb /var/lib/plinth")
@@ -318,7 +322,7 @@ func start(t *testing.T) *suite {
 		}
 	}
 	s.setUpStorage(t)
-	s.worker.sh(t, time.Minute, apimuxScript)
+	s.worker.sh(t, copyTimeout, apimuxScript)
 	setIP(t, s.worker, workerMAC, workerAddr+"/24")
 	s.worker.sh(t, time.Minute, "ping -c 1 -W 10 "+storageAddr)
 	// worker A uses the worker guest's /etc/nvme/hostnqn
