@@ -73,8 +73,11 @@ func snapshot(t *testing.T) hostState {
 		for _, line := range strings.Split(string(out), "\n") {
 			if strings.HasPrefix(line, "*") {
 				table = line[1:]
-			} else if strings.HasPrefix(line, ":") {
-				s.chains = append(s.chains, bin+" "+table+" "+strings.Fields(line[1:])[0])
+			} else if f := strings.Fields(strings.TrimPrefix(line, ":")); strings.HasPrefix(line, ":") && len(f) > 1 && f[1] == "-" {
+				// user-defined chains only (policy "-"): a cluster's own chains (KUBE-*, CNI-*)
+				// must go with it, while the built-in chains of a table appear for good the first
+				// time anything on a fresh host uses that table
+				s.chains = append(s.chains, bin+" "+table+" "+f[0])
 			}
 		}
 	}
