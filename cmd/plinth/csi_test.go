@@ -16,7 +16,8 @@ import (
 	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
-// plinth csi and plinth agent limit their API clients by --kube-api-qps/--kube-api-burst, 50/100 by default:
+// plinth csi and plinth agent limit their API clients by --kube-api-qps/--kube-api-burst (csi 50/100,
+// the agent 50/300: a burst of new volumes costs it three writes each):
 // neither kubeconfig nor in-cluster loading sets a limit, and client-go's fallback of 5/s
 // queued each CreateVolume's writes (measured by csi's BenchmarkPVCBound).
 func TestRestConfigRateLimit(t *testing.T) {
@@ -30,22 +31,26 @@ current-context: x
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, cmd := range []*cobra.Command{newCSICommand(), newAgentCommand()} {
+	for _, c := range []struct {
+		cmd   *cobra.Command
+		burst int
+	}{{newCSICommand(), 100}, {newAgentCommand(), 300}} {
+		cmd := c.cmd
 		if err := cmd.ParseFlags(nil); err != nil {
 			t.Fatal(err)
 		}
 		f := cmd.Flags()
 		qps, _ := f.GetFloat32("kube-api-qps")
 		burst, _ := f.GetInt("kube-api-burst")
-		if qps != 50 || burst != 100 {
-			t.Errorf("%s: defaults qps %v burst %d, want 50 and 100", cmd.Name(), qps, burst)
+		if qps != 50 || burst != c.burst {
+			t.Errorf("%s: defaults qps %v burst %d, want 50 and %d", cmd.Name(), qps, burst, c.burst)
 		}
 		cfg, err := kubeRestConfig(kc, qps, burst)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cfg.QPS != 50 || cfg.Burst != 100 {
-			t.Errorf("%s: rest config QPS %v Burst %d, want 50 and 100", cmd.Name(), cfg.QPS, cfg.Burst)
+		if cfg.QPS != 50 || cfg.Burst != c.burst {
+			t.Errorf("%s: rest config QPS %v Burst %d, want 50 and %d", cmd.Name(), cfg.QPS, cfg.Burst, c.burst)
 		}
 	}
 }

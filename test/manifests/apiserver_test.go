@@ -312,7 +312,9 @@ func testRBAC(t *testing.T, c *cluster) {
 			allow("patch", sto, "stores", "status", ""), allow("update", sto, "volumestates", "", ""), allow("patch", sto, "volumestates", "status", ""),
 			allow("update", sto, "volumestates", "finalizers", ""),
 			deny("update", sto, "agents", "", ""), deny("patch", sto, "stores", "", ""), deny("create", sto, "volumestates", "", ""),
-			deny("delete", sto, "volumestates", "", ""), deny("list", pol, "storagepools", "", ""), deny("list", "", "nodes", "", ""),
+			deny("delete", sto, "volumestates", "", ""), deny("list", pol, "storagepools", "", ""),
+			// the Nodes, read uncached for another node presenting this node's host NQN; never written
+			allow("list", "", "nodes", "", ""), allow("get", "", "nodes", "", ""), deny("patch", "", "nodes", "", ""), deny("update", "", "nodes", "", ""),
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", namespace),
 			// host Secrets by name in its namespace; no listing, nothing elsewhere
 			allow("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("get", "", "secrets", "", "default"),
@@ -335,8 +337,11 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("update", snap, "volumesnapshots", "", "default"), deny("patch", snap, "volumesnapshots", "status", "default"),
 		},
 		"plinth-csi-node": {
-			allow("patch", "", "nodes", "", ""),
-			deny("get", "", "nodes", "", ""), deny("list", "", "nodes", "", ""), deny("update", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""), deny("get", sto, "volumestates", "", ""),
+			// its Node patched (label, host NQN annotation); the Nodes read for a duplicate host NQN
+			allow("patch", "", "nodes", "", ""), allow("get", "", "nodes", "", ""), allow("list", "", "nodes", "", ""),
+			deny("update", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""),
+			// a staged volume's VolumeState read by name (volume health); no listing, no writes
+			allow("get", sto, "volumestates", "", ""), deny("list", sto, "volumestates", "", ""), deny("update", sto, "volumestates", "", ""),
 			deny("patch", "", "pods", "", namespace),
 			allow("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
 			deny("get", "", "secrets", "", "default"),

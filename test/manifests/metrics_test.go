@@ -34,11 +34,12 @@ var designMetrics = map[string][]string{
 // beyondDesign are metrics the code registers that DESIGN.md's table does not list but that
 // alerts or dashboards need; each is reported to the lead to be added to the table.
 var beyondDesign = map[string]string{
-	"plinth_policy_condition":    "policies not Ready (Fleet drift dashboard, PlinthPolicyNotReady alert); registered by controllers/policy",
-	"plinth_volumes":             "volumes by mode and phase, abnormal (Failed) volumes (Capacity dashboard, PlinthVolumesFailed); controllers/policy VolumeCollector",
-	"plinth_volume_size_bytes":   "bytes Block and Filesystem volumes hold per Store (Capacity dashboard); controllers/policy VolumeCollector",
-	"plinth_store_info":          "a Store's node and zone, for days-until-full per failure domain (Capacity dashboard); controllers/policy VolumeCollector",
-	"plinth_nvmeof_publications": "NVMe-oF volumes per target and host node (Provisioning dashboard); controllers/policy VolumeCollector",
+	"plinth_policy_condition":              "policies not Ready (Fleet drift dashboard, PlinthPolicyNotReady alert); registered by controllers/policy",
+	"plinth_volumes":                       "volumes by mode and phase, abnormal (Failed) volumes (Capacity dashboard, PlinthVolumesFailed); controllers/policy VolumeCollector",
+	"plinth_volume_size_bytes":             "bytes Block and Filesystem volumes hold per Store (Capacity dashboard); controllers/policy VolumeCollector",
+	"plinth_store_info":                    "a Store's node and zone, for days-until-full per failure domain (Capacity dashboard); controllers/policy VolumeCollector",
+	"plinth_nvmeof_publications":           "NVMe-oF volumes per target and host node (Provisioning dashboard); controllers/policy VolumeCollector",
+	"plinth_csi_node_volumes_inaccessible": "staged NVMe-oF volumes whose device is gone past ctrlLossTmo (PlinthVolumeInaccessible alert); csi volume health monitor",
 }
 
 // targetLabels are the labels Prometheus adds to every series of a Plinth target: job and
