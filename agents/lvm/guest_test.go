@@ -188,6 +188,35 @@ func TestGuestLinearAndThin(t *testing.T) {
 	if got, want := tc.Available(0, 300), pool.SizeBytes*3-3<<30; got != want {
 		t.Errorf("thin available %d, want %d", got, want)
 	}
+	// A thin snapshot's space: the 32 MiB its origin maps, recorded at creation, equal to what
+	// the kernel reports once the snapshot is activated, and unchanged by later writes.
+	snapID := "snap-" + strings.Repeat("5", 40)
+	timed(t, "CreateSnapshot (lvcreate -s)", func() (backend.Snapshot, error) { return thin.CreateSnapshot(ctx, snapID, idT) })
+	sc := timed(t, "Capacity with a snapshot", func() (backend.Capacity, error) { return thin.Capacity(ctx) })
+	if sc.SnapshotBytes < 32<<20 || sc.SnapshotBytes > 34<<20 {
+		t.Errorf("snapshot space %d bytes, want the 32 MiB written to its origin (to 34 MiB)", sc.SnapshotBytes)
+	}
+	if lv := rawLV(t, snapID); lv.Active {
+		t.Errorf("snapshot LV is active: %+v", lv)
+	}
+	sh(t, "lvchange", "-ay", "-K", guestVG+"/"+snapID)
+	kernel := rawLV(t, snapID)
+	sh(t, "lvchange", "-an", guestVG+"/"+snapID)
+	kernelBytes := int64(float64(kernel.SizeBytes) * kernel.DataPercent / 100)
+	// data_percent has two decimals: 0.01% of 3 GiB is 322 KiB
+	if d := kernelBytes - sc.SnapshotBytes; d > 1<<19 || d < -(1<<19) {
+		t.Errorf("snapshot space %d bytes, the active snapshot maps %d (lvs data_percent %v)", sc.SnapshotBytes, kernelBytes, kernel.DataPercent)
+	}
+	sh(t, "dd", "if=/dev/urandom", "of="+vt.DevicePath, "bs=1M", "count=16", "seek=64", "conv=fsync")
+	if c := timed(t, "Capacity after origin writes", func() (backend.Capacity, error) { return thin.Capacity(ctx) }); c.SnapshotBytes != sc.SnapshotBytes {
+		t.Errorf("snapshot space %d after the origin wrote 16 MiB more, was %d", c.SnapshotBytes, sc.SnapshotBytes)
+	}
+	timed(t, "DeleteSnapshot (lvremove)", func() (int, error) { return 0, thin.DeleteSnapshot(ctx, snapID) })
+	if c := timed(t, "Capacity without snapshots", func() (backend.Capacity, error) { return thin.Capacity(ctx) }); c.SnapshotBytes != 0 {
+		t.Errorf("snapshot space %d after DeleteSnapshot", c.SnapshotBytes)
+	}
+	t.Logf("MEASURE thin snapshot space %d bytes, kernel (activated) %d bytes", sc.SnapshotBytes, kernelBytes)
+
 	vt2 := timed(t, "Expand thin (lvextend)", func() (backend.Volume, error) { return thin.Expand(ctx, idT, 4<<30) })
 	if vt2.SizeBytes != 4<<30 || blockSize(t, vt2.DevicePath) != 4<<30 {
 		t.Errorf("thin expanded %+v", vt2)

@@ -245,7 +245,7 @@ func (l *LVM) capacity(st state) (backend.Capacity, error) {
 			c.ProvisionedBytes += lv.SizeBytes
 		}
 		if l.cfg.ThinPool != "" && l.managedSnapshot(lv) {
-			c.SnapshotBytes += int64(float64(lv.SizeBytes) * lv.DataPercent / 100)
+			c.SnapshotBytes += mappedBytes(lv)
 		}
 	}
 	if l.cfg.ThinPool == "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/plinth-storage/plinth/agents/backend"
@@ -21,12 +22,36 @@ import (
 // (Capacity.DataUsedRatio, FreeBytes) therefore includes snapshot space; provisioned bytes
 // count volumes only (a snapshot's virtual size is not space it can grow into: it is read-only
 // to Plinth). Thick (linear) LVs have no snapshots: ErrUnsupported.
+//
+// A snapshot's space (Capacity.SnapshotBytes) is the bytes of pool data it maps, shared with
+// its origin or not. lvs reports data_percent only for an active thin LV, and a snapshot is
+// never active; but a thin snapshot maps exactly what its origin mapped when it was taken and,
+// read-only, never maps more. So CreateSnapshot records the origin's mapped bytes (its
+// data_percent × size from the lvs read under the VG lock just before lvcreate: writes landing
+// in those milliseconds are not counted) as the tag TagMappedPrefix+<bytes>, and Capacity sums
+// the tags: no command per refresh, and the figure survives agent restarts.
 const (
 	// TagSnapshot marks a snapshot LV (not a volume).
 	TagSnapshot = "plinth.dev/snapshot"
 	// TagSourcePrefix + the source volume id names a snapshot's source.
 	TagSourcePrefix = "plinth.dev/source."
+	// TagMappedPrefix + a decimal byte count records the pool data a snapshot maps.
+	TagMappedPrefix = "plinth.dev/mapped-bytes."
 )
+
+// mappedBytes returns the pool data a thin LV maps in bytes: the TagMappedPrefix tag of a
+// snapshot when it has one, else data_percent × size (0 for an inactive LV, which lvs reports
+// no data_percent for).
+func mappedBytes(lv LV) int64 {
+	for _, t := range lv.Tags {
+		if v, ok := strings.CutPrefix(t, TagMappedPrefix); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+				return n
+			}
+		}
+	}
+	return int64(float64(lv.SizeBytes) * lv.DataPercent / 100)
+}
 
 var _ backend.Snapshotter = (*LVM)(nil)
 
@@ -79,9 +104,12 @@ func (l *LVM) CreateSnapshot(ctx context.Context, snapID, volID string) (backend
 		}
 		return l.snapshot(lv), nil
 	}
-	if _, err := l.run(ctx, "lvcreate", "-y", "-s", "--setactivationskip", "y", "-n", snapID,
-		"--addtag", TagManaged, "--addtag", TagSnapshot, "--addtag", TagSourcePrefix+volID,
-		l.cfg.VolumeGroup+"/"+src.Name); err != nil {
+	args := []string{"-y", "-s", "--setactivationskip", "y", "-n", snapID,
+		"--addtag", TagManaged, "--addtag", TagSnapshot, "--addtag", TagSourcePrefix + volID}
+	if src.Active {
+		args = append(args, "--addtag", TagMappedPrefix+strconv.FormatInt(mappedBytes(src), 10))
+	}
+	if _, err := l.run(ctx, "lvcreate", append(args, l.cfg.VolumeGroup+"/"+src.Name)...); err != nil {
 		return backend.Snapshot{}, fmt.Errorf("snapshot %s of %s: %w", snapID, volID, err)
 	}
 	return l.getSnapshot(ctx, snapID)

@@ -61,6 +61,15 @@ func TestThinSnapshotRestoreClone(t *testing.T) {
 	if _, err := l.Create(ctx, src, 1136234735); err != nil {
 		t.Fatal(err)
 	}
+	// the source maps a quarter of its blocks when the snapshot is taken
+	setDataPercent := func(name, pct string) {
+		for _, lv := range f.lvs {
+			if lv["lv_name"] == name {
+				lv["data_percent"] = pct
+			}
+		}
+	}
+	setDataPercent(src, "25.00")
 	s, err := l.CreateSnapshot(ctx, snap, src)
 	if err != nil {
 		t.Fatal(err)
@@ -79,12 +88,13 @@ func TestThinSnapshotRestoreClone(t *testing.T) {
 	if err != nil || len(vols) != 1 {
 		t.Errorf("List = %v, %v; want only the source (snapshots are not volumes)", vols, err)
 	}
-	// The snapshot's space: the blocks it maps (lvs data_percent × size), not provisioned.
-	for _, lv := range f.lvs {
-		if lv["lv_name"] == snap {
-			lv["data_percent"] = "25.00"
-		}
+	// The snapshot's space: the blocks it maps, recorded from its origin at creation (lvs has
+	// no data_percent for the inactive snapshot), not provisioned; the origin's later writes
+	// do not change it.
+	if !strings.Contains(last, "--addtag "+TagMappedPrefix+fmt.Sprint(271*mib)) {
+		t.Errorf("snapshot command %q does not record the origin's %d mapped bytes", last, 271*mib)
 	}
+	setDataPercent(src, "50.00")
 	if c, err := l.Capacity(ctx); err != nil || c.SnapshotBytes != 271*mib || c.ProvisionedBytes != 271*4*mib {
 		t.Errorf("Capacity = %+v, %v; want 271 MiB of snapshots (25%% of 271 extents), provisioned only the source", c, err)
 	}

@@ -3,6 +3,7 @@ package zfs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -43,6 +44,19 @@ func TestGuestSnapshots(t *testing.T) {
 	}
 	sh(t, "dd", "if=/dev/urandom", "of="+dev, "bs=1M", "count=8", "conv=fsync")
 	after := sh(t, "sh", "-c", "head -c 8388608 "+dev+" | sha256sum")
+	// The overwritten 8 MiB now belong to the snapshot alone: the Store's snapshot space is
+	// zfs's usedbysnapshots of the zvol, at least those 8 MiB (random data: no compression).
+	// (space accounting follows the transaction group: zpool sync commits it first)
+	sh(t, "zpool", "sync", guestPool)
+	c, err := z.Capacity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ubs := sh(t, "zfs", "get", "-Hp", "-o", "value", "usedbysnapshots", v.Name)
+	if fmt.Sprint(c.SnapshotBytes) != ubs || c.SnapshotBytes < 8<<20 {
+		t.Errorf("snapshot space %d bytes, zfs usedbysnapshots %s, want equal and at least 8 MiB", c.SnapshotBytes, ubs)
+	}
+	t.Logf("MEASURE zfs snapshot space %d bytes (usedbysnapshots %s)", c.SnapshotBytes, ubs)
 
 	r, err := z.CreateVolumeFrom(ctx, restored, snap, 128<<20)
 	if err != nil {

@@ -22,8 +22,8 @@ import (
 // NVMe-oF class) is made on the storage node's Store, exported, published to worker A and
 // staged there over the network — worker A has no LVM and no snapshot: only the NVMe-oF
 // connection — and the file reads back with the source's sha256 (not reformatted: same
-// filesystem UUID as the source). The Store's snapshot space is logged beside lvs (see
-// assertSnapshotSpace: not asserted yet). DeleteSnapshot while the restored volume exists answers OK,
+// filesystem UUID as the source). The Store reports the snapshot's space (at least the 8 MiB
+// file: assertSnapshotSpace). DeleteSnapshot while the restored volume exists answers OK,
 // its VolumeSnapshotState is gone, and the restored volume still reads the file; then both
 // volumes are deleted: the storage guest has exactly the LVs it had before the test, and no
 // VolumeState or VolumeSnapshotState of the test remains (no finalizer left behind).
@@ -121,18 +121,14 @@ func (s *suite) params(placement string) map[string]string {
 	return map[string]string{policyv1.ParamPlacement: placement, policyv1.ParamPool: pool, policyv1.ParamProtocol: placement}
 }
 
-// assertSnapshotSpace logs, without asserting, the Store's status.capacity.snapshots beside what
-// lvs reports for the pool's snapshot LVs (snap-*: lv_size × data_percent / 100, and whether
-// lvs has a data_percent at all). Not asserted yet: a thin snapshot LV is created with the
-// activation skip flag and stays inactive, and lvs reports no data_percent for an inactive thin
-// LV, so the agent (which reads the same lvs) reports 0 for space the snapshot does map.
+// assertSnapshotSpace waits (up to 2 minutes: the agent refreshes the Store on its own
+// schedule) until the storage node's Store reports in status.capacity.snapshots at least the
+// 8 MiB file the source held when the snapshot was taken, and logs it beside what lvs reports
+// for the pool's snapshot LVs (inactive: lvs has no data_percent for them; the agent reads the
+// mapped bytes it recorded from the origin at creation).
 func (s *suite) assertSnapshotSpace(t *testing.T) {
 	t.Helper()
-	out := s.storage.sh(t, time.Minute, fmt.Sprintf("lvs --noheadings --units b --nosuffix -o lv_name,lv_size,data_percent,lv_active %s", vg))
-	var st storev1.Store
-	if err := s.c.Get(t.Context(), client.ObjectKey{Name: storev1.StoreName(pool, storageNode)}, &st); err != nil {
-		t.Fatal(err)
-	}
+	out := s.storage.sh(t, time.Minute, fmt.Sprintf("lvs --noheadings --units b --nosuffix -o lv_name,lv_size,data_percent,lv_active,lv_tags %s", vg))
 	var snaps []string
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "snap-") {
@@ -140,8 +136,22 @@ func (s *suite) assertSnapshotSpace(t *testing.T) {
 		}
 	}
 	var got int64
-	if st.Status.Capacity != nil {
-		got = st.Status.Capacity.Snapshots
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var st storev1.Store
+		if err := s.c.Get(t.Context(), client.ObjectKey{Name: storev1.StoreName(pool, storageNode)}, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Status.Capacity != nil {
+			got = st.Status.Capacity.Snapshots
+		}
+		if got >= 8<<20 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Second)
 	}
-	t.Logf("MEASURE snapshot space: Store capacity.snapshots %d bytes; lvs of the snapshot LVs (name size data_percent active): %q", got, snaps)
+	t.Logf("MEASURE snapshot space: Store capacity.snapshots %d bytes; lvs of the snapshot LVs (name size data_percent active tags): %q", got, snaps)
+	if got < 8<<20 {
+		t.Errorf("Store %s reports %d bytes of snapshots, want at least the 8 MiB its snapshot maps", storev1.StoreName(pool, storageNode), got)
+	}
 }
