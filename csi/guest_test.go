@@ -51,6 +51,30 @@ var (
 // INVALID_ARGUMENT); the LVM run covers them.
 const rawSanitySkip = "Snapshot|from an existing source"
 
+// guestZpool is the zpool of the ZFS class in the guest, on /dev/vdf.
+const guestZpool = "gzpool"
+
+// checkZFSSanityReport checks the ZFS run, focused on the specs rawSanitySkip names: at least
+// 10 of them passed, none failed, and every spec skipped is one outside the focus or one every
+// run skips (sanitySkipped).
+func checkZFSSanityReport(t *testing.T, path string) {
+	t.Helper()
+	res, err := csisanity.ReadReport(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ZFS csi-sanity report: %d passed, %d skipped, %d failed, %d pending", res.Passed, res.Skipped, res.Failed, res.Pending)
+	re := regexp.MustCompile(rawSanitySkip)
+	for _, s := range res.SkippedSpecs {
+		if re.MatchString(s) && !slices.Contains(sanitySkipped, s) {
+			t.Errorf("ZFS run skipped snapshot spec %q", s)
+		}
+	}
+	if res.Failed != 0 || res.Passed < 10 {
+		t.Errorf("ZFS run: %d snapshot and clone specs passed (want at least 10), %d failed: %q", res.Passed, res.Failed, res.FailedSpecs)
+	}
+}
+
 // checkRawSanityReport is checkSanityReport for the raw run: the specs skipped are those of
 // every run (sanitySkipped) and those rawSanitySkip names, at least 10 of them (a skip
 // pattern that matched nothing, or a snapshot capability gone, shows), and nothing fails.
@@ -194,8 +218,23 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 			Spec: storev1.StoreSpec{Pool: name, NodeName: csiGuestNode, Backend: b}})
 		rawParams[name] = map[string]string{policyv1.ParamPlacement: name, policyv1.ParamPool: name, policyv1.ParamProtocol: "graw-local"}
 	}
+	// A ZFS pool (sparse zvols) on its own disk /dev/vdf, reached by the local protocol: the
+	// snapshot, restore and clone specs run on it too (zfs snapshot and clone, not thin LVs).
+	zfsPool := "gzfs"
+	zfsBackend := policyv1.Backend{ZFS: &policyv1.ZFSBackend{Pool: guestZpool, ParentDataset: "csi"}}
+	create(t, c, &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: zfsPool}, Spec: policyv1.StoragePoolSpec{Backend: zfsBackend}})
+	create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: zfsPool}, Spec: policyv1.PlacementSpec{
+		PoolRef: policyv1.LocalObjectReference{Name: zfsPool}, ProtocolRef: policyv1.LocalObjectReference{Name: "graw-local"},
+		StorageClass: policyv1.StorageClassTemplate{Name: zfsPool, AllowVolumeExpansion: true, VolumeBindingMode: "WaitForFirstConsumer"},
+		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+	}})
+	zfsStore := storev1.StoreName(zfsPool, csiGuestNode)
+	create(t, c, &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: zfsStore, Labels: map[string]string{
+		policyv1.LabelPool: storev1.NameLabelValue(zfsPool), policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
+		Spec: storev1.StoreSpec{Pool: zfsPool, NodeName: csiGuestNode, Backend: zfsBackend, OvercommitPercent: 400}})
+	zfsParams := map[string]string{policyv1.ParamPlacement: zfsPool, policyv1.ParamPool: zfsPool, policyv1.ParamProtocol: "graw-local"}
 	create(t, c, &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: csiGuestNode, Labels: map[string]string{policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
-		Spec: storev1.AgentSpec{NodeName: csiGuestNode, Stores: append([]string{store}, rawStores...), NVMeoF: &storev1.NVMeoFEndpoint{Port: 4420, BindCIDR: "127.0.0.0/8"}}})
+		Spec: storev1.AgentSpec{NodeName: csiGuestNode, Stores: append([]string{store, zfsStore}, rawStores...), NVMeoF: &storev1.NVMeoFEndpoint{Port: 4420, BindCIDR: "127.0.0.0/8"}}})
 	create(t, c, &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: store, Labels: map[string]string{
 		policyv1.LabelPool: storev1.NameLabelValue(pool), policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
 		Spec: storev1.StoreSpec{Pool: pool, NodeName: csiGuestNode, Backend: vg, Reserve: "5%", OvercommitPercent: 400}})
@@ -203,8 +242,9 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 
 	bootStart := time.Now()
 	gg, err := guest.Boot(ctx, guest.Options{
-		// /dev/vda: the VG; /dev/vdb, /dev/vdc: the raw GPT pool; /dev/vdd, /dev/vde: the raw Whole pool
-		DiskBytes:     []int64{3 << 30, 1 << 30, 512 << 20, 128 << 20, 192 << 20},
+		// /dev/vda: the VG; /dev/vdb, /dev/vdc: the raw GPT pool; /dev/vdd, /dev/vde: the raw
+		// Whole pool; /dev/vdf: the zpool
+		DiskBytes:     []int64{3 << 30, 1 << 30, 512 << 20, 128 << 20, 192 << 20, 1 << 30},
 		GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
 		Timeout:       40 * time.Minute,
 	})
@@ -222,7 +262,8 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	pdata, _ := yaml.Marshal(params)
 	gptData, _ := yaml.Marshal(rawParams["graw"])
 	wholeData, _ := yaml.Marshal(rawParams["gwhole"])
-	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "raw-params.yaml": gptData, "whole-params.yaml": wholeData}
+	zfsData, _ := yaml.Marshal(zfsParams)
+	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "raw-params.yaml": gptData, "whole-params.yaml": wholeData, "zfs-params.yaml": zfsData}
 	for _, f := range []string{filepath.Join(work, "plinth"), filepath.Join(work, "apimux"), filepath.Join(work, "csi.test"), sanity} {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -238,6 +279,8 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	share := guest.SharePath
 	g.sh(time.Minute, fmt.Sprintf("cp %s/apimux %s/plinth %s/csi-sanity %s/csi.test /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %s:6443 >/tmp/apimux.log 2>&1 &)",
 		share, share, share, share, guest.GuestForwardAddr))
+	// the zpool exists before the agent starts (Plinth creates datasets, not pools)
+	g.sh(time.Minute, "zpool create -f -o ashift=12 "+guestZpool+" /dev/vdf")
 	g.sh(time.Minute, fmt.Sprintf("/tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/agent-state --refresh-interval 10s "+
 		"--metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >/tmp/agent.log 2>&1 &", csiGuestNode, share))
 	g.sh(time.Minute, fmt.Sprintf("mkdir -p /tmp/csi && /tmp/plinth csi --mode all --endpoint unix://%s --node-name %s --kubeconfig %s/kubeconfig "+
@@ -258,7 +301,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		errS := c.Get(ctx, client.ObjectKey{Name: store}, &st)
 		errN := c.Get(ctx, client.ObjectKey{Name: csiGuestNode}, &n)
 		rawReady := true
-		for _, name := range rawStores {
+		for _, name := range append([]string{zfsStore}, rawStores...) {
 			var rs storev1.Store
 			if err := c.Get(ctx, client.ObjectKey{Name: name}, &rs); err != nil || !apimeta.IsStatusConditionTrue(rs.Status.Conditions, "Ready") {
 				rawReady = false
@@ -367,6 +410,27 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		}
 	})
 
+	// csi-sanity's snapshot, restore and clone specs on the ZFS class: zfs snapshot, zfs clone
+	// and the deferred destruction of a snapshot with clones (the LVM run covers the rest).
+	t.Run("ZFSSnapshotSanity", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		start := time.Now()
+		out, code := g.try(30*time.Minute, fmt.Sprintf("mkdir -p /tmp/zsanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/zfs-params.yaml "+
+			"--csi.mountdir=/tmp/zsanity/mount --csi.stagingdir=/tmp/zsanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
+			"--ginkgo.no-color --ginkgo.timeout=25m --ginkgo.focus='%s' %s 2>&1", guestSocket, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/zfs-sanity-report.json")))
+		t.Logf("TIMING csi-sanity ZFS snapshots in the guest %s", time.Since(start).Round(time.Second))
+		m := sanitySummary.FindStringSubmatch(out)
+		if code != 0 || m == nil {
+			t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
+		}
+		t.Logf("csi-sanity snapshot specs on ZFS in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
+		checkZFSSanityReport(t, filepath.Join(gg.ShareDir(), "zfs-sanity-report.json"))
+		// the agent destroys in the background of the finalizers: wait up to 2 minutes
+		if n := strings.TrimSpace(g.sh(3*time.Minute, "for i in $(seq 120); do n=$(zfs list -H -t snapshot -o name -r "+guestZpool+" | wc -l); [ \"$n\" = 0 ] && break; sleep 1; done; echo $n")); n != "0" {
+			t.Errorf("%s zfs snapshots left 2 minutes after the snapshot specs", n)
+		}
+	})
+
 	t.Run("Raw", func(t *testing.T) {
 		g := csiGuest{t, gg}
 		start := time.Now()
@@ -389,7 +453,7 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, vs := range list.Items {
-			if vs.Spec.StoreName == store || slices.Contains(rawStores, vs.Spec.StoreName) {
+			if vs.Spec.StoreName == store || vs.Spec.StoreName == zfsStore || slices.Contains(rawStores, vs.Spec.StoreName) {
 				t.Errorf("VolumeState %s left behind (phase %s)", vs.Name, vs.Status.Phase)
 			}
 		}
@@ -397,10 +461,11 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		out, code := g.try(5*time.Minute, `for i in $(seq 120); do n=$(lvs --noheadings -o lv_name plinth-csi | grep -vc '^ *pool$'); [ "$n" = 0 ] && break; sleep 1; done
 lvs --noheadings -o lv_name plinth-csi | grep -v '^ *pool$'
 for d in /sys/class/nvme-subsystem /sys/kernel/config/nvmet/subsystems `+guestStateDir+`; do ls -A $d 2>/dev/null; done
-grep ' /tmp/sanity\| /tmp/rsanity\| /tmp/ig' /proc/self/mountinfo
+zfs list -H -t all -o name -r `+guestZpool+` | grep -v '^`+guestZpool+`$\|^`+guestZpool+`/csi$'
+grep ' /tmp/sanity\| /tmp/rsanity\| /tmp/zsanity\| /tmp/ig' /proc/self/mountinfo
 for d in `+strings.Join(append(append([]string{}, guestRawGPTDisks...), guestRawWholeDisks...), " ")+`; do sfdisk --json $d | grep '"node"'; done; true`)
 		if code != 0 || strings.TrimSpace(out) != "" {
-			t.Errorf("left in the guest (LVs, NVMe subsystems, nvmet subsystems, stage records, mounts, raw partitions):\n%s", out)
+			t.Errorf("left in the guest (LVs, NVMe subsystems, nvmet subsystems, stage records, zvols and snapshots, mounts, raw partitions):\n%s", out)
 		}
 	})
 }
