@@ -6,8 +6,11 @@
 // agents write them into nvmet's host entries; the node's CSI node plugin presents them when
 // it connects.
 //
-// A Secret is made anew (new keys) when the node's host NQN changes or when the hash of the
-// Protocols changes (the key length follows it); it is
+// A Secret gets new keys when the node's host NQN changes, when the hash of the Protocols
+// changes (the key length follows it) and when their keyGeneration rises above the one the
+// Secret was made for (annotation plinth.dev/dhchap-key-generation): a rotation asked in Git.
+// The keys are replaced in the same Secret, with a new key id (plinth.dev/dhchap-key-id) that
+// agents and node plugins compare to order the switch: storage nodes first, then hosts. It is
 // deleted with its Node (it is also owned by the Node, for the garbage collector). Turning
 // authentication off in Git keeps the Secrets: volumes keep the policy they were created with.
 // Secret data never reaches logs, events or conditions; only names do.
@@ -17,6 +20,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -52,10 +56,12 @@ type Reconciler struct {
 
 // Wanted is the authentication the Protocols ask for: On when one has mode DHHMACCHAP; Hash
 // ("sha256", "sha384", "sha512") of those (the first by name decides: plinth vet refuses
-// Protocols that disagree).
+// Protocols that disagree); KeyGeneration the highest keyGeneration among them (vet refuses
+// disagreeing ones too; the highest wins so that a rotation is never undone by a lagging one).
 type Wanted struct {
-	On   bool
-	Hash string
+	On            bool
+	Hash          string
+	KeyGeneration int64
 }
 
 // WantedOf computes Wanted from the Protocols.
@@ -66,11 +72,13 @@ func WantedOf(protocols []policyv1.Protocol) Wanted {
 		if p.Spec.NVMeoFTCP == nil || !p.Spec.NVMeoFTCP.Auth.Enabled() {
 			continue
 		}
-		w.On, w.Hash = true, p.Spec.NVMeoFTCP.Auth.Hash
-		if w.Hash == "" {
-			w.Hash = "sha256"
+		if !w.On {
+			w.On, w.Hash = true, p.Spec.NVMeoFTCP.Auth.Hash
+			if w.Hash == "" {
+				w.Hash = "sha256"
+			}
 		}
-		break
+		w.KeyGeneration = max(w.KeyGeneration, p.Spec.NVMeoFTCP.Auth.KeyGeneration)
 	}
 	return w
 }
@@ -151,8 +159,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !exists && !w.On {
 		return ctrl.Result{}, nil
 	}
-	if exists && (!w.On || sec.Annotations[nvmeauth.AnnotationHostNQN] == nqn && sec.Annotations[nvmeauth.AnnotationHash] == w.Hash) {
-		return ctrl.Result{}, nil // up to date, or kept for the volumes made while auth was on
+	if exists && !w.On {
+		return ctrl.Result{}, nil // kept for the volumes made while auth was on
+	}
+	why := renewal(&sec, exists, nqn, w)
+	if why == "" {
+		if sec.Annotations[nvmeauth.AnnotationKeyID] != "" {
+			return ctrl.Result{}, nil // up to date
+		}
+		// made before key ids existed: name its keys (unchanged) so that agents can report them
+		id, err := nvmeauth.NewKeyID()
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if sec.Annotations == nil {
+			sec.Annotations = map[string]string{}
+		}
+		sec.Annotations[nvmeauth.AnnotationKeyID] = id
+		log.Info("naming the keys of a DH-HMAC-CHAP Secret (keys unchanged)", "secret", key, "node", node.Name)
+		return ctrl.Result{}, r.Client.Update(ctx, &sec)
+	}
+	keyID, err := nvmeauth.NewKeyID()
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	hostKey, err := nvmeauth.Generate(w.Hash)
 	if err != nil {
@@ -165,13 +194,33 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	sec.Namespace, sec.Name = r.Namespace, name
 	sec.Type = SecretType
 	sec.Labels = map[string]string{policyv1.LabelManagedBy: "plinth", nvmeauth.LabelComponent: nvmeauth.ComponentValue}
-	sec.Annotations = map[string]string{annotationNode: node.Name, nvmeauth.AnnotationHostNQN: nqn, nvmeauth.AnnotationHash: w.Hash}
+	sec.Annotations = map[string]string{annotationNode: node.Name, nvmeauth.AnnotationHostNQN: nqn, nvmeauth.AnnotationHash: w.Hash,
+		nvmeauth.AnnotationKeyGeneration: strconv.FormatInt(w.KeyGeneration, 10), nvmeauth.AnnotationKeyID: keyID}
 	sec.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID, BlockOwnerDeletion: ptr.To(false)}}
 	sec.Data = map[string][]byte{nvmeauth.KeyHostSecret: []byte(hostKey), nvmeauth.KeyCtrlSecret: []byte(ctrlKey)}
 	if exists {
-		log.Info("renewing the DH-HMAC-CHAP Secret of a node (host NQN or hash changed)", "secret", key, "node", node.Name)
+		// the update is a compare-and-swap on the resourceVersion read above: a concurrent
+		// change makes it fail and the reconcile runs again on what is there
+		log.Info("renewing the DH-HMAC-CHAP keys of a node", "secret", key, "node", node.Name, "why", why, "keyGeneration", w.KeyGeneration, "keyID", keyID)
 		return ctrl.Result{}, r.Client.Update(ctx, &sec)
 	}
 	log.Info("making the DH-HMAC-CHAP Secret of a node", "secret", key, "node", node.Name)
 	return ctrl.Result{}, r.Client.Create(ctx, &sec)
+}
+
+// renewal says why sec needs new keys for a node with host NQN nqn under w, or "" when its keys
+// stand: none yet, another host NQN, another hash, or a keyGeneration below w's (a rotation).
+// A keyGeneration above w's (lowered in Git) keeps the keys.
+func renewal(sec *corev1.Secret, exists bool, nqn string, w Wanted) string {
+	switch {
+	case !exists:
+		return "no Secret yet"
+	case sec.Annotations[nvmeauth.AnnotationHostNQN] != nqn:
+		return "host NQN changed"
+	case sec.Annotations[nvmeauth.AnnotationHash] != w.Hash:
+		return "hash changed"
+	case nvmeauth.KeyGenerationOf(sec.Annotations) < w.KeyGeneration:
+		return fmt.Sprintf("keyGeneration raised from %d", nvmeauth.KeyGenerationOf(sec.Annotations))
+	}
+	return ""
 }

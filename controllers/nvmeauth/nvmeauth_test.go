@@ -30,3 +30,14 @@ func TestWantedOf(t *testing.T) {
 		}
 	}
 }
+
+func TestWantedKeyGeneration(t *testing.T) {
+	on := func(gen int64) *policyv1.NVMeoFAuth {
+		return &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP, KeyGeneration: gen}
+	}
+	// the highest keyGeneration of the Protocols with auth; a Protocol without auth has none
+	got := WantedOf([]policyv1.Protocol{proto("a", on(1)), proto("b", on(3)), proto("c", &policyv1.NVMeoFAuth{Mode: policyv1.AuthNone, KeyGeneration: 9})})
+	if want := (Wanted{On: true, Hash: "sha256", KeyGeneration: 3}); got != want {
+		t.Errorf("%+v, want %+v", got, want)
+	}
+}

@@ -14,9 +14,11 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strconv"
 	"strings"
 )
 
@@ -35,6 +37,15 @@ const (
 	// AnnotationHash on the Secret is the policy hash the secrets were made for (sha256,
 	// sha384, sha512): their length follows it (32, 48, 64 bytes).
 	AnnotationHash = "plinth.dev/dhchap-hash"
+	// AnnotationKeyGeneration on the Secret is the policy keyGeneration
+	// (Protocol spec.nvmeofTcp.auth.keyGeneration) its secrets were made for, in decimal;
+	// absent is 0. The controller makes new secrets when the policy's is higher.
+	AnnotationKeyGeneration = "plinth.dev/dhchap-key-generation"
+	// AnnotationKeyID on the Secret names its current secrets: a random id (16 hex digits, no
+	// relation to the secrets) made anew with them. Agents report the key id each host entry
+	// holds (Agent status.hostKeys); a node plugin hands new secrets to its live controllers
+	// only once the storage node reports the Secret's key id.
+	AnnotationKeyID = "plinth.dev/dhchap-key-id"
 	// LabelComponent is set to ComponentValue on every such Secret: the controller lists and
 	// prunes by it and never touches another Secret.
 	LabelComponent = "plinth.dev/component"
@@ -147,4 +158,24 @@ func Generate(hash string) (string, error) {
 		return "", fmt.Errorf("random key: %w", err)
 	}
 	return Encode(key)
+}
+
+// NewKeyID returns a random key id for AnnotationKeyID: 16 hex digits from crypto/rand,
+// unrelated to the secrets it names.
+func NewKeyID() (string, error) {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("random key id: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// KeyGenerationOf returns the AnnotationKeyGeneration of a Secret's annotations: 0 when absent
+// or not a non-negative decimal number (a Secret made before rotation existed).
+func KeyGenerationOf(annotations map[string]string) int64 {
+	n, err := strconv.ParseInt(annotations[AnnotationKeyGeneration], 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }

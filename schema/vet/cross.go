@@ -154,10 +154,11 @@ func (d *Document) Position(path ...string) (file string, line, column int) {
 	return p.File, p.Line, p.Column
 }
 
-// authAgreement: every Protocol with DH-HMAC-CHAP names the same hash and dhGroup. The kernel's
-// target keeps one setting per host entry (hosts/<hostnqn>/dhchap_hash, dhchap_dhgroup), shared
-// by every subsystem that allows the host, and the controller makes one secret per host whose
-// length follows the hash: two settings would overwrite each other.
+// authAgreement: every Protocol with DH-HMAC-CHAP names the same hash, dhGroup and
+// keyGeneration. The kernel's target keeps one setting per host entry
+// (hosts/<hostnqn>/dhchap_hash, dhchap_dhgroup), shared by every subsystem that allows the host,
+// and the controller makes one secret per host whose length follows the hash: two settings would overwrite each other. One keyGeneration, because
+// the host has one key: a rotation asked by one Protocol rotates it for all.
 func authAgreement(docs []*vetted) []Problem {
 	var ps []Problem
 	var first *vetted
@@ -187,6 +188,12 @@ func authAgreement(docs []*vetted) []Problem {
 			ps = append(ps, at(vd.doc, []string{"spec", "nvmeofTcp", "auth"},
 				fmt.Sprintf("Protocol %q at %s authenticates with hash %s and dhGroup %s, this one with %s and %s: every Protocol with DHHMACCHAP must use the same (the kernel keeps one setting per host)",
 					first.doc.Name, where(first.doc), hash(a.Hash), group(a.DHGroup), hash(b.Hash), group(b.DHGroup))))
+		}
+		if a.KeyGeneration != b.KeyGeneration {
+			// an unset keyGeneration points at the auth block that would hold it
+			ps = append(ps, at(vd.doc, []string{"spec", "nvmeofTcp", "auth", "keyGeneration"},
+				fmt.Sprintf("Protocol %q at %s has keyGeneration %d, this one %d: every Protocol with DHHMACCHAP must name the same (a host has one key; rotate by raising it in all of them)",
+					first.doc.Name, where(first.doc), a.KeyGeneration, b.KeyGeneration)))
 		}
 	}
 	return ps

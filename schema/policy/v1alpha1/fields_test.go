@@ -47,6 +47,7 @@ var fieldReaders = map[string]fieldReader{
 	"Protocol.spec.nvmeofTcp.auth.hash":                 {"agents/agent/auth.go", "nvmeauth.KernelHash(p.Auth.Hash)"},
 	"Protocol.spec.nvmeofTcp.auth.dhGroup":              {"agents/agent/auth.go", "nvmeauth.KernelDHGroup(p.Auth.DHGroup)"},
 	"Protocol.spec.nvmeofTcp.auth.bidirectional":        {"csi/controller.go", "t.Auth.Bidirectional"},
+	"Protocol.spec.nvmeofTcp.auth.keyGeneration":        {"controllers/nvmeauth/nvmeauth.go", "p.Spec.NVMeoFTCP.Auth.KeyGeneration"},
 	"Placement.spec.poolRef.name":                       {"controllers/render/render.go", "pl.Spec.PoolRef.Name"},
 	"Placement.spec.protocolRef.name":                   {"controllers/render/render.go", "pl.Spec.ProtocolRef.Name"},
 	"Placement.spec.storageClass.name":                  {"controllers/policy/steps.go", "pl.Spec.StorageClass.Name"},

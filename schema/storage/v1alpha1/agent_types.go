@@ -27,6 +27,22 @@ type NVMeoFEndpoint struct {
 	// without it).
 	// +optional
 	Auth bool `json:"auth,omitempty"`
+	// AuthKeyGeneration is the keyGeneration of those Protocols (spec.nvmeofTcp.auth): when it
+	// rises, the agent reads its hosts' Secrets again and writes the new secrets into nvmet's
+	// host entries as soon as the controller has made them (status.hostKeys reports each).
+	// +optional
+	AuthKeyGeneration int64 `json:"authKeyGeneration,omitempty"`
+}
+
+// HostKey names the DH-HMAC-CHAP secrets an agent last wrote into nvmet's host entry of one
+// host: the key id of the host Secret they came from (its plinth.dev/dhchap-key-id
+// annotation), never the secrets.
+type HostKey struct {
+	// HostNQN is the host entry's NQN (hosts/<hostnqn>).
+	HostNQN string `json:"hostNQN"`
+	// KeyID is the plinth.dev/dhchap-key-id annotation of the Secret whose secrets the entry
+	// holds.
+	KeyID string `json:"keyID"`
 }
 
 // Values of AgentCapabilities.NVMeAuth and NVMeTLS.
@@ -81,6 +97,14 @@ type AgentStatus struct {
 	// Version of the agent binary.
 	// +optional
 	Version string `json:"version,omitempty"`
+	// HostKeys lists, for each host entry this agent wrote DH-HMAC-CHAP secrets into since it
+	// started, which Secret key id the entry holds. A host's node plugin hands rotated secrets
+	// to its live controllers only once the agent of the storage node they connect to lists the
+	// Secret's current key id for it (the target must hold a key before a host presents it).
+	// +optional
+	// +listType=map
+	// +listMapKey=hostNQN
+	HostKeys []HostKey `json:"hostKeys,omitempty"`
 	// LastHeartbeatTime is when the agent last reported.
 	// +optional
 	LastHeartbeatTime *metav1.Time `json:"lastHeartbeatTime,omitempty"`
