@@ -182,4 +182,3 @@ func TestReconcileRotatesOnKeyGeneration(t *testing.T) {
 		t.Errorf("a DHHC-1 value appears in the reconciler's log:\n%s", logged)
 	}
 }
-
