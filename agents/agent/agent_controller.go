@@ -14,7 +14,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/plinth-storage/plinth/internal/hostnqn"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -34,7 +37,43 @@ func (r *agentReconciler) setup(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("agent").
 		For(&storev1.Agent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// the volume reconciler asks for a report when a host entry got other secrets
+		WatchesRawSource(source.Channel(r.agentWake, &handler.EnqueueRequestForObject{})).
 		Complete(r)
+}
+
+// followKeyGeneration takes the Agent's spec.nvmeof.authKeyGeneration; when it rose, it wakes
+// every VolumeState of the node whose protocol asks for DH-HMAC-CHAP, so that each reads its
+// hosts' Secrets again and writes the rotated secrets into the host entries (the agent has no
+// watch on Secrets).
+func (r *agentReconciler) followKeyGeneration(ctx context.Context, a *storev1.Agent) {
+	var gen int64
+	if a.Spec.NVMeoF != nil {
+		gen = a.Spec.NVMeoF.AuthKeyGeneration
+	}
+	if prev := r.authKeyGeneration.Swap(gen); gen <= prev {
+		return
+	}
+	var list storev1.VolumeStateList
+	if err := r.client.List(ctx, &list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "list the node's volumes for a key rotation; the next one retries")
+		r.authKeyGeneration.Store(0)
+		return
+	}
+	n := 0
+	for i := range list.Items {
+		vs := &list.Items[i]
+		if p := vs.Spec.Policy.ProtocolSpec.NVMeoFTCP; p == nil || !p.Auth.Enabled() || !vs.DeletionTimestamp.IsZero() {
+			continue
+		}
+		select {
+		case r.wake <- event.GenericEvent{Object: vs}:
+			n++
+		case <-ctx.Done():
+			return
+		}
+	}
+	ctrl.LoggerFrom(ctx).Info("DH-HMAC-CHAP keyGeneration raised: reading the hosts' Secrets again", "keyGeneration", gen, "volumes", n)
 }
 
 // Reconcile publishes what the node has (host NQN, bind address, modules,
@@ -48,6 +87,7 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, nil
 	}
 	before := a.DeepCopy()
+	r.followKeyGeneration(ctx, &a)
 	ni := r.opts.probe()
 	st := &a.Status
 	st.ObservedGeneration = a.Generation
@@ -65,6 +105,7 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	st.Version = r.opts.Version
 	st.Capabilities = storev1.AgentCapabilities{Backends: ni.Backends, KernelModules: ni.Modules, NVMeAuth: ni.NVMeAuth, NVMeTLS: ni.NVMeTLS}
+	st.HostKeys = r.reportedHostKeys()
 	now := metav1.Now()
 	st.LastHeartbeatTime = &now
 

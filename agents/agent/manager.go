@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -56,8 +57,18 @@ type node struct {
 	// (agent_controller.go); guarded by mu.
 	nqnChecked string
 
+	// agentWake asks the Agent reconciler for a report (status.hostKeys changed).
+	agentWake chan event.GenericEvent
+	// authKeyGeneration is the Agent's spec.nvmeof.authKeyGeneration as last reconciled: a
+	// host Secret made for a lower one is read again until the controller has rotated it.
+	authKeyGeneration atomic.Int64
+
 	mu     sync.Mutex
 	stores map[string]*storeRuntime
+	// hostKeys is the key id of the secrets in each host entry this process wrote or found
+	// matching its Secret (host NQN → nvmeauth.AnnotationKeyID), reported in status.hostKeys;
+	// guarded by mu.
+	hostKeys map[string]string
 	// orphanSince is when this process first saw each orphan volume, per Store
 	// (orphans.go); guarded by mu.
 	orphanSince map[string]map[string]time.Time
@@ -146,6 +157,8 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		marks:  marks,
 		target: nvmet.New(opts.NVMetRoot),
 		wake:   make(chan event.GenericEvent, 1024),
+		// one pending report is enough: it reads hostKeys when it runs
+		agentWake: make(chan event.GenericEvent, 1),
 		events: mgr.GetEventRecorder("plinth-agent"),
 		stores: map[string]*storeRuntime{},
 

@@ -162,6 +162,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	specChanged := vs.Generation != vs.Status.ObservedGeneration
 	var drift []storev1.DriftItem
 	var vol backend.Volume
+	rotationPending := false
 
 	if vs.Status.ActualBytes == 0 && store.IsDraining() {
 		// a volume of a crash before the status said so is adopted; no new one is made
@@ -245,7 +246,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 		// Hosts without a usable secret stay out of the ACL (never allowed without
 		// authentication) while the rest of the export, revocations included, goes ahead;
 		// the volume then reports them and its publications stay unobserved.
-		auth, authErr := r.hostAuth(ctx, vs)
+		auth, secrets, authErr := r.hostAuth(ctx, vs)
 		if authErr != nil && !errors.Is(authErr, errAuthSecret) {
 			r.fail(vs, ReasonExportFailed, authErr.Error())
 			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
@@ -290,9 +291,16 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 				ctrl.LoggerFrom(ctx).Error(err, "revalidate namespace size", "nqn", want.spec.NQN)
 			}
 		}
+		// the host entries now hold the secrets of these Secrets (written, or found equal)
+		r.recordHostKeys(secrets.keyIDs)
 		if authErr != nil {
 			r.fail(vs, storev1.ReasonAuthSecretMissing, authErr.Error())
 			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+		}
+		if secrets.behind {
+			// a rotation asked for (spec.nvmeof.authKeyGeneration) that the controller has not
+			// made in some host's Secret yet: read the Secrets again then (there is no watch)
+			rotationPending = true
 		}
 		vs.Status.Export = &storev1.Export{NQN: want.spec.NQN, Address: want.spec.Endpoint.Address, Port: want.port}
 		if mark.ExportBootID != r.bootID {
@@ -312,6 +320,9 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, false, ReasonNoDrift, "kernel matches the declaration")
 	setCond(&vs.Status.Conditions, vs.Generation, CondReady, true, ReasonSucceeded,
 		fmt.Sprintf("%d bytes at %s", vol.SizeBytes, dev))
+	if rotationPending {
+		return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+	}
 	return ctrl.Result{}, nil
 }
 

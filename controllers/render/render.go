@@ -101,6 +101,8 @@ func Render(in Input) (*Output, error) {
 	poolEndpointFrom := map[string]string{}
 	// pools served by a Protocol with DH-HMAC-CHAP: their nodes' agents need target auth
 	poolAuth := map[string]bool{}
+	// and the keyGeneration they rotate the hosts' secrets to (the highest, as controllers/nvmeauth)
+	poolKeyGeneration := map[string]int64{}
 	for i := range in.Placements {
 		pl := &in.Placements[i]
 		proto := protocols[pl.Spec.ProtocolRef.Name]
@@ -109,6 +111,7 @@ func Render(in Input) (*Output, error) {
 		}
 		if proto.Spec.NVMeoFTCP.Auth.Enabled() {
 			poolAuth[pl.Spec.PoolRef.Name] = true
+			poolKeyGeneration[pl.Spec.PoolRef.Name] = max(poolKeyGeneration[pl.Spec.PoolRef.Name], proto.Spec.NVMeoFTCP.Auth.KeyGeneration)
 		}
 		ep := &storev1.NVMeoFEndpoint{Port: portOrDefault(proto.Spec.NVMeoFTCP.Port), BindCIDR: proto.Spec.NVMeoFTCP.BindCIDR}
 		if prev, ok := poolEndpoint[pl.Spec.PoolRef.Name]; ok && *prev != *ep {
@@ -184,6 +187,7 @@ func Render(in Input) (*Output, error) {
 			c := *ep
 			for _, p := range agentPools[n.Name] {
 				c.Auth = c.Auth || poolAuth[p]
+				c.AuthKeyGeneration = max(c.AuthKeyGeneration, poolKeyGeneration[p])
 			}
 			a.Spec.NVMeoF = &c
 		}

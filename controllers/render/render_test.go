@@ -231,7 +231,9 @@ func TestStoreNameLong(t *testing.T) {
 }
 
 // A Protocol with DH-HMAC-CHAP marks the Agents of the nodes of its pools: they need target
-// authentication in the kernel. Another pool's nodes, and Protocols without it, are unmarked.
+// authentication in the kernel, and they get its keyGeneration (the agent reads the hosts'
+// Secrets again when it rises). Another pool's nodes, and Protocols without it (whatever
+// keyGeneration they name), are unmarked.
 func TestRenderAgentAuth(t *testing.T) {
 	acl := true
 	file := policyv1.Backend{File: &policyv1.FileBackend{Directory: "/d"}}
@@ -241,9 +243,9 @@ func TestRenderAgentAuth(t *testing.T) {
 	}
 	protos := []policyv1.Protocol{
 		{ObjectMeta: metav1.ObjectMeta{Name: "auth"}, Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "10.0.0.0/8", ACL: &acl,
-			Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP}}}},
+			Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP, KeyGeneration: 4}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Spec: policyv1.ProtocolSpec{NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "10.0.0.0/8", ACL: &acl,
-			Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthNone}}}},
+			Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthNone, KeyGeneration: 7}}}},
 	}
 	placements := []policyv1.Placement{
 		{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: policyv1.PlacementSpec{PoolRef: policyv1.LocalObjectReference{Name: "secure"}, ProtocolRef: policyv1.LocalObjectReference{Name: "auth"}, StorageClass: policyv1.StorageClassTemplate{Name: "x"}}},
@@ -255,13 +257,18 @@ func TestRenderAgentAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]bool{}
+	gens := map[string]int64{}
 	for _, a := range out.Agents {
 		if a.Spec.NVMeoF == nil {
 			t.Fatalf("Agent %s has no NVMe-oF endpoint", a.Name)
 		}
 		got[a.Name] = a.Spec.NVMeoF.Auth
+		gens[a.Name] = a.Spec.NVMeoF.AuthKeyGeneration
 	}
 	if !got["s1"] || got["o1"] || len(got) != 2 {
 		t.Errorf("Agents' nvmeof.auth: %v, want s1 true, o1 false", got)
+	}
+	if gens["s1"] != 4 || gens["o1"] != 0 {
+		t.Errorf("Agents' nvmeof.authKeyGeneration: %v, want s1 4, o1 0", gens)
 	}
 }
