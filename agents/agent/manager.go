@@ -159,8 +159,8 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		wake:   make(chan event.GenericEvent, 1024),
 		// one pending report is enough: it reads hostKeys when it runs
 		agentWake: make(chan event.GenericEvent, 1),
-		events: mgr.GetEventRecorder("plinth-agent"),
-		stores: map[string]*storeRuntime{},
+		events:    mgr.GetEventRecorder("plinth-agent"),
+		stores:    map[string]*storeRuntime{},
 
 		orphanSince: map[string]map[string]time.Time{},
 	}
