@@ -252,6 +252,8 @@ func (d *Driver) Run(ctx context.Context) error {
 		}
 		if d.opts.VolumeHealthInterval > 0 {
 			go d.monitorVolumes(ctx, d.opts.VolumeHealthInterval)
+			// on the same period: both only read sysfs while nothing needs the API
+			go d.followKeyRotation(ctx, d.opts.VolumeHealthInterval)
 		}
 	}
 	lis, err := listen(d.opts.Endpoint)

@@ -429,3 +429,89 @@ func HostIDFor(hostNQN string) string {
 }
 
 var uuidRe = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// AuthController is a live NVMe-oF/TCP controller of this node that authenticated with
+// DH-HMAC-CHAP: its sysfs attributes (/sys/class/nvme/<Name>/…). The secrets are what the
+// kernel holds for it (dhchap_secret, dhchap_ctrl_secret; "" when it has none); never printed.
+type AuthController struct {
+	// Name is the controller's name, nvme<X>.
+	Name string
+	// SubsysNQN is the subsystem NQN (subsysnqn).
+	SubsysNQN string
+	// Address is the target address (traddr of the address attribute).
+	Address string
+	// State is the controller state (state), such as live or connecting.
+	State string
+	// Secret and CtrlSecret are dhchap_secret and dhchap_ctrl_secret.
+	Secret, CtrlSecret string
+}
+
+// AuthControllers lists the tcp controllers made with hostNQN that hold a DH-HMAC-CHAP host
+// secret (dhchap_secret is neither "none" nor empty; Linux shows it to root only), sorted by
+// name. A node without NVMe has none.
+func (in *Initiator) AuthControllers(hostNQN string) ([]AuthController, error) {
+	base := in.sys("class", "nvme")
+	entries, err := os.ReadDir(base)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", base, err)
+	}
+	var out []AuthController
+	for _, e := range entries {
+		if !ctrlName.MatchString(e.Name()) {
+			continue
+		}
+		dir := filepath.Join(base, e.Name())
+		if readAttr(filepath.Join(dir, "transport")) != "tcp" || readAttr(filepath.Join(dir, "hostnqn")) != hostNQN {
+			continue
+		}
+		secret := readAttr(filepath.Join(dir, "dhchap_secret"))
+		if secret == "" || secret == "none" {
+			continue
+		}
+		c := AuthController{Name: e.Name(), SubsysNQN: readAttr(filepath.Join(dir, "subsysnqn")), State: readAttr(filepath.Join(dir, "state")), Secret: secret}
+		if cs := readAttr(filepath.Join(dir, "dhchap_ctrl_secret")); cs != "none" {
+			c.CtrlSecret = cs
+		}
+		for _, kv := range strings.Split(readAttr(filepath.Join(dir, "address")), ",") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "traddr="); ok {
+				c.Address = v
+			}
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b AuthController) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// Reauthenticate hands new DH-HMAC-CHAP secrets to the live controller name: ctrlSecret (when
+// not "") to dhchap_ctrl_secret, then secret to dhchap_secret. Each write makes the kernel
+// re-authenticate the controller's queues with what it then holds
+// (drivers/nvme/host/sysfs.c nvme_ctrl_dhchap_secret_store queues dhchap_auth_work; Linux ≥ 6.0
+// with CONFIG_NVME_HOST_AUTH); the connection stays up when the target accepts, and the
+// target drops it when it refuses (the host then reconnects with the secrets it holds). The
+// kernel accepts a new secret only on a controller that connected with one. Errors name the
+// attribute, never the secret.
+func (in *Initiator) Reauthenticate(name, secret, ctrlSecret string) error {
+	dir := in.sys("class", "nvme", name)
+	if ctrlSecret != "" {
+		if err := in.write(filepath.Join(dir, "dhchap_ctrl_secret"), []byte(ctrlSecret)); err != nil {
+			return fmt.Errorf("write %s/dhchap_ctrl_secret: %w", dir, unwrapPath(err))
+		}
+	}
+	if err := in.write(filepath.Join(dir, "dhchap_secret"), []byte(secret)); err != nil {
+		return fmt.Errorf("write %s/dhchap_secret: %w", dir, unwrapPath(err))
+	}
+	return nil
+}
+
+// unwrapPath drops the path of an *os.PathError (the caller names it once).
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}

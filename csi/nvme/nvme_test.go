@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -262,5 +263,56 @@ func TestSubsystemNQNsOfVolume(t *testing.T) {
 	}
 	if _, err := in.SubsystemNQNsOfVolume(""); err == nil {
 		t.Error("empty volume id: no error")
+	}
+}
+
+// AuthControllers lists the tcp controllers of the host NQN that hold a DH-HMAC-CHAP secret
+// (as Linux shows them: "none" without), with their target address and secrets; Reauthenticate
+// writes the controller secret before the host secret, exactly the Secret's bytes (no newline),
+// and only the host secret for a unidirectional controller.
+func TestAuthControllersAndReauthenticate(t *testing.T) {
+	k := newFakeKernel(t)
+	const host, other = "nqn.2014-08.org.nvmexpress:uuid:a", "nqn.2014-08.org.nvmexpress:uuid:b"
+	k.connect("nqn.x:v1", host, "traddr=192.0.2.6,trsvcid=4420,src_addr=192.0.2.9") // nvme0: bidirectional
+	k.connect("nqn.x:v2", host, "traddr=192.0.2.7,trsvcid=4420")                    // nvme1: no auth
+	k.connect("nqn.x:v3", other, "traddr=192.0.2.6,trsvcid=4420")                   // nvme2: another host
+	k.connect("nqn.x:v4", host, "traddr=192.0.2.6,trsvcid=4420")                    // nvme3: unidirectional
+	set := func(c, attr, v string) { k.write(filepath.Join(k.sys, "class", "nvme", c, attr), v) }
+	set("nvme0", "dhchap_secret", "DHHC-1:00:old:")
+	set("nvme0", "dhchap_ctrl_secret", "DHHC-1:00:oldctrl:")
+	set("nvme0", "state", "live")
+	set("nvme1", "dhchap_secret", "none")
+	set("nvme1", "dhchap_ctrl_secret", "none")
+	set("nvme2", "dhchap_secret", "DHHC-1:00:b:")
+	set("nvme3", "dhchap_secret", "DHHC-1:00:old3:")
+	set("nvme3", "dhchap_ctrl_secret", "none")
+	var writes []string
+	in := &Initiator{SysRoot: k.sys, WriteFile: func(p string, data []byte) error {
+		writes = append(writes, filepath.Base(filepath.Dir(p))+"/"+filepath.Base(p)+"="+string(data))
+		return nil
+	}}
+	got, err := in.AuthControllers(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []AuthController{
+		{Name: "nvme0", SubsysNQN: "nqn.x:v1", Address: "192.0.2.6", State: "live", Secret: "DHHC-1:00:old:", CtrlSecret: "DHHC-1:00:oldctrl:"},
+		{Name: "nvme3", SubsysNQN: "nqn.x:v4", Address: "192.0.2.6", Secret: "DHHC-1:00:old3:"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("AuthControllers:\n got %+v\nwant %+v", got, want)
+	}
+	if err := in.Reauthenticate("nvme0", "DHHC-1:00:new:", "DHHC-1:00:newctrl:"); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Reauthenticate("nvme3", "DHHC-1:00:new:", ""); err != nil {
+		t.Fatal(err)
+	}
+	if w := []string{"nvme0/dhchap_ctrl_secret=DHHC-1:00:newctrl:", "nvme0/dhchap_secret=DHHC-1:00:new:", "nvme3/dhchap_secret=DHHC-1:00:new:"}; !slices.Equal(writes, w) {
+		t.Errorf("writes %q, want %q", writes, w)
+	}
+	in.WriteFile = func(string, []byte) error { return &os.PathError{Op: "write", Path: "x", Err: syscall.EINVAL} }
+	if err := in.Reauthenticate("nvme0", "DHHC-1:00:new:", ""); err == nil || strings.Contains(err.Error(), "DHHC-1") {
+		t.Errorf("a refused write: %v, want an error that names the attribute, not the secret", err)
 	}
 }
