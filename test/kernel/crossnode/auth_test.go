@@ -185,6 +185,10 @@ done; true`, v.nqn)); strings.Fields(out) == nil || strings.Fields(out)[0] != ho
 		t.Errorf("plain volume: read back %s, wrote %s", got, psum)
 	}
 
+	t.Run("KeyRotation", func(t *testing.T) {
+		s.testKeyRotation(t, r, v, plain, hostKey, ctrlKey, map[*volume]string{v: sum, plain: psum})
+	})
+
 	for _, x := range []*volume{plain, v} {
 		s.unstage(t, s.nodeA, x)
 		if _, err := s.ctrl.ControllerUnpublishVolume(ctx, &csipb.ControllerUnpublishVolumeRequest{VolumeId: x.id, NodeId: workerA}); err != nil {
@@ -210,4 +214,168 @@ func (s *suite) hostEntry(t *testing.T, nqn string) map[string]string {
 		}
 	}
 	return m
+}
+
+// Expected: raising keyGeneration in the Protocol (a Git change) while v (bidirectional auth)
+// and plain (no auth, but A presents its key: the shared host entry asks for it) are staged on
+// worker A: the controller's reconciler replaces both secrets in A's Secret (new key id,
+// keyGeneration 1); once the Agent's spec carries the generation (as the policy controller
+// renders it), the storage node's agent writes the new secrets into A's host entry (read back
+// from configfs) and reports the new key id for A in status.hostKeys; only then A's node plugin
+// hands the new secrets to both live controllers (read back from sysfs) and the kernel
+// re-authenticates them ("re-authenticating controller" in the worker's kernel log; none
+// failed for the unidirectional one). Both controllers are the same and live afterwards, the
+// files written before read back equal and new writes verify. A controller reset (a full
+// connect, authenticated with what the kernel now holds) comes back live. Another kernel
+// presenting A's host NQN is refused with the old secret and admitted with the new one.
+func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *volume, oldKey, oldCtrlKey string, sums map[*volume]string) {
+	ctx := t.Context()
+	class := pool + "-auth"
+	before := map[*volume]string{}
+	for _, x := range []*volume{v, plain} {
+		a := s.controllerAttrs(t, s.worker, x.nqn)
+		if len(a) != 1 || a[0]["state"] != "live" {
+			t.Fatalf("controllers of %s before the rotation: %v, want one live", x.nqn, a)
+		}
+		before[x] = a[0]["name"]
+	}
+	var sec0 corev1.Secret
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: authkeys.SecretName(workerA)}, &sec0); err != nil {
+		t.Fatal(err)
+	}
+	s.worker.sh(t, time.Minute, "echo plinth-key-rotation-start > /dev/kmsg")
+	s.storage.sh(t, time.Minute, "echo plinth-key-rotation-start > /dev/kmsg")
+	t0 := time.Now()
+
+	// The Git change: keyGeneration 0 → 1 in the Protocol, then the controller's reconcile.
+	var p policyv1.Protocol
+	if err := s.c.Get(ctx, client.ObjectKey{Name: class}, &p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.NVMeoFTCP.Auth.KeyGeneration = 1
+	if err := s.c.Update(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKey{Name: workerA}}); err != nil {
+		t.Fatalf("nvme-auth reconcile of %s: %v", workerA, err)
+	}
+	var sec corev1.Secret
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: authkeys.SecretName(workerA)}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	newKey, newCtrlKey := string(sec.Data[authkeys.KeyHostSecret]), string(sec.Data[authkeys.KeyCtrlSecret])
+	keyID := sec.Annotations[authkeys.AnnotationKeyID]
+	if newKey == oldKey || newCtrlKey == oldCtrlKey || keyID == "" || keyID == sec0.Annotations[authkeys.AnnotationKeyID] ||
+		sec.Annotations[authkeys.AnnotationKeyGeneration] != "1" || sec.UID != sec0.UID {
+		t.Fatalf("Secret after keyGeneration 1: new host secret %v, new controller secret %v, key id %q (was %q), annotations %v, same Secret %v",
+			newKey != oldKey, newCtrlKey != oldCtrlKey, keyID, sec0.Annotations[authkeys.AnnotationKeyID], sec.Annotations, sec.UID == sec0.UID)
+	}
+	// The policy controller renders the generation into the storage node's Agent.
+	var a storev1.Agent
+	if err := s.c.Get(ctx, client.ObjectKey{Name: storageNode}, &a); err != nil {
+		t.Fatal(err)
+	}
+	a.Spec.NVMeoF.AuthKeyGeneration = 1
+	if err := s.c.Update(ctx, &a); err != nil {
+		t.Fatal(err)
+	}
+
+	// The target first: A's host entry holds the new secrets, and the agent says so.
+	controlplane.Eventually(t, 3*time.Minute, time.Second, "the storage node's host entry of A holds the new secrets", func() error {
+		e := s.hostEntry(t, hostNQNA)
+		if e["dhchap_key"] != newKey || e["dhchap_ctrl_key"] != newCtrlKey {
+			return fmt.Errorf("host entry: new key %v, new controller key %v", e["dhchap_key"] == newKey, e["dhchap_ctrl_key"] == newCtrlKey)
+		}
+		if err := s.c.Get(ctx, client.ObjectKey{Name: storageNode}, &a); err != nil {
+			return err
+		}
+		for _, k := range a.Status.HostKeys {
+			if k.HostNQN == hostNQNA && k.KeyID == keyID {
+				return nil
+			}
+		}
+		return fmt.Errorf("Agent status.hostKeys %v, want %s with key id %s", a.Status.HostKeys, hostNQNA, keyID)
+	})
+	targetAt := time.Since(t0)
+	for _, k := range a.Status.HostKeys {
+		if strings.Contains(k.KeyID, "DHHC-1") {
+			t.Errorf("Agent status.hostKeys carries a secret")
+		}
+	}
+
+	// Then the host: both live controllers hold the new secrets (sysfs, as the kernel has them).
+	secretsOf := func(nqn string) []string {
+		return strings.Fields(s.worker.sh(t, time.Minute, fmt.Sprintf(`for c in /sys/class/nvme-subsystem/*/nvme*; do
+  [ "$(cat $c/subsysnqn 2>/dev/null)" = %q ] && { cat $c/dhchap_secret; cat $c/dhchap_ctrl_secret; }
+done; true`, nqn)))
+	}
+	controlplane.Eventually(t, 3*time.Minute, time.Second, "worker A's controllers hold the new secrets", func() error {
+		if got := secretsOf(v.nqn); len(got) != 2 || got[0] != newKey || got[1] != newCtrlKey {
+			return fmt.Errorf("controller of %s: %d values, new host secret %v, new controller secret %v", v.nqn, len(got), len(got) > 0 && got[0] == newKey, len(got) > 1 && got[1] == newCtrlKey)
+		}
+		if got := secretsOf(plain.nqn); len(got) != 2 || got[0] != newKey || got[1] != "none" {
+			return fmt.Errorf("controller of %s: %d values, new host secret %v, controller secret none %v", plain.nqn, len(got), len(got) > 0 && got[0] == newKey, len(got) > 1 && got[1] == "none")
+		}
+		return nil
+	})
+	t.Logf("MEASURE key rotation: target holds the new secrets %s after the Git change, hosts' controllers %s", targetAt.Round(100*time.Millisecond), time.Since(t0).Round(100*time.Millisecond))
+	for _, x := range []*volume{v, plain} {
+		after := s.waitController(t, s.worker, x.nqn, "controller live after the rotation", 2*time.Minute, stateIs("live"))
+		if after[0]["name"] != before[x] {
+			t.Errorf("controller of %s is %s after the rotation, was %s: removed and made anew", x.nqn, after[0]["name"], before[x])
+		}
+	}
+	klog := s.worker.sh(t, time.Minute, "dmesg | sed -n '/plinth-key-rotation-start/,$p' | grep -E 'authenticat|nvme' | tail -n 80; true")
+	t.Logf("worker kernel since the rotation:\n%s", klog)
+	for x, what := range map[*volume]string{v: "bidirectional", plain: "unidirectional"} {
+		if !strings.Contains(klog, before[x]+": re-authenticating controller") {
+			t.Errorf("%s controller %s: no re-authentication in the worker's kernel log", what, before[x])
+		}
+	}
+	if strings.Contains(klog, before[plain]+": qid 0: authentication failed") {
+		t.Errorf("the unidirectional controller %s failed to re-authenticate with the new secret", before[plain])
+	}
+	if out, _ := s.storage.try(time.Minute, "dmesg | sed -n '/plinth-key-rotation-start/,$p' | grep -i -E 'dhchap|authenticat|mismatch|failure' | tail -n 10"); out != "" {
+		t.Logf("storage kernel since the rotation:\n%s", out)
+	}
+	for x, want := range sums {
+		if got := s.readSum(t, s.worker, x, "data"); got != want {
+			t.Errorf("%s after the rotation reads %s, wrote %s", x.nqn, got, want)
+		}
+		sum := s.writeFile(t, x, "rotated", 2)
+		if got := s.readSum(t, s.worker, x, "rotated"); got != sum {
+			t.Errorf("%s: written after the rotation %s, read back %s", x.nqn, sum, got)
+		}
+	}
+
+	// A full connect with what the kernel now holds: reset v's controller.
+	s.worker.sh(t, time.Minute, "echo 1 > /sys/class/nvme/"+before[v]+"/reset_controller")
+	s.waitController(t, s.worker, v.nqn, "controller live after a reset with the new secrets", 2*time.Minute, stateIs("live"))
+	if got := s.readSum(t, s.worker, v, "data"); got != sums[v] {
+		t.Errorf("after the reset reads %s, wrote %s", got, sums[v])
+	}
+
+	// Another kernel with A's host NQN: the old secret is refused, the new one admitted.
+	connect := func(secret string) (string, int) {
+		return s.storage.try(2*time.Minute, fmt.Sprintf("nvme connect -t tcp -a %s -s %d -n %s --hostnqn=%s --hostid=%s --dhchap-secret=%s",
+			storageAddr, nvmePort, v.nqn, hostNQNA, impersonatorHostID, secret))
+	}
+	impostors := func() int {
+		n := 0
+		for _, c := range s.controllerAttrs(t, s.storage, v.nqn) {
+			if c["hostnqn"] == hostNQNA {
+				n++
+			}
+		}
+		return n
+	}
+	if out, code := connect(oldKey); code == 0 || impostors() != 0 {
+		t.Errorf("A's old secret after the rotation: exit %d, %d controllers; want refused\n%s", code, impostors(), out)
+	} else {
+		t.Logf("old secret refused: %s", strings.TrimSpace(out))
+	}
+	if out, code := connect(newKey); code != 0 || impostors() != 1 {
+		t.Errorf("A's new secret: exit %d, %d controllers; want admitted\n%s", code, impostors(), out)
+	}
+	s.storage.sh(t, time.Minute, "nvme disconnect -n "+v.nqn+" >/dev/null")
 }
