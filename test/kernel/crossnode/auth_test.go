@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -272,11 +273,13 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 	}
 	// The policy controller renders the generation into the storage node's Agent.
 	var a storev1.Agent
-	if err := s.c.Get(ctx, client.ObjectKey{Name: storageNode}, &a); err != nil {
-		t.Fatal(err)
-	}
-	a.Spec.NVMeoF.AuthKeyGeneration = 1
-	if err := s.c.Update(ctx, &a); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error { // the agent patches its status meanwhile
+		if err := s.c.Get(ctx, client.ObjectKey{Name: storageNode}, &a); err != nil {
+			return err
+		}
+		a.Spec.NVMeoF.AuthKeyGeneration = 1
+		return s.c.Update(ctx, &a)
+	}); err != nil {
 		t.Fatal(err)
 	}
 
