@@ -31,16 +31,18 @@ func (d *Driver) followKeyRotation(ctx context.Context, interval time.Duration) 
 	}
 }
 
-// rotateKeys makes every live controller of this node that authenticated with DH-HMAC-CHAP
-// re-authenticate with the secrets of the node's host Secret when it holds others (the
-// controller rotated them: Protocol keyGeneration). The order is the storage node's first: a
-// controller switches only once the Agent of the storage node it connects to (by address)
-// lists the Secret's key id for this host in status.hostKeys, that is once the target's host
-// entry holds the new secrets. A target asked with secrets it does not hold drops the
-// connection. Without such controllers it reads nothing from the API; errors are logged and
-// the next round retries. A controller that is reconnecting gets the secrets too: the kernel
-// presents them at its next attempt (the target refuses the old ones by then). Secrets are
-// never logged: controllers, Secret and key id are.
+// rotateKeys makes every controller of this node that authenticated with DH-HMAC-CHAP
+// re-authenticate with the host secret of the node's host Secret when it holds another (the
+// controller rotated it: Protocol keyGeneration). A rotation keeps the controller secret; a
+// controller whose controller secret differs too is left alone (one sysfs write
+// re-authenticates with what the kernel then holds: two would make a failing round between
+// them). The order is the storage node's first: a controller switches only once the Agent of
+// the storage node it connects to (by address) lists the Secret's key id for this host in
+// status.hostKeys, that is once the target's host entry holds the new secret; a target asked
+// with a secret it does not hold drops the connection. A controller that is reconnecting gets
+// the secret too: the kernel presents it at its next attempt. Without authenticated
+// controllers it reads nothing from the API; errors are logged and the next round retries.
+// Secrets are never logged: controllers, Secret and key id are.
 func (d *Driver) rotateKeys(ctx context.Context) {
 	if d.live == nil || d.initiator == nil || d.hostNQN == "" || !d.initiator.AuthUsable() {
 		return
@@ -73,15 +75,15 @@ func (d *Driver) rotateKeys(ctx context.Context) {
 	}
 	var agents *storev1.AgentList
 	for _, c := range ctrls {
-		needCtrl := c.CtrlSecret != "" && c.CtrlSecret != ctrlKey
-		if c.Secret == key && !needCtrl {
+		if c.Secret == key {
 			continue
 		}
-		if needCtrl {
-			if _, _, err := nvmeauth.Decode(ctrlKey); err != nil {
-				d.log.Error(err, "key rotation: the host Secret's controller secret is malformed", "secret", ns+"/"+name, "key", nvmeauth.KeyCtrlSecret)
-				continue
-			}
+		if c.CtrlSecret != "" && c.CtrlSecret != ctrlKey {
+			// both secrets changed (a new host NQN or hash, not a rotation): a live switch would
+			// re-authenticate once with one new and one old secret and fail (the target drops
+			// the connection), so the controller keeps its secrets until it is staged again
+			d.log.Info("key rotation: the controller secret changed too; restage the volume to use the new secrets", "controller", c.Name, "subsystem", c.SubsysNQN, "secret", ns+"/"+name)
+			continue
 		}
 		if agents == nil {
 			agents = &storev1.AgentList{}
@@ -94,16 +96,12 @@ func (d *Driver) rotateKeys(ctx context.Context) {
 			d.log.V(1).Info("key rotation: the storage node does not hold the new secrets yet", "controller", c.Name, "address", c.Address, "keyID", keyID)
 			continue
 		}
-		newCtrl := ""
-		if c.CtrlSecret != "" {
-			newCtrl = ctrlKey
-		}
-		if err := d.initiator.Reauthenticate(c.Name, key, newCtrl); err != nil {
+		if err := d.initiator.Reauthenticate(c.Name, key, ""); err != nil {
 			d.log.Error(err, "key rotation: hand the new secrets to the controller", "controller", c.Name, "subsystem", c.SubsysNQN)
 			continue
 		}
 		d.log.Info("re-authenticating an NVMe controller with the rotated DH-HMAC-CHAP secrets", "controller", c.Name, "subsystem", c.SubsysNQN,
-			"address", c.Address, "secret", ns+"/"+name, "keyID", keyID, "bidirectional", newCtrl != "")
+			"address", c.Address, "secret", ns+"/"+name, "keyID", keyID, "bidirectional", c.CtrlSecret != "")
 	}
 }
 

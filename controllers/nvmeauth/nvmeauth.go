@@ -6,10 +6,11 @@
 // agents write them into nvmet's host entries; the node's CSI node plugin presents them when
 // it connects.
 //
-// A Secret gets new keys when the node's host NQN changes, when the hash of the Protocols
-// changes (the key length follows it) and when their keyGeneration rises above the one the
-// Secret was made for (annotation plinth.dev/dhchap-key-generation): a rotation asked in Git.
-// The keys are replaced in the same Secret, with a new key id (plinth.dev/dhchap-key-id) that
+// A Secret gets new keys when the node's host NQN changes or when the hash of the Protocols
+// changes (the key length follows it), and a new host secret when their keyGeneration rises
+// above the one the Secret was made for (annotation plinth.dev/dhchap-key-generation): a
+// rotation asked in Git (the controller secret stays: see Reconcile). The keys are replaced
+// in the same Secret, with a new key id (plinth.dev/dhchap-key-id) that
 // agents and node plugins compare to order the switch: storage nodes first, then hosts. It is
 // deleted with its Node (it is also owned by the Node, for the garbage collector). Turning
 // authentication off in Git keeps the Secrets: volumes keep the policy they were created with.
@@ -21,6 +22,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -187,9 +189,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	ctrlKey, err := nvmeauth.Generate(w.Hash)
-	if err != nil {
-		return ctrl.Result{}, err
+	// A rotation renews the host secret only: the live re-authentication that hands it to the
+	// hosts' controllers (csi/rotate.go) can switch one secret at a time, and with both changed
+	// Linux 6.12 first re-authenticates with one new and one old, fails, and the target drops
+	// the connection (seen stuck in "resetting" for minutes in the kernel tests). The
+	// controller secret is made anew with the host NQN or the hash.
+	ctrlKey := string(sec.Data[nvmeauth.KeyCtrlSecret])
+	if _, _, err := nvmeauth.Decode(ctrlKey); err != nil || !rotationOnly(why) {
+		if ctrlKey, err = nvmeauth.Generate(w.Hash); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	sec.Namespace, sec.Name = r.Namespace, name
 	sec.Type = SecretType
@@ -220,7 +229,14 @@ func renewal(sec *corev1.Secret, exists bool, nqn string, w Wanted) string {
 	case sec.Annotations[nvmeauth.AnnotationHash] != w.Hash:
 		return "hash changed"
 	case nvmeauth.KeyGenerationOf(sec.Annotations) < w.KeyGeneration:
-		return fmt.Sprintf("keyGeneration raised from %d", nvmeauth.KeyGenerationOf(sec.Annotations))
+		return fmt.Sprintf("%s from %d", reasonRotation, nvmeauth.KeyGenerationOf(sec.Annotations))
 	}
 	return ""
 }
+
+// reasonRotation starts renewal's answer for a keyGeneration rise.
+const reasonRotation = "keyGeneration raised"
+
+// rotationOnly reports whether renewal's answer is a keyGeneration rise (host NQN and hash
+// unchanged).
+func rotationOnly(why string) bool { return strings.HasPrefix(why, reasonRotation) }

@@ -219,13 +219,13 @@ func (s *suite) hostEntry(t *testing.T, nqn string) map[string]string {
 
 // Expected: raising keyGeneration in the Protocol (a Git change) while v (bidirectional auth)
 // and plain (no auth, but A presents its key: the shared host entry asks for it) are staged on
-// worker A: the controller's reconciler replaces both secrets in A's Secret (new key id,
-// keyGeneration 1); once the Agent's spec carries the generation (as the policy controller
-// renders it), the storage node's agent writes the new secrets into A's host entry (read back
-// from configfs) and reports the new key id for A in status.hostKeys; only then A's node plugin
-// hands the new secrets to both live controllers (read back from sysfs) and the kernel
-// re-authenticates them ("re-authenticating controller" in the worker's kernel log; none
-// failed for the unidirectional one). Both controllers are the same and live afterwards, the
+// worker A: the controller's reconciler replaces the host secret in A's Secret (new key id,
+// keyGeneration 1; the controller secret stays); once the Agent's spec carries the generation
+// (as the policy controller renders it), the storage node's agent writes the new secret into
+// A's host entry (read back from configfs) and reports the new key id for A in
+// status.hostKeys; only then A's node plugin hands the new secret to both live controllers
+// (read back from sysfs) and the kernel re-authenticates them ("re-authenticating controller"
+// in the worker's kernel log, no failed authentication). Both controllers are the same and live afterwards, the
 // files written before read back equal and new writes verify. A controller reset (a full
 // connect, authenticated with what the kernel now holds) comes back live. Another kernel
 // presenting A's host NQN is refused with the old secret and admitted with the new one.
@@ -266,10 +266,10 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 	}
 	newKey, newCtrlKey := string(sec.Data[authkeys.KeyHostSecret]), string(sec.Data[authkeys.KeyCtrlSecret])
 	keyID := sec.Annotations[authkeys.AnnotationKeyID]
-	if newKey == oldKey || newCtrlKey == oldCtrlKey || keyID == "" || keyID == sec0.Annotations[authkeys.AnnotationKeyID] ||
+	if newKey == oldKey || newCtrlKey != oldCtrlKey || keyID == "" || keyID == sec0.Annotations[authkeys.AnnotationKeyID] ||
 		sec.Annotations[authkeys.AnnotationKeyGeneration] != "1" || sec.UID != sec0.UID {
-		t.Fatalf("Secret after keyGeneration 1: new host secret %v, new controller secret %v, key id %q (was %q), annotations %v, same Secret %v",
-			newKey != oldKey, newCtrlKey != oldCtrlKey, keyID, sec0.Annotations[authkeys.AnnotationKeyID], sec.Annotations, sec.UID == sec0.UID)
+		t.Fatalf("Secret after keyGeneration 1: new host secret %v, controller secret kept %v, key id %q (was %q), annotations %v, same Secret %v",
+			newKey != oldKey, newCtrlKey == oldCtrlKey, keyID, sec0.Annotations[authkeys.AnnotationKeyID], sec.Annotations, sec.UID == sec0.UID)
 	}
 	// The policy controller renders the generation into the storage node's Agent.
 	var a storev1.Agent
@@ -287,7 +287,7 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 	controlplane.Eventually(t, 3*time.Minute, time.Second, "the storage node's host entry of A holds the new secrets", func() error {
 		e := s.hostEntry(t, hostNQNA)
 		if e["dhchap_key"] != newKey || e["dhchap_ctrl_key"] != newCtrlKey {
-			return fmt.Errorf("host entry: new key %v, new controller key %v", e["dhchap_key"] == newKey, e["dhchap_ctrl_key"] == newCtrlKey)
+			return fmt.Errorf("host entry: new key %v, the Secret's controller key %v", e["dhchap_key"] == newKey, e["dhchap_ctrl_key"] == newCtrlKey)
 		}
 		if err := s.c.Get(ctx, client.ObjectKey{Name: storageNode}, &a); err != nil {
 			return err
@@ -314,7 +314,7 @@ done; true`, nqn)))
 	}
 	controlplane.Eventually(t, 3*time.Minute, time.Second, "worker A's controllers hold the new secrets", func() error {
 		if got := secretsOf(v.nqn); len(got) != 2 || got[0] != newKey || got[1] != newCtrlKey {
-			return fmt.Errorf("controller of %s: %d values, new host secret %v, new controller secret %v", v.nqn, len(got), len(got) > 0 && got[0] == newKey, len(got) > 1 && got[1] == newCtrlKey)
+			return fmt.Errorf("controller of %s: %d values, new host secret %v, the Secret's controller secret %v", v.nqn, len(got), len(got) > 0 && got[0] == newKey, len(got) > 1 && got[1] == newCtrlKey)
 		}
 		if got := secretsOf(plain.nqn); len(got) != 2 || got[0] != newKey || got[1] != "none" {
 			return fmt.Errorf("controller of %s: %d values, new host secret %v, controller secret none %v", plain.nqn, len(got), len(got) > 0 && got[0] == newKey, len(got) > 1 && got[1] == "none")
@@ -335,8 +335,8 @@ done; true`, nqn)))
 			t.Errorf("%s controller %s: no re-authentication in the worker's kernel log", what, before[x])
 		}
 	}
-	if strings.Contains(klog, before[plain]+": qid 0: authentication failed") {
-		t.Errorf("the unidirectional controller %s failed to re-authenticate with the new secret", before[plain])
+	if strings.Contains(klog, "authentication failed") || strings.Contains(klog, "setting up authentication") {
+		t.Errorf("a re-authentication failed (worker kernel log above)")
 	}
 	if out, _ := s.storage.try(time.Minute, "dmesg | sed -n '/plinth-key-rotation-start/,$p' | grep -i -E 'dhchap|authenticat|mismatch|failure' | tail -n 10"); out != "" {
 		t.Logf("storage kernel since the rotation:\n%s", out)
