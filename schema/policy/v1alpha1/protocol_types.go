@@ -116,10 +116,10 @@ type NVMeoFAuth struct {
 	Bidirectional bool `json:"bidirectional"`
 
 	// KeyGeneration rotates the per-host secrets: raising it in Git makes the controller
-	// generate new host and controller secrets into every host Secret made for a lower
-	// generation; the storage nodes' agents write them into nvmet's host entries (from then on
-	// the old secrets are refused), and each host's node plugin then hands the new secrets to
-	// its live controllers, which re-authenticate with them (Linux sysfs
+	// generate a new host secret into every host Secret made for a lower generation (the
+	// controller secret of bidirectional authentication stays); the storage nodes' agents write
+	// it into nvmet's host entries (from then on the old one is refused), and each host's node
+	// plugin then hands it to its live controllers, which re-authenticate with it (Linux sysfs
 	// /sys/class/nvme/nvmeX/dhchap_secret). Lowering it does nothing. Every Protocol with
 	// DHHMACCHAP must name the same keyGeneration (plinth vet checks it): a host has one key.
 	// Default 0.

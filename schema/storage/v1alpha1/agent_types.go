@@ -28,8 +28,9 @@ type NVMeoFEndpoint struct {
 	// +optional
 	Auth bool `json:"auth,omitempty"`
 	// AuthKeyGeneration is the keyGeneration of those Protocols (spec.nvmeofTcp.auth): when it
-	// rises, the agent reads its hosts' Secrets again and writes the new secrets into nvmet's
-	// host entries as soon as the controller has made them (status.hostKeys reports each).
+	// rises, the agent reads its hosts' Secrets again and writes the new host secrets into
+	// nvmet's host entries as soon as the controller has made them (status.hostKeys reports
+	// each).
 	// +optional
 	AuthKeyGeneration int64 `json:"authKeyGeneration,omitempty"`
 }
