@@ -117,3 +117,25 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// Key ids are 16 hex digits and differ; a Secret's keyGeneration is its annotation in decimal,
+// 0 when absent or not a non-negative number.
+func TestKeyIDAndGeneration(t *testing.T) {
+	a, err := NewKeyID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := NewKeyID()
+	if len(a) != 16 || strings.Trim(a, "0123456789abcdef") != "" || a == b {
+		t.Errorf("key ids %q, %q: want two different ids of 16 hex digits", a, b)
+	}
+	for in, want := range map[string]int64{"": 0, "3": 3, "-1": 0, "x": 0, "12": 12} {
+		ann := map[string]string{}
+		if in != "" {
+			ann[AnnotationKeyGeneration] = in
+		}
+		if got := KeyGenerationOf(ann); got != want {
+			t.Errorf("KeyGenerationOf(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
