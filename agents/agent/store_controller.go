@@ -146,15 +146,8 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 	c, vols, err := observe(ctx, be)
 	var drift []storev1.DriftItem
 	if errors.Is(err, backend.ErrNotFound) {
-		// the VG or thin pool vanished after it was ensured
-		item := storev1.DriftItem{Kind: KindVolumeGroup, Reason: DriftMissing, Message: err.Error()}
-		if s.Spec.Backend.LVM != nil {
-			item.Name = s.Spec.Backend.LVM.VolumeGroup
-			if strings.Contains(err.Error(), "thin pool") && s.Spec.Backend.LVM.ThinPool != nil {
-				item.Kind, item.Name = KindThinPool, s.Spec.Backend.LVM.ThinPool.Name
-			}
-		}
-		drift = append(drift, item)
+		// the VG, thin pool, dataset, directory or disk vanished after it was ensured
+		drift = append(drift, storeMissing(s.Spec.Backend, err))
 		if s.Spec.DriftPolicy == policyv1.DriftPolicyCorrect {
 			rt.mu.Lock()
 			rt.ensured = false
@@ -279,7 +272,7 @@ func setDriftGauge(s *storev1.Store, items []storev1.DriftItem) {
 		counts[d.Kind]++
 	}
 	driftByStore[s.Name] = counts
-	total := map[string]int{KindLogicalVolume: 0, KindExport: 0, KindVolumeGroup: 0, KindThinPool: 0}
+	total := map[string]int{KindLogicalVolume: 0, KindExport: 0, KindVolumeGroup: 0, KindThinPool: 0, KindDataset: 0, KindDirectory: 0, KindDisk: 0}
 	for _, c := range driftByStore {
 		for k, v := range c {
 			total[k] += v

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -210,5 +211,28 @@ func TestNewBackendKinds(t *testing.T) {
 	}
 	if _, err := newBackend(store(policyv1.Backend{}), 0, nil); err == nil {
 		t.Error("a Store without backend built a backend")
+	}
+}
+
+// A Store whose backing object vanished names it by its backend's own term and name.
+func TestStoreMissingNamesTheBackendObject(t *testing.T) {
+	missing := fmt.Errorf("gone: %w", backend.ErrNotFound)
+	thinGone := fmt.Errorf("thin pool vg0/pool0: %w", backend.ErrNotFound)
+	for _, tt := range []struct {
+		name       string
+		b          policyv1.Backend
+		err        error
+		kind, item string
+	}{
+		{"vg", policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "vg0", ThinPool: &policyv1.ThinPool{Name: "pool0"}}}, missing, KindVolumeGroup, "vg0"},
+		{"thin pool", policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "vg0", ThinPool: &policyv1.ThinPool{Name: "pool0"}}}, thinGone, KindThinPool, "pool0"},
+		{"zfs", policyv1.Backend{ZFS: &policyv1.ZFSBackend{Pool: "tank", ParentDataset: "k8s/vols"}}, missing, KindDataset, "tank/k8s/vols"},
+		{"file", policyv1.Backend{File: &policyv1.FileBackend{Directory: "/var/lib/plinth"}}, missing, KindDirectory, "/var/lib/plinth"},
+		{"raw", policyv1.Backend{Raw: &policyv1.RawBackend{Devices: []string{"/dev/vdb", "/dev/vdc"}}}, missing, KindDisk, "/dev/vdb,/dev/vdc"},
+	} {
+		got := storeMissing(tt.b, tt.err)
+		if got.Kind != tt.kind || got.Name != tt.item || got.Reason != DriftMissing || got.Message != tt.err.Error() {
+			t.Errorf("%s: %+v, want kind %s name %s", tt.name, got, tt.kind, tt.item)
+		}
 	}
 }
