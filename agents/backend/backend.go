@@ -160,7 +160,7 @@ func (c Capacity) Available(reserveBytes int64, overcommitPercent int64) int64 {
 		if c.CacheRatioPercent > 0 {
 			cacheBound := int64(0)
 			if c.CacheFreeBytes >= c.CacheMinBytes {
-				cacheBound = c.CacheFreeBytes / c.CacheRatioPercent * 100
+				cacheBound = c.CacheFreeBytes * 100 / c.CacheRatioPercent
 			}
 			avail = min(avail, cacheBound)
 		}

@@ -431,7 +431,7 @@ func TestGuestBcache(t *testing.T) {
 		c.CacheTotalBytes != fvg.SizeBytes || c.CacheFreeBytes != fvg.FreeBytes || c.CacheProvisionedBytes != cacheLVRow.SizeBytes || c.CacheRatioPercent != 20 {
 		t.Errorf("capacity %+v; slow VG %+v, fast VG %+v", c, svg, fvg)
 	}
-	if got, bound := c.Available(0, 0), fvg.FreeBytes/20*100; got != min(svg.FreeBytes, bound) {
+	if got, bound := c.Available(0, 0), fvg.FreeBytes*100/20; got != min(svg.FreeBytes, bound) {
 		t.Errorf("available %d, want min(slow free %d, cache free ×100/20 = %d)", got, svg.FreeBytes, bound)
 	}
 	t.Logf("cached capacity: %+v available=%d", c, c.Available(0, 0))
