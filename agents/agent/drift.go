@@ -165,6 +165,9 @@ func storeMissing(b policyv1.Backend, err error) storev1.DriftItem {
 		if strings.Contains(err.Error(), "thin pool") && b.LVM.ThinPool != nil {
 			item.Kind, item.Name = KindThinPool, b.LVM.ThinPool.Name
 		}
+		if strings.HasPrefix(err.Error(), "cache: ") && b.LVM.Cache != nil {
+			item.Name = b.LVM.Cache.VolumeGroup // the fast VG of the cache LVs
+		}
 	case b.ZFS != nil:
 		item.Kind, item.Name = KindDataset, b.ZFS.Pool
 		if b.ZFS.ParentDataset != "" {

@@ -102,8 +102,13 @@ func (r *storeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	switch {
 	case capErr != nil:
 		reason := ReasonBackendFailed
-		if errors.Is(capErr, backend.ErrDeviceNotEmpty) {
+		switch {
+		case errors.Is(capErr, backend.ErrDeviceNotEmpty):
 			reason = ReasonDeviceNotEmpty
+			setCond(&st.Conditions, s.Generation, CondStalled, true, reason, capErr.Error())
+		case errors.Is(capErr, backend.ErrMissingKernelModule):
+			// the pool asks for what this kernel lacks (bcache): no volume, never a plain one
+			reason = ReasonMissingKernelModules
 			setCond(&st.Conditions, s.Generation, CondStalled, true, reason, capErr.Error())
 		}
 		setCond(&st.Conditions, s.Generation, CondReady, false, reason, capErr.Error())
@@ -193,6 +198,13 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 		StoreThinUsedRatio.WithLabelValues(s.Name, "metadata").Set(c.MetadataUsedRatio)
 	} else {
 		s.Status.Thin = nil
+	}
+	s.Status.Cache = nil
+	if c.CacheRatioPercent > 0 {
+		s.Status.Cache = &storev1.CacheCapacity{Total: c.CacheTotalBytes, Free: c.CacheFreeBytes, Provisioned: c.CacheProvisionedBytes, RatioPercent: int32(c.CacheRatioPercent)}
+		for t, v := range map[string]int64{"cache_total": c.CacheTotalBytes, "cache_free": c.CacheFreeBytes, "cache_provisioned": c.CacheProvisionedBytes} {
+			StoreCapacityBytes.WithLabelValues(s.Name, s.Spec.Pool, t).Set(float64(v))
+		}
 	}
 	return drift, vols, nil
 }
