@@ -459,7 +459,8 @@ func (l *LVM) createCached(ctx context.Context, id string, sizeBytes int64) (bac
 }
 
 // cachedDevicePath converges the volume (see converge) and returns its /dev/bcacheN. A backing
-// LV without its cache LV is an error (never served uncached).
+// LV without its cache LV is an error (never served uncached); backend.ErrNotFound only when
+// the backing LV is absent.
 func (l *LVM) cachedDevicePath(ctx context.Context, id string) (string, error) {
 	_, _, backing, hasBacking, cache, hasCache, err := l.cachedFind(ctx, id)
 	if err != nil {
@@ -472,7 +473,9 @@ func (l *LVM) cachedDevicePath(ctx context.Context, id string) (string, error) {
 		return dev, nil
 	}
 	if !hasCache {
-		return "", fmt.Errorf("volume %s: its cache LV %s/%s is missing; the volume is not served without its cache: %w", id, l.cfg.Cache.VolumeGroup, id, backend.ErrNotFound)
+		// not ErrNotFound: the volume exists (a plain LV from before the pool had a cache, or its
+		// cache LV was removed), it is only never served uncached
+		return "", fmt.Errorf("volume %s: its cache LV %s/%s is missing; the volume is not served without its cache", id, l.cfg.Cache.VolumeGroup, id)
 	}
 	dev, err := l.converge(ctx, backing, cache)
 	if err != nil {

@@ -108,6 +108,7 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 	b.capacity()
 	b.protocolChanges()
 	b.authSupport(rendered.Agents)
+	b.cacheSupport(rendered.Agents)
 	b.overrides()
 	rep.Policy = policyChanges(before, after, func(string, string) (string, int) { return "", 0 })
 	b.finish()
@@ -801,6 +802,32 @@ func (b *builder) authSupport(agents []storev1.Agent) {
 		b.violation(RuleAuthUnsupported, "Protocol", proto, "spec.nvmeofTcp.auth", fmt.Sprintf(
 			"node %s reports no NVMe target authentication in its kernel (Agent status.capabilities.nvmeAuth %v; needs CONFIG_NVME_TARGET_AUTH): it would export none of the volumes that ask for DH-HMAC-CHAP",
 			a.Name, live.Status.Capabilities.NVMeAuth))
+	}
+}
+
+// cacheSupport reports, for each rendered Agent of a node that carries a pool with an LVM cache
+// (lvm.cache), a live Agent that has reported a kernel without the bcache module (its
+// status.capabilities.kernelModules lacks "bcache"): that node's Store of the pool would be
+// Stalled (MissingKernelModules) and make no volume. Agents that have not reported yet are not
+// judged.
+func (b *builder) cacheSupport(agents []storev1.Agent) {
+	if b.cl == nil {
+		return
+	}
+	for _, a := range agents {
+		live := b.cl.agents[a.Name]
+		if live == nil || live.Status.LastHeartbeatTime == nil || slices.Contains(live.Status.Capabilities.KernelModules, "bcache") {
+			continue
+		}
+		for _, pool := range strings.Split(a.Annotations[render.AnnotationPools], ",") {
+			p := b.after.pools[pool]
+			if p == nil || p.Spec.Backend.LVM == nil || p.Spec.Backend.LVM.Cache == nil {
+				continue
+			}
+			b.violation(RuleCacheUnsupported, "StoragePool", pool, "spec.backend.lvm.cache", fmt.Sprintf(
+				"node %s reports no bcache module in its kernel (Agent status.capabilities.kernelModules %v): its Store of pool %s would be Stalled (MissingKernelModules) and make no volume",
+				a.Name, live.Status.Capabilities.KernelModules, pool))
+		}
 	}
 }
 

@@ -72,6 +72,11 @@ const (
 	// kernel: that node would export none of the class's volumes (Agent Stalled,
 	// AuthUnsupported). Agents that have not reported yet are not judged.
 	RuleAuthUnsupported = "AuthUnsupported"
+	// RuleCacheUnsupported: a StoragePool asks for a bcache cache (lvm.cache) and a node it
+	// selects reports (Agent status.capabilities.kernelModules) no bcache module: that node's
+	// Store would be Stalled (MissingKernelModules) and make no volume, never one without its
+	// cache. Agents that have not reported yet are not judged.
+	RuleCacheUnsupported = "CacheUnsupported"
 )
 
 // Report is what `plinth diff` prints. Byte sizes are int64 bytes.
