@@ -288,7 +288,10 @@ func (l *LVM) format(ctx context.Context, flag, dev string) error {
 	case sig != "":
 		return fmt.Errorf("%s carries a %s signature, not bcache: not formatted (a volume made before its pool had a cache is not converted): %w", dev, sig, backend.ErrAlreadyExists)
 	}
-	if _, err := l.run(ctx, "make-bcache", flag, dev); err != nil {
+	// one block size for every backing and cache device: bcache attaches a backing device
+	// only to a cache set whose block size is not larger than its own, and 4 KiB is at least
+	// the logical block size of any disk (512 B or 4 KiB)
+	if _, err := l.run(ctx, "make-bcache", "-w", "4k", flag, dev); err != nil {
 		return fmt.Errorf("make-bcache %s %s: %w", flag, dev, err)
 	}
 	return nil

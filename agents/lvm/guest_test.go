@@ -522,7 +522,17 @@ func TestGuestBcache(t *testing.T) {
 	timed(t, "Delete absent", func() (int, error) { return 0, la.Delete(ctx, id) })
 
 	// no bcache in the kernel: Ensure refuses (the agent reports the Store Stalled)
-	sh(t, "rmmod", "bcache")
+	// the cache sets' last references go asynchronously: rmmod may need a moment
+	var rmErr error
+	for i := 0; i < 100; i++ {
+		if rmErr = exec.Command("rmmod", "bcache").Run(); rmErr == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if rmErr != nil {
+		t.Fatalf("rmmod bcache: %v", rmErr)
+	}
 	defer sh(t, "modprobe", "bcache")
 	err = mustNew(t, cfg).Ensure(ctx)
 	if !errors.Is(err, backend.ErrMissingKernelModule) {
