@@ -107,7 +107,8 @@ type Capacity struct {
 	// LVM backend's bcache cache): a volume of S bytes also takes a cache of S × ratio/100
 	// bytes (at least CacheMinBytes) from the cache space. 0: no cache.
 	CacheRatioPercent int64
-	// CacheMinBytes is the smallest cache a volume gets (bytes; bcache needs 128 buckets).
+	// CacheMinBytes is the smallest cache a volume gets (bytes; bcache needs more than 512
+	// buckets).
 	CacheMinBytes int64
 	// CacheTotalBytes and CacheFreeBytes are the cache space (the fast VG's size and free
 	// bytes); CacheProvisionedBytes is the sum of the volumes' caches in it. Bytes.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -39,8 +40,14 @@ const (
 // no Store lists them as volumes.
 const TagCache = "plinth.dev/bcache-cache"
 
-// MinCacheBytes is the smallest cache LV: make-bcache needs 128 buckets of its default 512 KiB.
-const MinCacheBytes = 64 << 20
+// CacheBucketBytes is the bucket size of the caches Plinth formats (make-bcache -b): smaller
+// than make-bcache's 512 KiB default so that small caches have enough buckets.
+const CacheBucketBytes = 128 << 10
+
+// MinCacheBytes is the smallest cache LV: the kernel refuses a cache device of 512 buckets or
+// fewer (cache_alloc: "ca->sb.nbuckets is too small", EPERM from /sys/fs/bcache/register), so
+// 1024 buckets of CacheBucketBytes.
+const MinCacheBytes = 1024 * CacheBucketBytes
 
 // BackingOffsetBytes is where make-bcache puts the data of a backing device by default (16
 // sectors): the bcache device is this much smaller than its backing LV, so the backing LV is
@@ -62,7 +69,7 @@ type CacheConfig struct {
 	// Mode is CacheModeWritethrough (the default when ""), CacheModeWriteback or
 	// CacheModeWritearound.
 	Mode string
-	// RatioPercent is the cache LV's size in percent of the volume's, 1..100 (0 means
+	// RatioPercent is the cache LV's size in percent of the backing LV's, 1..100 (0 means
 	// DefaultCacheRatioPercent); a cache is never smaller than MinCacheBytes.
 	RatioPercent int
 }
@@ -291,7 +298,11 @@ func (l *LVM) format(ctx context.Context, flag, dev string) error {
 	// one block size for every backing and cache device: bcache attaches a backing device
 	// only to a cache set whose block size is not larger than its own, and 4 KiB is at least
 	// the logical block size of any disk (512 B or 4 KiB)
-	if _, err := l.run(ctx, "make-bcache", "-w", "4k", flag, dev); err != nil {
+	args := []string{"-w", "4k"}
+	if flag == "-C" {
+		args = append(args, "-b", strconv.Itoa(CacheBucketBytes>>10)+"k")
+	}
+	if _, err := l.run(ctx, "make-bcache", append(args, flag, dev)...); err != nil {
 		return fmt.Errorf("make-bcache %s %s: %w", flag, dev, err)
 	}
 	return nil

@@ -290,7 +290,7 @@ func TestCachedVolumeLifecycle(t *testing.T) {
 	if got := callsOf(vgs.calls, "lvcreate"); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("lvcreate calls:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if got := callsOf(vgs.calls, "make-bcache"); len(got) != 2 || got[0] != "make-bcache -w 4k -C /dev/fast/"+id || got[1] != "make-bcache -w 4k -B /dev/slow/"+id {
+	if got := callsOf(vgs.calls, "make-bcache"); len(got) != 2 || got[0] != "make-bcache -w 4k -b 128k -C /dev/fast/"+id || got[1] != "make-bcache -w 4k -B /dev/slow/"+id {
 		t.Errorf("make-bcache calls %v", got)
 	}
 	wantWrites := []string{"fs/bcache/register=/dev/fast/" + id, "fs/bcache/register=/dev/slow/" + id,

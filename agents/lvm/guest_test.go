@@ -369,7 +369,7 @@ func TestGuestBcache(t *testing.T) {
 		t.Fatalf("guest has no bcache (test/kernel/guest-init.sh loads it): %v", err)
 	}
 	cfg := Config{VolumeGroup: guestVG, Devices: []string{slow},
-		Cache: &CacheConfig{VolumeGroup: guestFastVG, Devices: []string{fastDisk}, Mode: CacheModeWriteback, RatioPercent: 20}}
+		Cache: &CacheConfig{VolumeGroup: guestFastVG, Devices: []string{fastDisk}, Mode: CacheModeWriteback, RatioPercent: 30}}
 	l := mustNew(t, cfg)
 	timed(t, "Ensure (two vgcreate)", func() (int, error) { return 0, l.Ensure(ctx) })
 
@@ -393,10 +393,11 @@ func TestGuestBcache(t *testing.T) {
 		t.Errorf("state %q, want clean or dirty (attached)", state)
 	}
 	t.Logf("device %s attached to cache set %s, state %s", v.DevicePath, filepath.Base(set), readSys(t, sys+"state"))
-	// the cache LV: 20% of the 516 MiB backing LV (512 MiB + bcache's 8 KiB, in 4 MiB extents), rounded up
+	// the cache LV: 30% of the 516 MiB backing LV (512 MiB + bcache's 8 KiB, in 4 MiB extents),
+	// rounded up to an extent: 156 MiB
 	backingLV, cacheLVRow := rawLV(t, id), rawLVIn(t, guestFastVG, id)
-	if backingLV.SizeBytes != 516<<20 || cacheLVRow.SizeBytes != 104<<20 || !cacheLVRow.HasTag(TagCache) || cacheLVRow.HasTag(TagManaged) {
-		t.Errorf("backing LV %d bytes, cache LV %d bytes tags %v; want 516 MiB and 104 MiB tagged %s only", backingLV.SizeBytes, cacheLVRow.SizeBytes, cacheLVRow.Tags, TagCache)
+	if backingLV.SizeBytes != 516<<20 || cacheLVRow.SizeBytes != 156<<20 || !cacheLVRow.HasTag(TagCache) || cacheLVRow.HasTag(TagManaged) {
+		t.Errorf("backing LV %d bytes, cache LV %d bytes tags %v; want 516 MiB and 156 MiB tagged %s only", backingLV.SizeBytes, cacheLVRow.SizeBytes, cacheLVRow.Tags, TagCache)
 	}
 
 	// data written through the bcache device reads back
@@ -428,11 +429,11 @@ func TestGuestBcache(t *testing.T) {
 	c := timed(t, "Capacity (two vgs+lvs)", func() (backend.Capacity, error) { return l.Capacity(ctx) })
 	svg, fvg := rawVG(t), rawVGOf(t, guestFastVG)
 	if c.TotalBytes != svg.SizeBytes || c.FreeBytes != svg.FreeBytes || c.ProvisionedBytes != backingLV.SizeBytes ||
-		c.CacheTotalBytes != fvg.SizeBytes || c.CacheFreeBytes != fvg.FreeBytes || c.CacheProvisionedBytes != cacheLVRow.SizeBytes || c.CacheRatioPercent != 20 {
+		c.CacheTotalBytes != fvg.SizeBytes || c.CacheFreeBytes != fvg.FreeBytes || c.CacheProvisionedBytes != cacheLVRow.SizeBytes || c.CacheRatioPercent != 30 {
 		t.Errorf("capacity %+v; slow VG %+v, fast VG %+v", c, svg, fvg)
 	}
-	if got, bound := c.Available(0, 0), fvg.FreeBytes*100/20; got != min(svg.FreeBytes, bound) {
-		t.Errorf("available %d, want min(slow free %d, cache free ×100/20 = %d)", got, svg.FreeBytes, bound)
+	if got, bound := c.Available(0, 0), fvg.FreeBytes*100/30; got != min(svg.FreeBytes, bound) {
+		t.Errorf("available %d, want min(slow free %d, cache free ×100/30 = %d)", got, svg.FreeBytes, bound)
 	}
 	t.Logf("cached capacity: %+v available=%d", c, c.Available(0, 0))
 	// a 1 GiB volume fits the slow VG, its 1 GiB cache (ratio 100%) not the fast VG: refused
@@ -486,7 +487,7 @@ func TestGuestBcache(t *testing.T) {
 
 	// the policy's mode reaches the running device
 	cfgAround := cfg
-	cfgAround.Cache = &CacheConfig{VolumeGroup: guestFastVG, Mode: CacheModeWritearound, RatioPercent: 20}
+	cfgAround.Cache = &CacheConfig{VolumeGroup: guestFastVG, Mode: CacheModeWritearound, RatioPercent: 30}
 	la := mustNew(t, cfgAround)
 	if g, _ := la.Get(ctx, id); g.DevicePath != "" {
 		t.Errorf("a device in writeback reported ready for a writearound policy: %+v", g)

@@ -135,7 +135,7 @@ type LVMCache struct {
 	Mode CacheMode `json:"mode,omitempty"`
 
 	// RatioPercent is each cache LV's size in percent of its volume's size, 1–100 (at least
-	// 64 MiB: bcache needs 128 buckets of 512 KiB). Default 10.
+	// 128 MiB: the kernel needs more than 512 buckets, of 128 KiB). Default 10.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
