@@ -192,7 +192,7 @@ func TestLive(t *testing.T) {
 		// module: its Store would be Stalled, so the diff says so before anything is applied.
 		{"cache", want{exit: diff.ExitViolations,
 			objects:    []string{"change Agent/node-c", "create Store/tiered.node-c"},
-			violations: []string{"CacheUnsupported StoragePool/tiered spec.backend.lvm.cache testdata/live/cache/pools.yaml:43"},
+			violations: []string{"CacheUnsupported StoragePool/tiered spec.backend.lvm.cache testdata/live/cache/pools.yaml:44"},
 			check: func(t *testing.T, r *diff.Report) {
 				for _, v := range r.Violations {
 					if v.Rule == diff.RuleCacheUnsupported && !strings.Contains(v.Message, "node node-c") {
