@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suites need (idempotent).
-# Kernel suite: qemu (software emulation), busybox, kmod, LVM, thin tools, nvme-cli, mkfs.
+# Kernel suite: qemu (software emulation), busybox, kmod, LVM, thin tools, bcache-tools (make-bcache
+# for the bcache cache of agents/lvm in the guest), nvme-cli, mkfs.
 # Host suite: e2fsprogs/xfsprogs/util-linux for the file backend on loop devices; fdisk (sfdisk)
 # for the raw backend's GPT partitions (host loop devices and the guest).
 # test/kernel/setup.sh: xz-utils, zstd (vmlinux extraction: 6.1 is xz, 6.12 zstd; 6.12 modules are .ko.xz), binutils (strip modules), cpio.
@@ -13,7 +14,7 @@
 # policy-rc.d below: each node runs its own), runc, containernetworking-plugins (bridge,
 # host-local, loopback), iptables (kube-proxy), iproute2.
 set -euo pipefail
-pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs cpio util-linux fdisk xz-utils zstd binutils coreutils git make
+pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools bcache-tools nvme-cli e2fsprogs xfsprogs cpio util-linux fdisk xz-utils zstd binutils coreutils git make
 	gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus
 	containerd runc containernetworking-plugins iptables iproute2)
 missing=()

@@ -136,6 +136,9 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 			if s.Spec.Backend.LVM != nil && s.Spec.Backend.LVM.ThinPool != nil {
 				needed["dm_thin_pool"] = true
 			}
+			if s.Spec.Backend.LVM != nil && s.Spec.Backend.LVM.Cache != nil && s.Spec.NodeName == r.opts.NodeName {
+				needed["bcache"] = true
+			}
 		}
 	}
 	for _, m := range ni.Missing {

@@ -13,8 +13,9 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// newBackend is the default Options.NewBackend.
-func newBackend(s *storev1.Store, reserveBytes int64, onCommand func(string, []string, time.Duration, error)) (backend.Backend, error) {
+// newBackend is the default Options.NewBackend; sysRoot is the node's sysfs (Options.SysRoot),
+// where the LVM cache drives bcache.
+func newBackend(s *storev1.Store, reserveBytes int64, sysRoot string, onCommand func(string, []string, time.Duration, error)) (backend.Backend, error) {
 	b := s.Spec.Backend
 	switch {
 	case b.LVM != nil:
@@ -24,10 +25,14 @@ func newBackend(s *storev1.Store, reserveBytes int64, onCommand func(string, []s
 			ReserveBytes:      reserveBytes,
 			OvercommitPercent: int64(s.Spec.OvercommitPercent),
 			OnCommand:         onCommand,
+			Kernel:            lvm.SysKernel{Root: sysRoot},
 		}
 		if b.LVM.ThinPool != nil {
 			cfg.ThinPool = b.LVM.ThinPool.Name
 			cfg.ThinPoolSizePercent = int(b.LVM.ThinPool.SizePercent)
+		}
+		if c := b.LVM.Cache; c != nil {
+			cfg.Cache = &lvm.CacheConfig{VolumeGroup: c.VolumeGroup, Devices: c.Devices, Mode: string(c.Mode), RatioPercent: int(c.RatioPercent)}
 		}
 		return lvm.New(cfg)
 	case b.File != nil:

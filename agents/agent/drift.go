@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -16,6 +18,12 @@ const (
 	KindExport        = "Export"
 	KindVolumeGroup   = "VolumeGroup"
 	KindThinPool      = "ThinPool"
+	// KindDataset is a ZFS pool's parent dataset (or the pool itself) that holds the zvols.
+	KindDataset = "Dataset"
+	// KindDirectory is the file backend's directory.
+	KindDirectory = "Directory"
+	// KindDisk is a raw backend's disk.
+	KindDisk = "Disk"
 
 	DriftMissing       = "Missing"
 	DriftResized       = "Resized"
@@ -145,3 +153,30 @@ func volumeDrift(vs *storev1.VolumeState, vol *backend.Volume) *storev1.DriftIte
 
 // isNVMeoF reports whether the volume's frozen protocol is NVMe-oF/TCP.
 func isNVMeoF(vs *storev1.VolumeState) bool { return vs.Spec.Policy.ProtocolSpec.NVMeoFTCP != nil }
+
+// storeMissing is the drift item of a Store whose backing object vanished after it was ensured
+// (err wraps backend.ErrNotFound): the VG or thin pool (LVM), the pool's parent dataset (ZFS),
+// the directory (file) or the disks (raw), by the names the Store declares.
+func storeMissing(b policyv1.Backend, err error) storev1.DriftItem {
+	item := storev1.DriftItem{Reason: DriftMissing, Message: err.Error()}
+	switch {
+	case b.LVM != nil:
+		item.Kind, item.Name = KindVolumeGroup, b.LVM.VolumeGroup
+		if strings.Contains(err.Error(), "thin pool") && b.LVM.ThinPool != nil {
+			item.Kind, item.Name = KindThinPool, b.LVM.ThinPool.Name
+		}
+		if strings.HasPrefix(err.Error(), "cache: ") && b.LVM.Cache != nil {
+			item.Name = b.LVM.Cache.VolumeGroup // the fast VG of the cache LVs
+		}
+	case b.ZFS != nil:
+		item.Kind, item.Name = KindDataset, b.ZFS.Pool
+		if b.ZFS.ParentDataset != "" {
+			item.Name += "/" + b.ZFS.ParentDataset
+		}
+	case b.File != nil:
+		item.Kind, item.Name = KindDirectory, b.File.Directory
+	case b.Raw != nil:
+		item.Kind, item.Name = KindDisk, strings.Join(b.Raw.Devices, ",")
+	}
+	return item
+}

@@ -194,6 +194,37 @@ func TestHostFileBackend(t *testing.T) {
 		}
 	})
 
+	// A pool asking for a bcache cache on this node, whose sysfs has no bcache: the Store is
+	// Stalled with reason MissingKernelModules and no command runs (no VG, no plain volume).
+	t.Run("CacheWithoutBcache", func(t *testing.T) {
+		cs := &storev1.Store{}
+		cs.Name = storev1.StoreName("tiered", node)
+		cs.Labels = nodeLabels(node, "tiered")
+		cs.Spec = storev1.StoreSpec{Pool: "tiered", NodeName: node, DriftPolicy: policyv1.DriftPolicyReport,
+			Backend: policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "plinth-hdd", Devices: []string{"/dev/plinth-none"},
+				Cache: &policyv1.LVMCache{VolumeGroup: "plinth-ssd", Devices: []string{"/dev/plinth-none-fast"}, Mode: policyv1.CacheModeWriteback, RatioPercent: 20}}}}
+		if err := e.c.Create(ctx, cs); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.c.Delete(context.Background(), cs) })
+		eventually(t, 60*time.Second, "Store Stalled MissingKernelModules", func() error {
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(cs), cs); err != nil {
+				return err
+			}
+			if !apimeta.IsStatusConditionTrue(cs.Status.Conditions, agent.CondStalled) {
+				return errors.New("not stalled")
+			}
+			return nil
+		})
+		rc := apimeta.FindStatusCondition(cs.Status.Conditions, agent.CondReady)
+		sc := apimeta.FindStatusCondition(cs.Status.Conditions, agent.CondStalled)
+		if rc == nil || rc.Status != "False" || rc.Reason != storev1.ReasonMissingKernelModules || sc.Reason != storev1.ReasonMissingKernelModules ||
+			!strings.Contains(rc.Message, "bcache") || cs.Status.Capacity != nil {
+			t.Errorf("Ready %+v, Stalled %+v, capacity %+v", rc, sc, cs.Status.Capacity)
+		}
+		t.Logf("Stalled: %s", sc.Message)
+	})
+
 	var vsName string
 	t.Run("CreateExpandDelete", func(t *testing.T) {
 		vs := newVolumeState("pvc-create", node, pool, storeName, 10*mib+1, local, backendDecl)

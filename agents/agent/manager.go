@@ -236,7 +236,7 @@ func (n *node) dropStore(name string) {
 	n.mu.Lock()
 	delete(n.stores, name)
 	n.mu.Unlock()
-	for _, t := range []string{"total", "allocatable", "provisioned", "available", "snapshots"} {
+	for _, t := range []string{"total", "allocatable", "provisioned", "available", "snapshots", "cache_total", "cache_free", "cache_provisioned"} {
 		StoreCapacityBytes.DeletePartialMatch(map[string]string{"store": name, "type": t})
 	}
 	StoreThinUsedRatio.DeletePartialMatch(map[string]string{"store": name})

@@ -12,10 +12,11 @@ import (
 var (
 	// StoreCapacityBytes is plinth_store_capacity_bytes{store,pool,type}, type
 	// one of total, allocatable, provisioned, available, snapshots (bytes; the
-	// Store's status.capacity).
+	// Store's status.capacity), and cache_total, cache_free, cache_provisioned for a
+	// Store with an LVM cache (status.cache: the fast VG).
 	StoreCapacityBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "plinth_store_capacity_bytes",
-		Help: "Capacity of a Store in bytes, by type (total, allocatable, provisioned, available, snapshots).",
+		Help: "Capacity of a Store in bytes, by type (total, allocatable, provisioned, available, snapshots; cache_total, cache_free, cache_provisioned with an LVM cache).",
 	}, []string{"store", "pool", "type"})
 	// StoreThinUsedRatio is plinth_store_thin_used_ratio{store,part}, part data
 	// or metadata, 0..1.

@@ -15,7 +15,7 @@ import (
 )
 
 // KernelModules are the modules the Agent reports (DESIGN.md "The runtime API").
-var KernelModules = []string{"nvmet", "nvmet_tcp", "nvme_tcp", "dm_thin_pool"}
+var KernelModules = []string{"nvmet", "nvmet_tcp", "nvme_tcp", "dm_thin_pool", "bcache"}
 
 // NodeInfo is what the agent found on its node.
 type NodeInfo struct {

@@ -152,7 +152,10 @@ func (o *Options) defaults() error {
 		o.LookPath = exec.LookPath
 	}
 	if o.NewBackend == nil {
-		o.NewBackend = newBackend
+		sysRoot := o.SysRoot
+		o.NewBackend = func(s *storev1.Store, reserveBytes int64, onCommand func(string, []string, time.Duration, error)) (backend.Backend, error) {
+			return newBackend(s, reserveBytes, sysRoot, onCommand)
+		}
 	}
 	return nil
 }

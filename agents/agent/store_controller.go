@@ -102,8 +102,13 @@ func (r *storeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	switch {
 	case capErr != nil:
 		reason := ReasonBackendFailed
-		if errors.Is(capErr, backend.ErrDeviceNotEmpty) {
+		switch {
+		case errors.Is(capErr, backend.ErrDeviceNotEmpty):
 			reason = ReasonDeviceNotEmpty
+			setCond(&st.Conditions, s.Generation, CondStalled, true, reason, capErr.Error())
+		case errors.Is(capErr, backend.ErrMissingKernelModule):
+			// the pool asks for what this kernel lacks (bcache): no volume, never a plain one
+			reason = ReasonMissingKernelModules
 			setCond(&st.Conditions, s.Generation, CondStalled, true, reason, capErr.Error())
 		}
 		setCond(&st.Conditions, s.Generation, CondReady, false, reason, capErr.Error())
@@ -146,15 +151,8 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 	c, vols, err := observe(ctx, be)
 	var drift []storev1.DriftItem
 	if errors.Is(err, backend.ErrNotFound) {
-		// the VG or thin pool vanished after it was ensured
-		item := storev1.DriftItem{Kind: KindVolumeGroup, Reason: DriftMissing, Message: err.Error()}
-		if s.Spec.Backend.LVM != nil {
-			item.Name = s.Spec.Backend.LVM.VolumeGroup
-			if strings.Contains(err.Error(), "thin pool") && s.Spec.Backend.LVM.ThinPool != nil {
-				item.Kind, item.Name = KindThinPool, s.Spec.Backend.LVM.ThinPool.Name
-			}
-		}
-		drift = append(drift, item)
+		// the VG, thin pool, dataset, directory or disk vanished after it was ensured
+		drift = append(drift, storeMissing(s.Spec.Backend, err))
 		if s.Spec.DriftPolicy == policyv1.DriftPolicyCorrect {
 			rt.mu.Lock()
 			rt.ensured = false
@@ -200,6 +198,13 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 		StoreThinUsedRatio.WithLabelValues(s.Name, "metadata").Set(c.MetadataUsedRatio)
 	} else {
 		s.Status.Thin = nil
+	}
+	s.Status.Cache = nil
+	if c.CacheRatioPercent > 0 {
+		s.Status.Cache = &storev1.CacheCapacity{Total: c.CacheTotalBytes, Free: c.CacheFreeBytes, Provisioned: c.CacheProvisionedBytes, RatioPercent: int32(c.CacheRatioPercent)}
+		for t, v := range map[string]int64{"cache_total": c.CacheTotalBytes, "cache_free": c.CacheFreeBytes, "cache_provisioned": c.CacheProvisionedBytes} {
+			StoreCapacityBytes.WithLabelValues(s.Name, s.Spec.Pool, t).Set(float64(v))
+		}
 	}
 	return drift, vols, nil
 }
@@ -279,7 +284,7 @@ func setDriftGauge(s *storev1.Store, items []storev1.DriftItem) {
 		counts[d.Kind]++
 	}
 	driftByStore[s.Name] = counts
-	total := map[string]int{KindLogicalVolume: 0, KindExport: 0, KindVolumeGroup: 0, KindThinPool: 0}
+	total := map[string]int{KindLogicalVolume: 0, KindExport: 0, KindVolumeGroup: 0, KindThinPool: 0, KindDataset: 0, KindDirectory: 0, KindDisk: 0}
 	for _, c := range driftByStore {
 		for k, v := range c {
 			total[k] += v

@@ -2,12 +2,14 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/nvmet"
@@ -68,7 +70,7 @@ func TestProbe(t *testing.T) {
 	if want := []string{"nvmet", "nvme_tcp", "dm_thin_pool"}; !reflect.DeepEqual(ni.Modules, want) {
 		t.Errorf("modules %v, want %v", ni.Modules, want)
 	}
-	if want := []string{"nvmet_tcp"}; !reflect.DeepEqual(ni.Missing, want) {
+	if want := []string{"nvmet_tcp", "bcache"}; !reflect.DeepEqual(ni.Missing, want) {
 		t.Errorf("missing %v, want %v", ni.Missing, want)
 	}
 	if want := []string{"file"}; !reflect.DeepEqual(ni.Backends, want) {
@@ -203,12 +205,51 @@ func TestNewBackendKinds(t *testing.T) {
 		{policyv1.Backend{File: &policyv1.FileBackend{Directory: t.TempDir()}}, "*file.File"},
 		{policyv1.Backend{ZFS: &policyv1.ZFSBackend{Pool: "tank", ParentDataset: "k8s/volumes", VolBlockSize: "16K"}}, "*zfs.ZFS"},
 	} {
-		be, err := newBackend(store(tc.b), 0, nil)
+		be, err := newBackend(store(tc.b), 0, "", nil)
 		if err != nil || reflect.TypeOf(be).String() != tc.want {
 			t.Errorf("newBackend(%s) = %T, %v; want %s", tc.b.Kind(), be, err, tc.want)
 		}
 	}
-	if _, err := newBackend(store(policyv1.Backend{}), 0, nil); err == nil {
+	if _, err := newBackend(store(policyv1.Backend{}), 0, "", nil); err == nil {
 		t.Error("a Store without backend built a backend")
+	}
+	// an LVM cache on a node whose sysfs has no bcache: Ensure refuses before any command,
+	// with the error the Store controller reports as Stalled, MissingKernelModules
+	cached := policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "hdd", Cache: &policyv1.LVMCache{VolumeGroup: "ssd", Mode: policyv1.CacheModeWriteback, RatioPercent: 20}}}
+	be, err := newBackend(store(cached), 0, t.TempDir(), func(name string, _ []string, _ time.Duration, _ error) { t.Errorf("ran %s", name) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := be.(ensurer).Ensure(t.Context()); !errors.Is(err, backend.ErrMissingKernelModule) {
+		t.Errorf("Ensure of a cached store without bcache: %v, want ErrMissingKernelModule", err)
+	}
+	// the policy's values reach the backend: a bad mode is refused by lvm.New
+	cached.LVM.Cache.Mode = "writeahead"
+	if _, err := newBackend(store(cached), 0, "", nil); !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Errorf("cache mode writeahead: %v", err)
+	}
+}
+
+// A Store whose backing object vanished names it by its backend's own term and name.
+func TestStoreMissingNamesTheBackendObject(t *testing.T) {
+	missing := fmt.Errorf("gone: %w", backend.ErrNotFound)
+	thinGone := fmt.Errorf("thin pool vg0/pool0: %w", backend.ErrNotFound)
+	for _, tt := range []struct {
+		name       string
+		b          policyv1.Backend
+		err        error
+		kind, item string
+	}{
+		{"vg", policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "vg0", ThinPool: &policyv1.ThinPool{Name: "pool0"}}}, missing, KindVolumeGroup, "vg0"},
+		{"thin pool", policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "vg0", ThinPool: &policyv1.ThinPool{Name: "pool0"}}}, thinGone, KindThinPool, "pool0"},
+		{"zfs", policyv1.Backend{ZFS: &policyv1.ZFSBackend{Pool: "tank", ParentDataset: "k8s/vols"}}, missing, KindDataset, "tank/k8s/vols"},
+		{"file", policyv1.Backend{File: &policyv1.FileBackend{Directory: "/var/lib/plinth"}}, missing, KindDirectory, "/var/lib/plinth"},
+		{"raw", policyv1.Backend{Raw: &policyv1.RawBackend{Devices: []string{"/dev/vdb", "/dev/vdc"}}}, missing, KindDisk, "/dev/vdb,/dev/vdc"},
+		{"cache vg", policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: "hdd", Cache: &policyv1.LVMCache{VolumeGroup: "ssd"}}}, fmt.Errorf("cache: volume group ssd: %w", backend.ErrNotFound), KindVolumeGroup, "ssd"},
+	} {
+		got := storeMissing(tt.b, tt.err)
+		if got.Kind != tt.kind || got.Name != tt.item || got.Reason != DriftMissing || got.Message != tt.err.Error() {
+			t.Errorf("%s: %+v, want kind %s name %s", tt.name, got, tt.kind, tt.item)
+		}
 	}
 }

@@ -103,6 +103,25 @@ type Capacity struct {
 	// LargestFreeBytes is the largest volume one free region still holds (bytes; the
 	// largest aligned gap of a GPT, the largest free disk), used when Contiguous.
 	LargestFreeBytes int64
+	// CacheRatioPercent is set when every volume has a cache on a second, fast device (the
+	// LVM backend's bcache cache): a volume of S bytes also takes a cache of S × ratio/100
+	// bytes (at least CacheMinBytes) from the cache space. 0: no cache.
+	CacheRatioPercent int64
+	// CacheMinBytes is the smallest cache a volume gets (bytes; bcache needs more than 512
+	// buckets).
+	CacheMinBytes int64
+	// CacheTotalBytes and CacheFreeBytes are the cache space (the fast VG's size and free
+	// bytes); CacheProvisionedBytes is the sum of the volumes' caches in it. Bytes.
+	CacheTotalBytes, CacheFreeBytes, CacheProvisionedBytes int64
+}
+
+// CacheBytes is the cache a volume of sizeBytes takes: sizeBytes × CacheRatioPercent/100, at
+// least CacheMinBytes; 0 without a cache.
+func (c Capacity) CacheBytes(sizeBytes int64) int64 {
+	if c.CacheRatioPercent <= 0 {
+		return 0
+	}
+	return max(sizeBytes/100*c.CacheRatioPercent+sizeBytes%100*c.CacheRatioPercent/100, c.CacheMinBytes)
 }
 
 // Allocatable is physical − reserve, clamped at 0 (B07: no underflow).
@@ -123,7 +142,10 @@ func (c Capacity) Allocatable(reserveBytes int64) int64 {
 //   - linear / file: free − reserve (the free space is what is physically
 //     left, whoever else uses the VG or filesystem);
 //   - contiguous (raw): that, and never more than LargestFreeBytes, since a
-//     volume cannot span two free regions.
+//     volume cannot span two free regions;
+//   - cached (CacheRatioPercent > 0): that, and never more than the volume whose cache
+//     still fits the free cache space (CacheFreeBytes × 100 / ratio; 0 when less than
+//     CacheMinBytes is free).
 //
 // overcommitPercent <= 0 means 100 (no overcommit); it applies to thin
 // capacity only. The result is clamped at 0 (B07).
@@ -132,10 +154,18 @@ func (c Capacity) Available(reserveBytes int64, overcommitPercent int64) int64 {
 		reserveBytes = 0
 	}
 	if !c.Thin {
+		avail := c.FreeBytes - reserveBytes
 		if c.Contiguous {
-			return clamp(min(c.FreeBytes-reserveBytes, c.LargestFreeBytes))
+			avail = min(avail, c.LargestFreeBytes)
 		}
-		return clamp(c.FreeBytes - reserveBytes)
+		if c.CacheRatioPercent > 0 {
+			cacheBound := int64(0)
+			if c.CacheFreeBytes >= c.CacheMinBytes {
+				cacheBound = c.CacheFreeBytes * 100 / c.CacheRatioPercent
+			}
+			avail = min(avail, cacheBound)
+		}
+		return clamp(avail)
 	}
 	limit := policyv1.ProvisionLimit(clamp(c.TotalBytes-reserveBytes), true, overcommitPercent)
 	return clamp(limit - c.ProvisionedBytes - c.SnapshotBytes)

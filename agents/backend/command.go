@@ -19,9 +19,18 @@ type Runner func(ctx context.Context, name string, args ...string) (stdout, stde
 // ExecRunner returns a Runner that uses os/exec with the process environment
 // plus LC_ALL=C (so messages are stable for classification) and env.
 func ExecRunner(env ...string) Runner {
+	return ExecRunnerStdin(nil, env...)
+}
+
+// ExecRunnerStdin is ExecRunner with stdin written to each command's standard input (nil:
+// none), for commands that read a script there (sfdisk).
+func ExecRunnerStdin(stdin []byte, env ...string) Runner {
 	return func(ctx context.Context, name string, args ...string) ([]byte, []byte, int, error) {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Env = append(append(os.Environ(), "LC_ALL=C"), env...)
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin)
+		}
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()

@@ -29,6 +29,10 @@ var (
 	// disk). The agent reports it as reason ExpansionRefused; the CSI controller answers
 	// OUT_OF_RANGE.
 	ErrOutOfRange = errors.New("out of range")
+	// ErrMissingKernelModule: the Store's declaration needs a kernel module the node does not
+	// have (bcache for an LVM cache). No retry helps until the node or the policy changes: the
+	// agent reports the Store Stalled with reason MissingKernelModules, never a plain volume.
+	ErrMissingKernelModule = errors.New("missing kernel module")
 )
 
 // CommandError is a failed external command (lvcreate, losetup, ...). Its

@@ -40,6 +40,11 @@ type Config struct {
 	// OvercommitPercent is max provisioned ÷ physical × 100 for thin pools
 	// (0 means 100).
 	OvercommitPercent int64
+	// Cache, when set, puts a bcache cache LV in a second (fast) VG in front of every
+	// volume (see CacheConfig); volumes are then linear (no ThinPool).
+	Cache *CacheConfig
+	// Kernel is the sysfs the cache drives; nil means SysKernel{} (/sys). Tests substitute it.
+	Kernel Kernel
 	// Run runs an external command; nil means os/exec. Tests substitute it.
 	Run Runner
 	// OnCommand, when set, is called after every command with its program
@@ -64,6 +69,9 @@ var execRunner = backend.ExecRunner("LVM_SUPPRESS_FD_WARNINGS=1")
 type LVM struct {
 	cfg Config
 	mu  sync.Mutex
+	// fast is the backend of the cache's VG when Config.Cache is set (its LVs are caches,
+	// never volumes).
+	fast *LVM
 }
 
 var _ backend.Backend = (*LVM)(nil)
@@ -88,7 +96,19 @@ func New(cfg Config) (*LVM, error) {
 	if cfg.Run == nil {
 		cfg.Run = ExecRunner
 	}
-	return &LVM{cfg: cfg}, nil
+	if cfg.Kernel == nil {
+		cfg.Kernel = SysKernel{}
+	}
+	l := &LVM{cfg: cfg}
+	if cfg.Cache != nil {
+		c := *cfg.Cache
+		if err := validateCache(cfg.VolumeGroup, cfg.ThinPool, &c); err != nil {
+			return nil, err
+		}
+		l.cfg.Cache = &c
+		l.fast = &LVM{cfg: Config{VolumeGroup: c.VolumeGroup, Devices: c.Devices, Run: cfg.Run, OnCommand: cfg.OnCommand, Kernel: cfg.Kernel, ThinPoolSizePercent: DefaultThinPoolSizePercent}}
+	}
+	return l, nil
 }
 
 // run runs an lvm2 (or blkid/wipefs) command. Non-zero exit → CommandError
@@ -190,8 +210,18 @@ func (l *LVM) CheckEmpty(ctx context.Context, device string) error {
 // LVs are inactive); when it does not, it is created on Config.Devices,
 // each of which must be empty (CheckEmpty) — a device with any signature is
 // refused with backend.ErrDeviceNotEmpty and nothing is written. Then the
-// thin pool is created when configured and missing. Idempotent.
+// thin pool is created when configured and missing. With a cache, the kernel must have
+// bcache (else backend.ErrMissingKernelModule, before any command) and the fast VG is ensured
+// the same way on its own devices. Idempotent.
 func (l *LVM) Ensure(ctx context.Context) error {
+	if l.fast != nil {
+		if err := l.cacheAvailable(); err != nil {
+			return err
+		}
+		if err := l.fast.Ensure(ctx); err != nil {
+			return fmt.Errorf("cache volume group: %w", err)
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st, err := l.refresh(ctx)
@@ -278,6 +308,9 @@ func (l *LVM) managed(lv LV) bool {
 }
 
 func (l *LVM) volume(lv LV) backend.Volume {
+	if l.fast != nil {
+		return l.cachedVolume(lv)
+	}
 	v := backend.Volume{ID: lv.Name, Name: lv.Name, SizeBytes: lv.SizeBytes, Thin: lv.IsThin()}
 	if lv.Active {
 		v.DevicePath = l.devPath(lv.Name)
@@ -287,13 +320,23 @@ func (l *LVM) volume(lv LV) backend.Volume {
 
 func (l *LVM) devPath(lv string) string { return "/dev/" + l.cfg.VolumeGroup + "/" + lv }
 
-// Capacity reports the Store's capacity (one vgs + lvs pair). Units bytes.
+// Capacity reports the Store's capacity (one vgs + lvs pair; with a cache, a second pair for
+// the fast VG, whose size and free bytes are the Cache* fields). Units bytes.
 func (l *LVM) Capacity(ctx context.Context) (backend.Capacity, error) {
 	st, err := l.refresh(ctx)
 	if err != nil {
 		return backend.Capacity{}, err
 	}
-	return l.capacity(st)
+	c, err := l.capacity(st)
+	if err != nil || l.fast == nil {
+		return c, err
+	}
+	fast, err := l.fast.refresh(ctx)
+	if err != nil {
+		return c, fmt.Errorf("cache: %w", err)
+	}
+	l.addCacheCapacity(&c, fast)
+	return c, nil
 }
 
 // List returns Plinth's volumes of this VG (and pool), ordered by id.
@@ -329,6 +372,13 @@ func (l *LVM) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, 
 	}
 	sort.Slice(vols, func(i, j int) bool { return vols[i].ID < vols[j].ID })
 	c, err := l.capacity(st)
+	if err == nil && l.fast != nil {
+		var fast state
+		if fast, err = l.fast.refresh(ctx); err != nil {
+			return c, vols, fmt.Errorf("cache: %w", err)
+		}
+		l.addCacheCapacity(&c, fast)
+	}
 	return c, vols, err
 }
 
@@ -359,8 +409,13 @@ func (l *LVM) Get(ctx context.Context, id string) (backend.Volume, error) {
 	return l.volume(lv), nil
 }
 
-// DevicePath returns /dev/<vg>/<lv>, activating the LV first when inactive.
+// DevicePath returns /dev/<vg>/<lv>, activating the LV first when inactive. With a cache it
+// returns the volume's /dev/bcacheN, bringing the bcache device up when it is not running,
+// attached and in the configured mode (after a reboot or an agent restart).
 func (l *LVM) DevicePath(ctx context.Context, id string) (string, error) {
+	if l.fast != nil {
+		return l.cachedDevicePath(ctx, id)
+	}
 	_, lv, err := l.find(ctx, id)
 	if err != nil {
 		return "", err
@@ -389,6 +444,9 @@ func (l *LVM) Create(ctx context.Context, id string, sizeBytes int64) (backend.V
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.fast != nil {
+		return l.createCached(ctx, name, sizeBytes)
+	}
 	st, err := l.refresh(ctx)
 	if err != nil {
 		return backend.Volume{}, err
@@ -453,6 +511,13 @@ func (l *LVM) Expand(ctx context.Context, id string, sizeBytes int64) (backend.V
 		return backend.Volume{}, err
 	}
 	size := backend.RoundUp(sizeBytes, st.vg.ExtentBytes)
+	if l.fast != nil {
+		if lv.SizeBytes-BackingOffsetBytes >= sizeBytes {
+			return l.volume(lv), nil
+		}
+		// bcache sizes its device from the backing device at registration only
+		return backend.Volume{}, fmt.Errorf("volume %s has a bcache cache: a cached volume does not grow (%d bytes, %d requested): %w", id, lv.SizeBytes-BackingOffsetBytes, sizeBytes, backend.ErrOutOfRange)
+	}
 	if lv.SizeBytes >= size {
 		return l.volume(lv), nil
 	}
@@ -474,6 +539,9 @@ func (l *LVM) Expand(ctx context.Context, id string, sizeBytes int64) (backend.V
 func (l *LVM) Delete(ctx context.Context, id string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.fast != nil {
+		return l.deleteCached(ctx, id)
+	}
 	_, lv, err := l.find(ctx, id)
 	if errors.Is(err, backend.ErrNotFound) {
 		return nil

@@ -14,7 +14,7 @@ import (
 // LV extended into a second segment would appear twice.
 const (
 	vgFields = "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size,vg_extent_count,vg_free_count,vg_tags,lv_count,pv_count"
-	lvFields = "lv_name,vg_name,lv_uuid,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,lv_metadata_size,lv_path,lv_dm_path,lv_active,lv_layout"
+	lvFields = "lv_name,vg_name,lv_uuid,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,lv_metadata_size,lv_path,lv_dm_path,lv_active,lv_layout,lv_kernel_major,lv_kernel_minor"
 )
 
 // VG is one row of `vgs`. Sizes in bytes.
@@ -50,6 +50,9 @@ type LV struct {
 	Path              string
 	DMPath            string
 	Active            bool
+	// KernelMajor and KernelMinor are the device numbers of an active LV (-1 when inactive):
+	// the key into /sys/dev/block/<major>:<minor> (the bcache cache finds its devices there).
+	KernelMajor, KernelMinor int64
 }
 
 // IsThin reports whether the LV is a thin LV (not a pool).
@@ -108,6 +111,20 @@ func (p *fieldParser) int(k string) int64 {
 	v, err := strconv.ParseInt(s, 10, 64)
 	if (err != nil || v < 0) && p.err == nil {
 		p.err = fmt.Errorf("field %s: bad byte count %q", k, s)
+	}
+	return v
+}
+
+// devnum parses a kernel device number: lvs reports -1 for an inactive LV (and "" where the
+// field is not requested).
+func (p *fieldParser) devnum(k string) int64 {
+	s := strings.TrimSpace(p.row[k])
+	if s == "" {
+		return -1
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if (err != nil || v < -1) && p.err == nil {
+		p.err = fmt.Errorf("field %s: bad device number %q", k, s)
 	}
 	return v
 }
@@ -190,6 +207,8 @@ func ParseLVs(data []byte) ([]LV, error) {
 				Path:              p.str("lv_path"),
 				DMPath:            p.str("lv_dm_path"),
 				Active:            p.str("lv_active") == "active",
+				KernelMajor:       p.devnum("lv_kernel_major"),
+				KernelMinor:       p.devnum("lv_kernel_minor"),
 			}
 			if p.err == nil && lv.Name == "" {
 				p.err = fmt.Errorf("lv row without lv_name")

@@ -1,12 +1,10 @@
 package raw
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -30,24 +28,10 @@ const (
 // not exit. sfdisk reads its script from standard input.
 type Runner func(ctx context.Context, stdin []byte, name string, args ...string) (stdout, stderr []byte, exitCode int, err error)
 
-// ExecRunner runs commands with os/exec in the C locale (stable messages).
+// ExecRunner runs commands with os/exec in the C locale (stable messages):
+// backend.ExecRunnerStdin.
 func ExecRunner(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, []byte, int, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.Exited() {
-		return stdout.Bytes(), stderr.Bytes(), ee.ExitCode(), nil
-	}
-	if err != nil {
-		return stdout.Bytes(), stderr.Bytes(), -1, err
-	}
-	return stdout.Bytes(), stderr.Bytes(), 0, nil
+	return backend.ExecRunnerStdin(stdin)(ctx, name, args...)
 }
 
 // Config binds the raw backend to one Store: a StoragePool's raw backend on one node.

@@ -118,6 +118,28 @@ func classLines(c ClassImpact) (head string, details []string) {
 	return head, details
 }
 
+func snapshotClassLines(c SnapshotClassImpact) (head string, details []string) {
+	switch c.Action {
+	case ActionPrune:
+		head = fmt.Sprintf("VolumeSnapshotClass %s leaves the policy: %s", c.Name, c.Outcome)
+	default:
+		head = fmt.Sprintf("VolumeSnapshotClass %s changes (%s): %s", c.Name, strings.Join(c.Fields, ", "), c.Outcome)
+	}
+	for _, sn := range c.Snapshots {
+		d := fmt.Sprintf("VolumeSnapshot %s/%s", sn.Namespace, sn.Name)
+		if sn.Source != "" {
+			d += " of " + sn.Source
+		}
+		if sn.ReadyToUse {
+			d += " (ready)"
+		} else {
+			d += " (not ready)"
+		}
+		details = append(details, d)
+	}
+	return head, details
+}
+
 func describe(c ClassImpact) string {
 	s := make([]string, len(c.Changes))
 	for i, ch := range c.Changes {
@@ -175,11 +197,18 @@ func text(r *Report) string {
 		}
 	}
 	s := r.Storage
-	if len(s.Classes)+len(s.StoresAdded)+len(s.StoresRemoved)+len(s.Pools) > 0 {
+	if len(s.Classes)+len(s.SnapshotClasses)+len(s.StoresAdded)+len(s.StoresRemoved)+len(s.Pools) > 0 {
 		b.WriteString("\nStorage impact:\n")
 	}
 	for _, c := range s.Classes {
 		head, details := classLines(c)
+		b.WriteString("  " + head + "\n")
+		for _, d := range details {
+			b.WriteString("    " + d + "\n")
+		}
+	}
+	for _, sc := range s.SnapshotClasses {
+		head, details := snapshotClassLines(sc)
 		b.WriteString("  " + head + "\n")
 		for _, d := range details {
 			b.WriteString("    " + d + "\n")
@@ -279,10 +308,17 @@ func markdown(r *Report) string {
 		}
 	}
 	s := r.Storage
-	if len(s.Classes)+len(s.StoresAdded)+len(s.StoresRemoved) > 0 {
+	if len(s.Classes)+len(s.SnapshotClasses)+len(s.StoresAdded)+len(s.StoresRemoved) > 0 {
 		b.WriteString("\n#### Storage impact\n\n")
 		for _, c := range s.Classes {
 			head, details := classLines(c)
+			b.WriteString("- " + cell(head) + "\n")
+			for _, d := range details {
+				b.WriteString("  - " + d + "\n")
+			}
+		}
+		for _, sc := range s.SnapshotClasses {
+			head, details := snapshotClassLines(sc)
 			b.WriteString("- " + cell(head) + "\n")
 			for _, d := range details {
 				b.WriteString("  - " + d + "\n")

@@ -9,7 +9,10 @@ import (
 
 	"github.com/fluxcd/pkg/ssa"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/controllers/inventory"
@@ -105,6 +108,7 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 	b.capacity()
 	b.protocolChanges()
 	b.authSupport(rendered.Agents)
+	b.cacheSupport(rendered.Agents)
 	b.overrides()
 	rep.Policy = policyChanges(before, after, func(string, string) (string, int) { return "", 0 })
 	b.finish()
@@ -122,6 +126,45 @@ type cluster struct {
 	claims  map[string][]corev1.PersistentVolumeClaim
 	pvs     map[string][]corev1.PersistentVolume
 	pvByID  map[string]*corev1.PersistentVolume
+	// snapshots are the VolumeSnapshots by spec.volumeSnapshotClassName.
+	snapshots map[string][]Snapshot
+}
+
+// volumeSnapshotListGVK is external-snapshotter's VolumeSnapshotList.
+var volumeSnapshotListGVK = schema.GroupVersionKind{Group: "snapshot.storage.k8s.io", Version: "v1", Kind: "VolumeSnapshotList"}
+
+// readSnapshots lists the VolumeSnapshots by class; a cluster without the snapshot API (no
+// CRDs) has none.
+func readSnapshots(ctx context.Context, c client.Client) (map[string][]Snapshot, error) {
+	l := &unstructured.UnstructuredList{}
+	l.SetGroupVersionKind(volumeSnapshotListGVK)
+	if err := c.List(ctx, l); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list VolumeSnapshots: %w", err)
+	}
+	out := map[string][]Snapshot{}
+	for _, u := range l.Items {
+		class, _, _ := unstructured.NestedString(u.Object, "spec", "volumeSnapshotClassName")
+		if class == "" {
+			continue
+		}
+		sn := Snapshot{Namespace: u.GetNamespace(), Name: u.GetName()}
+		if pvc, _, _ := unstructured.NestedString(u.Object, "spec", "source", "persistentVolumeClaimName"); pvc != "" {
+			sn.Source = pvc
+		} else if content, _, _ := unstructured.NestedString(u.Object, "spec", "source", "volumeSnapshotContentName"); content != "" {
+			sn.Source = "content " + content
+		}
+		sn.ReadyToUse, _, _ = unstructured.NestedBool(u.Object, "status", "readyToUse")
+		out[class] = append(out[class], sn)
+	}
+	for _, ss := range out {
+		sort.Slice(ss, func(i, j int) bool {
+			return ss[i].Namespace+"/"+ss[i].Name < ss[j].Namespace+"/"+ss[j].Name
+		})
+	}
+	return out, nil
 }
 
 func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
@@ -168,6 +211,9 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 	cl := &cluster{nodes: nodes.Items, policy: pol, stores: map[string]*storev1.Store{},
 		volumes: map[string][]storev1.VolumeState{}, claims: map[string][]corev1.PersistentVolumeClaim{},
 		pvs: map[string][]corev1.PersistentVolume{}, pvByID: map[string]*corev1.PersistentVolume{}}
+	if cl.snapshots, err = readSnapshots(ctx, c); err != nil {
+		return nil, err
+	}
 	for i := range stores.Items {
 		cl.stores[stores.Items[i].Name] = &stores.Items[i]
 	}
@@ -259,6 +305,9 @@ func (b *builder) object(o *plan.Object) {
 		}
 	case plan.Change:
 		oc.Action, oc.Fields = ActionChange, o.Fields
+		if u.GetKind() == policyv1.SnapshotClassKind {
+			b.snapshotClass(u, ActionChange, o.Fields)
+		}
 	case plan.Drift:
 		oc.Action, oc.Fields, oc.Reason = ActionDrift, o.Fields, "edited outside Plinth"
 		if o.Drift.Deleted {
@@ -420,7 +469,30 @@ func (b *builder) stale(pr *plan.Prune) {
 		}
 	default: // plan.PruneDelete
 		b.deleted(live, &oc, ci)
+		if live.GetKind() == policyv1.SnapshotClassKind {
+			b.snapshotClass(live, ActionPrune, nil)
+		}
 	}
+}
+
+// snapshotClass records a VolumeSnapshotClass that changes or is pruned, with the
+// VolumeSnapshots that name it (live) and what happens to them.
+func (b *builder) snapshotClass(u *unstructured.Unstructured, action string, fields []string) {
+	si := SnapshotClassImpact{Name: u.GetName(), Placement: u.GetLabels()[policyv1.LabelPlacement], Action: action, Fields: fields}
+	if b.cl != nil {
+		si.Snapshots = b.cl.snapshots[si.Name]
+	}
+	n := fmt.Sprintf("%d VolumeSnapshots name it", len(si.Snapshots))
+	if b.cl == nil {
+		n = "its VolumeSnapshots are not known offline"
+	}
+	switch action {
+	case ActionPrune:
+		si.Outcome = n + ": they stay restorable and deletable (each VolumeSnapshotContent keeps its driver and deletion policy); new VolumeSnapshots of this class fail until a class of that name exists again"
+	default:
+		si.Outcome = n + ": they keep the settings they were taken with; new VolumeSnapshots of this class are taken with the new ones"
+	}
+	b.rep.Storage.SnapshotClasses = append(b.rep.Storage.SnapshotClasses, si)
 }
 
 // storeRemoval records a Store that leaves the policy, with its volumes (live only).
@@ -730,6 +802,32 @@ func (b *builder) authSupport(agents []storev1.Agent) {
 		b.violation(RuleAuthUnsupported, "Protocol", proto, "spec.nvmeofTcp.auth", fmt.Sprintf(
 			"node %s reports no NVMe target authentication in its kernel (Agent status.capabilities.nvmeAuth %v; needs CONFIG_NVME_TARGET_AUTH): it would export none of the volumes that ask for DH-HMAC-CHAP",
 			a.Name, live.Status.Capabilities.NVMeAuth))
+	}
+}
+
+// cacheSupport reports, for each rendered Agent of a node that carries a pool with an LVM cache
+// (lvm.cache), a live Agent that has reported a kernel without the bcache module (its
+// status.capabilities.kernelModules lacks "bcache"): that node's Store of the pool would be
+// Stalled (MissingKernelModules) and make no volume. Agents that have not reported yet are not
+// judged.
+func (b *builder) cacheSupport(agents []storev1.Agent) {
+	if b.cl == nil {
+		return
+	}
+	for _, a := range agents {
+		live := b.cl.agents[a.Name]
+		if live == nil || live.Status.LastHeartbeatTime == nil || slices.Contains(live.Status.Capabilities.KernelModules, "bcache") {
+			continue
+		}
+		for _, pool := range strings.Split(a.Annotations[render.AnnotationPools], ",") {
+			p := b.after.pools[pool]
+			if p == nil || p.Spec.Backend.LVM == nil || p.Spec.Backend.LVM.Cache == nil {
+				continue
+			}
+			b.violation(RuleCacheUnsupported, "StoragePool", pool, "spec.backend.lvm.cache", fmt.Sprintf(
+				"node %s reports no bcache module in its kernel (Agent status.capabilities.kernelModules %v): its Store of pool %s would be Stalled (MissingKernelModules) and make no volume",
+				a.Name, live.Status.Capabilities.KernelModules, pool))
+		}
 	}
 }
 

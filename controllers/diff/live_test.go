@@ -188,6 +188,18 @@ func TestLive(t *testing.T) {
 					}
 				}
 			}}},
+		// Expected: a pool with a bcache cache on node-c, whose kernel reported no bcache
+		// module: its Store would be Stalled, so the diff says so before anything is applied.
+		{"cache", want{exit: diff.ExitViolations,
+			objects:    []string{"change Agent/node-c", "create Store/tiered.node-c"},
+			violations: []string{"CacheUnsupported StoragePool/tiered spec.backend.lvm.cache testdata/live/cache/pools.yaml:44"},
+			check: func(t *testing.T, r *diff.Report) {
+				for _, v := range r.Violations {
+					if v.Rule == diff.RuleCacheUnsupported && !strings.Contains(v.Message, "node node-c") {
+						t.Errorf("CacheUnsupported does not name the node: %s", v.Message)
+					}
+				}
+			}}},
 		{"rejected", want{exit: diff.ExitViolations,
 			violations: []string{"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12",
 				"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12"}}},

@@ -72,6 +72,11 @@ const (
 	// kernel: that node would export none of the class's volumes (Agent Stalled,
 	// AuthUnsupported). Agents that have not reported yet are not judged.
 	RuleAuthUnsupported = "AuthUnsupported"
+	// RuleCacheUnsupported: a StoragePool asks for a bcache cache (lvm.cache) and a node it
+	// selects reports (Agent status.capabilities.kernelModules) no bcache module: that node's
+	// Store would be Stalled (MissingKernelModules) and make no volume, never one without its
+	// cache. Agents that have not reported yet are not judged.
+	RuleCacheUnsupported = "CacheUnsupported"
 )
 
 // Report is what `plinth diff` prints. Byte sizes are int64 bytes.
@@ -148,6 +153,38 @@ type StorageImpact struct {
 	StoresRemoved []StoreRemoval `json:"storesRemoved"`
 	// Pools is the capacity per pool before and after (live mode only).
 	Pools []PoolCapacity `json:"pools"`
+	// SnapshotClasses are VolumeSnapshotClasses the change alters or prunes, with the
+	// VolumeSnapshots that name them (live mode).
+	SnapshotClasses []SnapshotClassImpact `json:"snapshotClasses,omitempty"`
+}
+
+// SnapshotClassImpact is one VolumeSnapshotClass the change affects. Neither a change nor a
+// prune touches existing snapshots: each VolumeSnapshotContent carries its own driver and
+// deletion policy, so existing snapshots stay restorable and deletable; what changes is how
+// new VolumeSnapshots of the class are taken, or (pruned) that they fail until a class of that
+// name exists again.
+type SnapshotClassImpact struct {
+	Name      string `json:"name"`
+	Placement string `json:"placement,omitempty"`
+	// Action is ActionChange or ActionPrune.
+	Action string `json:"action"`
+	// Fields are the dotted paths that change (ActionChange).
+	Fields []string `json:"fields,omitempty"`
+	// Outcome says in words what happens to the class's snapshots.
+	Outcome string `json:"outcome"`
+	// Snapshots are the VolumeSnapshots whose spec.volumeSnapshotClassName is this class
+	// (live; empty where the cluster has no snapshot.storage.k8s.io API).
+	Snapshots []Snapshot `json:"snapshots,omitempty"`
+}
+
+// Snapshot is a VolumeSnapshot.
+type Snapshot struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Source is the PVC it was taken of (spec.source.persistentVolumeClaimName), or
+	// "content <name>" for a pre-provisioned snapshot.
+	Source     string `json:"source,omitempty"`
+	ReadyToUse bool   `json:"readyToUse"`
 }
 
 // ClassImpact is one StorageClass the change affects.

@@ -19,12 +19,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -38,8 +40,8 @@ import (
 
 // The fleet-apply benchmark: one policy set (a StoragePool selecting every node, an NVMe-oF
 // Protocol, a Placement) rendered for N Nodes (N Stores, N Agents, one StorageClass), applied
-// on the suite's API server by two controllers in turn, each a process of its own started with
-// the same client limits (--kube-api-qps, --kube-api-burst):
+// on one API server by two controllers in turn, each a process of its own started with the
+// same client limits (--kube-api-qps, --kube-api-burst):
 //   - kustomize-controller (Flux, the peer): the objects `plinth render` prints for those
 //     policies and Nodes, committed to a Git repository served on loopback (git http-backend)
 //     and fetched by source-controller, applied by a Kustomization (prune: true);
@@ -49,6 +51,13 @@ import (
 // writes it makes), the API server's requests for the applied kinds by verb (from its own
 // apiserver_request_total), the API server's and the controller's CPU, and the controller's
 // peak RSS. Between the two, the peer's objects are pruned by deleting its Kustomization.
+//
+// The API server is one of the benchmark's own (etcd + kube-apiserver), started with API
+// Priority and Fairness off: Flux's controllers drop their client-side limiter altogether when
+// the API server answers with APF's headers (fluxcd/pkg/runtime/client GetConfigOrDie sets QPS
+// and burst to -1), so on a default API server --kube-api-qps and --kube-api-burst would bind
+// Plinth and not the peer. Without APF both honour them; the benchmark checks the headers are
+// absent before it starts.
 
 // fleetKinds are the resources of the applied objects; requests to them are what is counted.
 var fleetKinds = map[string]bool{"agents": true, "stores": true, "storageclasses": true}
@@ -56,30 +65,94 @@ var fleetKinds = map[string]bool{"agents": true, "stores": true, "storageclasses
 // BenchmarkFleetApply: PLINTH_BENCH_NODES Nodes (default 1000), both controllers at
 // PLINTH_BENCH_QPS / PLINTH_BENCH_BURST (default 50 / 300: the default of both). Reports per
 // controller first-apply-s, noop-s (reconcile time of the no-op), noop-wall-s, noop-writes,
-// first-requests, first-dryruns, first-writes, noop-requests, apiserver-cpu-s (first apply),
+// first-requests, first-dryruns, first-writes, first-status-writes, noop-requests, apiserver-cpu-s (first apply),
 // cpu-s and rss-mb (the controller process: CPU over both applies, peak RSS). One run per
 // controller (b.N is ignored: run it with -benchtime 1x); -bench 'FleetApply/plinth' runs
 // Plinth's side alone, PLINTH_BINARY names the plinth binary to run (default: this tree's).
 func BenchmarkFleetApply(b *testing.B) {
-	c := env(b)
+	env(b) // skips or fails as the suite does when the binaries are missing
 	n := benchEnvInt(b, "PLINTH_BENCH_NODES", 1000)
 	qps := benchEnvInt(b, "PLINTH_BENCH_QPS", 50)
 	burst := benchEnvInt(b, "PLINTH_BENCH_BURST", 300)
-	b.Logf("fleet: %d nodes, %d objects, client limits %d QPS burst %d, load average %s", n, 2*n+1, qps, burst, loadAverage())
+	fe := startFleetControlPlane(b)
+	b.Logf("fleet: %d nodes, %d objects, client limits %d QPS burst %d (API Priority and Fairness off), load average %s",
+		n, 2*n+1, qps, burst, loadAverage())
 
-	createFleetNodes(b, c, n)
+	createFleetNodes(b, fe.c, n)
 	pool, proto, pl := fleetPolicies()
-	objects := renderFleet(b, c, pool, proto, pl)
+	objects := renderFleet(b, fe.c, pool, proto, pl)
 	limits := []string{"--kube-api-qps=" + strconv.Itoa(qps), "--kube-api-burst=" + strconv.Itoa(burst)}
 
 	b.Run("kustomize-controller", func(b *testing.B) {
 		b.ReportAllocs()
-		runFluxFleet(b, c, objects, limits, n)
+		runFluxFleet(b, fe, objects, limits, n)
 	})
 	b.Run("plinth", func(b *testing.B) {
 		b.ReportAllocs()
-		runPlinthFleet(b, c, pool, proto, pl, limits, n)
+		runPlinthFleet(b, fe, pool, proto, pl, limits, n)
 	})
+}
+
+// fleetEnv is the benchmark's own control plane and its admin clients.
+type fleetEnv struct {
+	cp *controlplane.ControlPlane
+	c  client.Client
+	cs kubernetes.Interface
+}
+
+// startFleetControlPlane starts etcd and kube-apiserver with API Priority and Fairness off,
+// with Plinth's CRDs installed, stopped when the benchmark ends; it fails b if the API server
+// still answers with APF's headers (the peer would then run without a client-side limiter).
+func startFleetControlPlane(b *testing.B) *fleetEnv {
+	sctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cp, err := controlplane.Start(sctx, controlplane.Options{APIServerArgs: []string{"--enable-priority-and-fairness=false"}})
+	if err != nil {
+		b.Fatalf("fleet control plane: %v", err)
+	}
+	b.Cleanup(func() {
+		if err := cp.Stop(); err != nil {
+			b.Errorf("stop fleet control plane: %v", err)
+		}
+	})
+	c, err := prepare(cp)
+	if err != nil {
+		b.Fatalf("fleet control plane: %v", err)
+	}
+	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	on, err := flowControlEnabled(cp.Admin.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if on {
+		b.Fatal("kube-apiserver answers with API Priority and Fairness headers despite --enable-priority-and-fairness=false: " +
+			"Flux's controllers would ignore --kube-api-qps and --kube-api-burst")
+	}
+	return &fleetEnv{cp: cp, c: c, cs: cs}
+}
+
+// flowControlEnabled reports whether the API server answers with API Priority and Fairness's
+// X-Kubernetes-PF-FlowSchema-UID header: the test Flux's controllers make at start-up
+// (fluxcd/cli-utils flowcontrol.IsEnabled, a HEAD of /livez/ping) to decide to drop their
+// client-side limiter.
+func flowControlEnabled(cfg *rest.Config) (bool, error) {
+	rt, err := rest.TransportFor(cfg)
+	if err != nil {
+		return false, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, strings.TrimSuffix(cfg.Host, "/")+"/livez/ping", nil)
+	if err != nil {
+		return false, err
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return false, fmt.Errorf("HEAD /livez/ping: %w", err)
+	}
+	resp.Body.Close()
+	return resp.Header.Get(flowcontrolv1.ResponseHeaderMatchedFlowSchemaUID) != "", nil
 }
 
 const (
@@ -172,11 +245,13 @@ func renderFleet(b *testing.B, c client.Client, p *policyv1.StoragePool, proto *
 	return y
 }
 
-// apiCounts are the API server's requests for the applied kinds (fleetKinds).
-type apiCounts struct{ reads, dryRuns, writes float64 }
+// apiCounts are the API server's requests for the applied kinds (fleetKinds): reads, dry-runs
+// and writes of the objects themselves, and writes of their status subresource (counted apart,
+// not in total).
+type apiCounts struct{ reads, dryRuns, writes, statusWrites float64 }
 
 func (a apiCounts) sub(o apiCounts) apiCounts {
-	return apiCounts{a.reads - o.reads, a.dryRuns - o.dryRuns, a.writes - o.writes}
+	return apiCounts{a.reads - o.reads, a.dryRuns - o.dryRuns, a.writes - o.writes, a.statusWrites - o.statusWrites}
 }
 func (a apiCounts) total() float64 { return a.reads + a.dryRuns + a.writes }
 
@@ -225,11 +300,15 @@ func apiServerCounts(b *testing.B, cs kubernetes.Interface) apiCounts {
 	}
 	var a apiCounts
 	for _, s := range promSamples(raw, "apiserver_request_total") {
-		if !fleetKinds[s.labels["resource"]] || s.labels["subresource"] != "" {
+		if !fleetKinds[s.labels["resource"]] {
 			continue
 		}
+		read := s.labels["verb"] == "GET" || s.labels["verb"] == "LIST" || s.labels["verb"] == "WATCH"
 		switch {
-		case s.labels["verb"] == "GET" || s.labels["verb"] == "LIST" || s.labels["verb"] == "WATCH":
+		case s.labels["subresource"] == "status" && !read && s.labels["dry_run"] == "":
+			a.statusWrites += s.value
+		case s.labels["subresource"] != "":
+		case read:
 			a.reads += s.value
 		case s.labels["dry_run"] != "":
 			a.dryRuns += s.value
@@ -289,8 +368,8 @@ func procStat(b *testing.B, pid int) (cpu time.Duration, hwmMiB float64) {
 	return cpu, hwmMiB
 }
 
-func apiServerPID(b *testing.B) int {
-	for _, p := range suite.cp.Processes() {
+func apiServerPID(b *testing.B, cp *controlplane.ControlPlane) int {
+	for _, p := range cp.Processes() {
 		if p.Name == controlplane.BinKubeAPIServer {
 			return p.PID()
 		}
@@ -315,24 +394,47 @@ func poll(b *testing.B, timeout time.Duration, what string, f func() error) {
 	}
 }
 
+// fleetObjects counts the Stores, Agents and StorageClasses named "fleet" on the benchmark's
+// API server (it holds nothing else of those kinds).
+func fleetObjects(c client.Client) (stores, agents, classes int, err error) {
+	var sl storev1.StoreList
+	if err := c.List(ctx, &sl); err != nil {
+		return 0, 0, 0, err
+	}
+	var al storev1.AgentList
+	if err := c.List(ctx, &al); err != nil {
+		return 0, 0, 0, err
+	}
+	var sc storagev1.StorageClass
+	switch err := c.Get(ctx, types.NamespacedName{Name: "fleet"}, &sc); {
+	case err == nil:
+		classes = 1
+	case !apierrors.IsNotFound(err):
+		return 0, 0, 0, err
+	}
+	return len(sl.Items), len(al.Items), classes, nil
+}
+
+// fleetApplied fails b unless the n Stores, n Agents and the StorageClass exist.
+func fleetApplied(b *testing.B, c client.Client, n int) {
+	s, a, sc, err := fleetObjects(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if s != n || a != n || sc != 1 {
+		b.Fatalf("after the first apply: %d Stores, %d Agents, %d StorageClasses; want %d, %d, 1", s, a, sc, n, n)
+	}
+}
+
 // fleetGone waits until no Store, Agent or StorageClass of the fleet is left.
 func fleetGone(b *testing.B, c client.Client) {
 	poll(b, 15*time.Minute, "fleet objects pruned", func() error {
-		var stores storev1.StoreList
-		if err := c.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: "fleet"}); err != nil {
+		s, a, sc, err := fleetObjects(c)
+		if err != nil {
 			return err
 		}
-		var agents storev1.AgentList
-		if err := c.List(ctx, &agents); err != nil {
-			return err
-		}
-		var sc storagev1.StorageClass
-		err := c.Get(ctx, types.NamespacedName{Name: "fleet"}, &sc)
-		if err == nil || !apierrors.IsNotFound(err) {
-			return fmt.Errorf("StorageClass fleet still there (%v)", err)
-		}
-		if len(stores.Items)+len(agents.Items) > 0 {
-			return fmt.Errorf("%d Stores, %d Agents left", len(stores.Items), len(agents.Items))
+		if s+a+sc > 0 {
+			return fmt.Errorf("%d Stores, %d Agents, %d StorageClasses left", s, a, sc)
 		}
 		return nil
 	})
@@ -355,13 +457,14 @@ func (r fleetRun) report(b *testing.B, n int) {
 	b.ReportMetric(r.firstReq.total(), "first-requests")
 	b.ReportMetric(r.firstReq.dryRuns, "first-dryruns")
 	b.ReportMetric(r.firstReq.writes, "first-writes")
+	b.ReportMetric(r.firstReq.statusWrites, "first-status-writes")
 	b.ReportMetric(r.firstReq.reads, "first-reads")
 	b.ReportMetric(r.apiCPU.Seconds(), "apiserver-cpu-s")
 	b.ReportMetric(r.cpu.Seconds(), "cpu-s")
 	b.ReportMetric(r.rssMiB, "rss-mb")
-	b.Logf("%d objects: first apply %s (requests for the applied kinds: %.0f reads, %.0f dry-runs, %.0f writes; API server CPU %s); "+
+	b.Logf("%d objects: first apply %s (requests for the applied kinds: %.0f reads, %.0f dry-runs, %.0f writes, %.0f status writes; API server CPU %s); "+
 		"no-op reconcile %s (wall %s; %.0f reads, %.0f dry-runs, %.0f writes); controller CPU %s, peak RSS %.0f MiB; load average %s",
-		2*n+1, r.first.Round(time.Millisecond), r.firstReq.reads, r.firstReq.dryRuns, r.firstReq.writes, r.apiCPU.Round(time.Millisecond),
+		2*n+1, r.first.Round(time.Millisecond), r.firstReq.reads, r.firstReq.dryRuns, r.firstReq.writes, r.firstReq.statusWrites, r.apiCPU.Round(time.Millisecond),
 		r.noopReconcile.Round(time.Millisecond), r.noopWall.Round(time.Millisecond), r.noopReq.reads, r.noopReq.dryRuns, r.noopReq.writes,
 		r.cpu.Round(time.Millisecond), r.rssMiB, loadAverage())
 }
@@ -439,12 +542,9 @@ func freePorts(b *testing.B, n int) []int {
 // runFluxFleet: source-controller and kustomize-controller started for this run, the rendered
 // objects in Git, a Kustomization created (first apply), a reconcile requested with nothing
 // changed (no-op), then the Kustomization deleted and its objects pruned.
-func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string, n int) {
+func runFluxFleet(b *testing.B, fe *fleetEnv, objects []byte, limits []string, n int) {
 	controlplane.RequireBinaries(b, binSourceController, binKustomizeController)
-	cs, err := kubernetes.NewForConfig(suite.cp.Admin.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, cs := fe.c, fe.cs
 	bin, err := controlplane.TestBinDir()
 	if err != nil {
 		b.Fatal(err)
@@ -453,7 +553,7 @@ func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string
 	if err != nil || len(crds) == 0 {
 		b.Fatalf("no Flux CRDs under %s/crds/flux (make testbin): %v", bin, err)
 	}
-	if _, err := envtest.InstallCRDs(suite.cp.Admin.Config, envtest.CRDInstallOptions{Paths: crds, ErrorIfPathMissing: true}); err != nil {
+	if _, err := envtest.InstallCRDs(fe.cp.Admin.Config, envtest.CRDInstallOptions{Paths: crds, ErrorIfPathMissing: true}); err != nil {
 		b.Fatalf("install Flux CRDs: %v", err)
 	}
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fluxNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -463,8 +563,8 @@ func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string
 
 	ports := freePorts(b, 5)
 	storage := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	kubeconfig := []string{"KUBECONFIG=" + suite.cp.Admin.Kubeconfig} // Flux's controllers take no --kubeconfig flag
-	sc, err := suite.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-" + binSourceController, Binary: binSourceController,
+	kubeconfig := []string{"KUBECONFIG=" + fe.cp.Admin.Kubeconfig} // Flux's controllers take no --kubeconfig flag
+	sc, err := fe.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-" + binSourceController, Binary: binSourceController,
 		Args: append([]string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
 			"--storage-path=" + b.TempDir(), "--storage-addr=" + storage, "--storage-adv-addr=" + storage,
 			"--enable-leader-election=false", "--log-level=info"}, limits...),
@@ -474,7 +574,7 @@ func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string
 	}
 	defer sc.Stop() //nolint:errcheck
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
-	kc, err := suite.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-" + binKustomizeController, Binary: binKustomizeController,
+	kc, err := fe.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-" + binKustomizeController, Binary: binKustomizeController,
 		Args: append([]string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[3]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[4]),
 			"--enable-leader-election=false", "--log-level=info"}, limits...),
 		Env: kubeconfig, Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4]), nil)})
@@ -500,7 +600,7 @@ func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string
 		"spec": map[string]any{"interval": "1h", "path": "./fleet", "prune": true, "timeout": "20m",
 			"sourceRef": map[string]any{"kind": "GitRepository", "name": "fleet"}},
 	}}
-	api := apiServerPID(b)
+	api := apiServerPID(b, fe.cp)
 	var r fleetRun
 	cpu0, _ := procStat(b, kc.PID())
 	api0, _ := procStat(b, api)
@@ -516,6 +616,10 @@ func runFluxFleet(b *testing.B, c client.Client, objects []byte, limits []string
 	api1, _ := procStat(b, api)
 	r.apiCPU = api1 - api0
 	r.firstReq = apiServerCounts(b, cs).sub(req0)
+	fleetApplied(b, c, n)
+	if entries, _, _ := unstructured.NestedSlice(ks.Object, "status", "inventory", "entries"); len(entries) != 2*n+1 {
+		b.Fatalf("Kustomization fleet's inventory holds %d objects; want %d", len(entries), 2*n+1)
+	}
 
 	sum0, count0 := reconcileSeconds(b, metricsURL, "kustomization")
 	req0 = apiServerCounts(b, cs)
@@ -580,16 +684,13 @@ func fluxReady(c client.Client, u *unstructured.Unstructured, field string) erro
 // apply), a reconcile with nothing changed (an annotation on the StoragePool: the controller
 // reconciles on annotation changes; nothing it renders changes), then the policies deleted
 // and the objects pruned.
-func runPlinthFleet(b *testing.B, c client.Client, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement, limits []string, n int) {
-	cs, err := kubernetes.NewForConfig(suite.cp.Admin.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
+func runPlinthFleet(b *testing.B, fe *fleetEnv, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement, limits []string, n int) {
+	c, cs := fe.c, fe.cs
 	plinth := buildPlinth(b)
 	ports := freePorts(b, 2)
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0])
-	pc, err := suite.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-plinth-controller", Binary: plinth,
-		Args: append([]string{"controller", "--kubeconfig=" + suite.cp.Admin.Kubeconfig, "--namespace=" + namespace,
+	pc, err := fe.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-plinth-controller", Binary: plinth,
+		Args: append([]string{"controller", "--kubeconfig=" + fe.cp.Admin.Kubeconfig, "--namespace=" + namespace,
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
 			"--resync-interval=0", "--log-format=console"}, limits...),
 		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1]), nil)})
@@ -598,7 +699,7 @@ func runPlinthFleet(b *testing.B, c client.Client, p *policyv1.StoragePool, prot
 	}
 	defer pc.Stop() //nolint:errcheck
 
-	api := apiServerPID(b)
+	api := apiServerPID(b, fe.cp)
 	var r fleetRun
 	cpu0, _ := procStat(b, pc.PID())
 	api0, _ := procStat(b, api)
@@ -624,6 +725,7 @@ func runPlinthFleet(b *testing.B, c client.Client, p *policyv1.StoragePool, prot
 	api1, _ := procStat(b, api)
 	r.apiCPU = api1 - api0
 	r.firstReq = apiServerCounts(b, cs).sub(req0)
+	fleetApplied(b, c, n)
 
 	// Let the reconciles the controller's own status writes cause pass first.
 	var sum0, count0 float64

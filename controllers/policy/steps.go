@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/fluxcd/pkg/ssa"
 	"golang.org/x/sync/errgroup"
@@ -202,18 +203,35 @@ func (r *Reconciler) undrain(ctx context.Context, s *scope) (bool, error) {
 	return false, nil
 }
 
-// applyConcurrency bounds the server-side applies in flight; the client's QPS and burst
-// (--kube-api-qps, --kube-api-burst) bound their rate.
+// applyConcurrency bounds the server-side applies of one kind in flight; the client's QPS and
+// burst (--kube-api-qps, --kube-api-burst) bound their rate. controller-runtime's client keeps
+// one rate limiter per resource type (a REST client per GroupVersionKind, each with its own
+// token bucket of that QPS and burst), so each kind applied at once drains its own bucket.
 const applyConcurrency = 8
+
+// applyStage is the stage in which objects of kind are applied: StorageClasses first, then
+// Agents and Stores together (neither refers to the other: an agent serves its Stores and
+// publishes its Agent's status independently), then any other kind. A stage starts when the
+// one before it has finished.
+func applyStage(kind string) int {
+	switch inventory.KindOrder(kind) {
+	case 0:
+		return 0
+	case 1, 2:
+		return 1
+	default:
+		return 2
+	}
+}
 
 // apply applies what policy changed and the drift to correct: one server-side apply per
 // object under the controller's field manager with forced ownership — the request
 // fluxcd/pkg/ssa's ApplyAll sends once its own dry-run found a change. That dry-run would be
 // the second one here: the plan already decided, from a dry-run or (for objects new to the
 // inventory and to the cache) from the informer cache, that each of these objects changes.
-// Objects go kind by kind in apply order (StorageClasses, Agents, Stores), up to
-// applyConcurrency at once within a kind; a failed apply carries its object and is reported on
-// the object's owners, the others still apply.
+// Objects go stage by stage (applyStage); within a stage every kind applies at once, up to
+// applyConcurrency objects of each kind in flight; a failed apply carries its object and is
+// reported on the object's owners, the others still apply.
 func (r *Reconciler) apply(ctx context.Context, s *scope) (bool, error) {
 	var todo []*plan.Object
 	for i := range s.plan.Objects {
@@ -228,11 +246,7 @@ func (r *Reconciler) apply(ctx context.Context, s *scope) (bool, error) {
 		return inventory.KindOrder(todo[i].Object.GetKind()) < inventory.KindOrder(todo[j].Object.GetKind())
 	})
 	errs := make([]error, len(todo))
-	for lo := 0; lo < len(todo); {
-		hi := lo
-		for hi < len(todo) && todo[hi].Object.GetKind() == todo[lo].Object.GetKind() {
-			hi++
-		}
+	applyKind := func(lo, hi int) {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(applyConcurrency)
 		for i := lo; i < hi; i++ {
@@ -244,7 +258,20 @@ func (r *Reconciler) apply(ctx context.Context, s *scope) (bool, error) {
 			})
 		}
 		_ = g.Wait() // the goroutines return no error: each apply's is kept in errs
-		lo = hi
+	}
+	for lo := 0; lo < len(todo); {
+		stage := applyStage(todo[lo].Object.GetKind())
+		var kinds sync.WaitGroup
+		for lo < len(todo) && applyStage(todo[lo].Object.GetKind()) == stage {
+			hi := lo
+			for hi < len(todo) && todo[hi].Object.GetKind() == todo[lo].Object.GetKind() {
+				hi++
+			}
+			from, to := lo, hi
+			kinds.Go(func() { applyKind(from, to) })
+			lo = hi
+		}
+		kinds.Wait()
 	}
 	if err := ctx.Err(); err != nil {
 		return false, err

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,25 +69,32 @@ func runMain(m *testing.M) int {
 }
 
 func setUp(cp *controlplane.ControlPlane) error {
+	c, err := prepare(cp)
+	suite.c = c
+	return err
+}
+
+// prepare installs Plinth's CRDs (and testdata/crds) on cp, creates the controller's
+// namespace and returns an admin client with the policy scheme.
+func prepare(cp *controlplane.ControlPlane) (client.Client, error) {
 	root, err := controlplane.ModuleRoot()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
 		Paths: []string{filepath.Join(root, "schema", "crd", "bases"), filepath.Join("testdata", "crds")}, ErrorIfPathMissing: true,
 	}); err != nil {
-		return fmt.Errorf("install CRDs: %w", err)
+		return nil, fmt.Errorf("install CRDs: %w", err)
 	}
 	scheme, err := policy.Scheme()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c, err := client.New(cp.Admin.Config, client.Options{Scheme: scheme})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	suite.c = c
-	return c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}})
+	return c, c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}})
 }
 
 // env returns the suite's client, or skips t (binaries absent, PLINTH_INTEGRATION unset) or
@@ -116,14 +125,35 @@ type writeCounter struct {
 	log []string
 }
 
+// note records a write as "<verb> <Kind> <name>".
 func (w *writeCounter) note(verb string, obj client.Object, dryRun []string) {
 	if len(dryRun) > 0 {
 		return
 	}
 	w.n.Add(1)
 	w.mu.Lock()
-	w.log = append(w.log, fmt.Sprintf("%s %T %s", verb, obj, obj.GetName()))
+	w.log = append(w.log, fmt.Sprintf("%s %s %s", verb, kindOf(obj), obj.GetName()))
 	w.mu.Unlock()
+}
+
+// kindOf is obj's kind: its GroupVersionKind's (set on unstructured objects) or, for typed
+// objects sent without one, the name of its Go type.
+func kindOf(obj client.Object) string {
+	if k := obj.GetObjectKind().GroupVersionKind().Kind; k != "" {
+		return k
+	}
+	return reflect.TypeOf(obj).Elem().Name()
+}
+
+// writesByKind counts the writes with verb of log (entries of writes()) by kind.
+func writesByKind(log []string, verb string) map[string]int {
+	n := map[string]int{}
+	for _, e := range log {
+		if f := strings.Fields(e); len(f) >= 2 && f[0] == verb {
+			n[f[1]]++
+		}
+	}
+	return n
 }
 
 func (w *writeCounter) writes() (int64, []string) {

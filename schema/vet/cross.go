@@ -65,6 +65,14 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 		if pl.Spec.SpreadAcross != "" {
 			ps = append(ps, spreadProblems(vd, pl, proto, ok)...)
 		}
+		// bcache sizes its device from the backing LV at registration: the agent refuses to grow a
+		// cached volume, so a class that lets PVCs grow would only produce failed resizes.
+		if pool, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; ok && pl.Spec.StorageClass.AllowVolumeExpansion {
+			if lvm := pool.obj.(*policyv1.StoragePool).Spec.Backend.LVM; lvm != nil && lvm.Cache != nil {
+				ps = append(ps, at(vd.doc, []string{"spec", "storageClass", "allowVolumeExpansion"},
+					fmt.Sprintf("StoragePool %q has a bcache cache (lvm.cache): cached volumes do not grow; set allowVolumeExpansion to false", pl.Spec.PoolRef.Name)))
+			}
+		}
 		if sc := pl.Spec.SnapshotClass; sc != nil {
 			if first, dup := snapClasses[sc.Name]; dup {
 				ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass", "name"},

@@ -17,7 +17,7 @@ mkdir -p /run/lvm /run/lock
 mount -t tmpfs -o size=8g tmpfs /tmp
 echo "PLINTH-GUEST init uptime=$(cut -d' ' -f1 /proc/uptime)s"
 for m in virtio_pci virtio_blk virtio_net 9pnet_virtio 9p dm-mod dm-thin-pool dm-snapshot \
-	configfs nvmet nvmet-tcp nvme-fabrics nvme-tcp nvme loop ext4 xfs; do
+	configfs nvmet nvmet-tcp nvme-fabrics nvme-tcp nvme loop ext4 xfs bcache; do
 	modprobe "$m" || echo "PLINTH-GUEST modprobe $m failed"
 done
 mount -t configfs none /sys/kernel/config

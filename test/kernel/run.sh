@@ -13,19 +13,21 @@
 #     by 1 GiB RAM: sparse files only); its cwd is a
 #     copy of the package's testdata/ parent when the package has one, else /tmp.
 #   - Disks: /dev/vda 2 GiB (agents/zfs), /dev/vdb 4 GiB (agents/lvm),
-#     /dev/vdc 4 GiB (agents/nvmet): all empty, raw, sparse. Binaries run
+#     /dev/vdc 4 GiB (agents/nvmet), /dev/vdd 1 GiB (agents/lvm: the fast VG of the
+#     bcache cache): all empty, raw, sparse. Binaries run
 #     sequentially in the same guest: leave your disk as you found it is not
 #     required, but use only your own disk.
 #   - configfs mounted at /sys/kernel/config; modules loaded: dm_mod dm_thin_pool
 #     dm_snapshot configfs nvmet nvmet_tcp nvme_fabrics nvme_tcp nvme loop ext4 xfs
-#     virtio_* 9p, zfs (zfs_arc_max=128 MiB). /etc/nvme/hostnqn and /etc/nvme/hostid exist.
+#     bcache virtio_* 9p, zfs (zfs_arc_max=128 MiB). /etc/nvme/hostnqn and /etc/nvme/hostid exist.
 #     /dev/zvol/<pool>/<zvol> links appear as udev would make them (zvol_id on uevents).
 #   - Tools in PATH: busybox, lvm2 (all lv*/vg*/pv* names, lvm.conf without udev),
 #     thin_check & co, dmsetup, nvme, mkfs.ext4, mkfs.xfs, e2fsck, resize2fs,
-#     xfs_growfs, blkid, wipefs, losetup, modprobe, zpool, zfs, /lib/udev/zvol_id.
+#     xfs_growfs, blkid, wipefs, losetup, make-bcache, bcache-super-show, modprobe, zpool,
+#     zfs, /lib/udev/zvol_id.
 #   - Network: lo up (127.0.0.1 for nvme-tcp); eth0 10.0.2.15 (qemu user net,
 #     restricted: no outbound traffic; host services forwarded at 10.0.2.100).
-# Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G),
+# Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G,1G),
 #      KERNEL_PACKAGES="./agents/lvm ..." to run only some packages.
 set -euo pipefail
 export GOFLAGS="${GOFLAGS:--buildvcs=false -trimpath}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
@@ -49,4 +51,4 @@ while read -r pkg; do
 done < <(if [ -n "${KERNEL_PACKAGES:-}" ]; then printf '%s\n' $KERNEL_PACKAGES; else cat "$D/packages.txt"; fi)
 go build -o "$W/bin/kguest" ./test/kernel/cmd/kguest
 awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN{printf "TIMING build-test-binaries %.1fs\n", b-a}'
-exec "$W/bin/kguest" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G}" "${bins[@]}"
+exec "$W/bin/kguest" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G,1G}" "${bins[@]}"

@@ -66,6 +66,8 @@ type Backend struct {
 
 // LVMBackend is an LVM volume group, created by the agent on the declared devices when they are
 // empty (see lvm(8) "VALID NAMES" for the name rules).
+// +kubebuilder:validation:XValidation:rule="!has(self.cache) || !has(self.thinPool)",message="cache and thinPool are exclusive: a cached volume's backing device is a linear LV"
+// +kubebuilder:validation:XValidation:rule="!has(self.cache) || self.cache.volumeGroup != self.volumeGroup",message="cache.volumeGroup must differ from volumeGroup: the cache LVs live in their own (fast) VG"
 type LVMBackend struct {
 	// VolumeGroup is the VG name: at most 63 bytes of [A-Za-z0-9+_.-], not starting with "-",
 	// so that the device-mapper name of every volume fits in 127 bytes.
@@ -84,6 +86,61 @@ type LVMBackend struct {
 	// ThinPool, when set, holds every volume of the pool as a thin LV in this thin pool.
 	// +optional
 	ThinPool *ThinPool `json:"thinPool,omitempty"`
+
+	// Cache, when set, puts a bcache cache on a fast device in front of every volume (Carina's
+	// tiering): a volume is a linear backing LV in VolumeGroup plus a cache LV in
+	// Cache.VolumeGroup, and its block device is the /dev/bcacheN of the pair. Nodes need the
+	// bcache module (Agent status.capabilities.kernelModules lists "bcache"); a node without it
+	// reports the Store Stalled (reason MissingKernelModules) and makes no volume. Exclusive
+	// with ThinPool. Cached volumes do not grow (bcache sizes its device at registration).
+	// +optional
+	Cache *LVMCache `json:"cache,omitempty"`
+}
+
+// CacheMode is bcache's cache_mode (Documentation/admin-guide/bcache.rst).
+// +kubebuilder:validation:Enum=writethrough;writeback;writearound
+type CacheMode string
+
+const (
+	// CacheModeWritethrough: writes reach the backing device and the cache before they
+	// complete; reads are cached. The default.
+	CacheModeWritethrough CacheMode = "writethrough"
+	// CacheModeWriteback: writes complete once in the cache and reach the backing device later;
+	// losing the cache device loses them.
+	CacheModeWriteback CacheMode = "writeback"
+	// CacheModeWritearound: writes bypass the cache; reads are cached.
+	CacheModeWritearound CacheMode = "writearound"
+)
+
+// LVMCache is the fast VG that holds one bcache cache LV per volume.
+type LVMCache struct {
+	// VolumeGroup is the fast VG's name (same rules as the backend's volumeGroup), different
+	// from the backend's volumeGroup.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9+_.][A-Za-z0-9+_.-]*$`
+	VolumeGroup string `json:"volumeGroup"`
+
+	// Devices are the fast block devices (absolute /dev paths) that form the fast VG; the agent
+	// creates physical volumes only on devices that carry no signature. Empty means the VG must
+	// exist.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:Pattern=`^/dev/[A-Za-z0-9/_.:+-]+$`
+	Devices []string `json:"devices,omitempty"`
+
+	// Mode is the cache mode: writethrough (default), writeback or writearound.
+	// +optional
+	// +kubebuilder:default=writethrough
+	Mode CacheMode `json:"mode,omitempty"`
+
+	// RatioPercent is each cache LV's size in percent of its volume's size, 1–100 (at least
+	// 128 MiB: the kernel needs more than 512 buckets, of 128 KiB). Default 10.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:default=10
+	RatioPercent int32 `json:"ratioPercent,omitempty"`
 }
 
 // ThinPool is an LVM thin pool inside the volume group (lvmthin(7)).

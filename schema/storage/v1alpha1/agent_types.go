@@ -59,7 +59,7 @@ type AgentCapabilities struct {
 	// Backends usable on the node: "lvm", "zfs", "file".
 	// +optional
 	Backends []string `json:"backends,omitempty"`
-	// KernelModules loaded or loadable: nvmet, nvmet_tcp, nvme_tcp, dm_thin_pool, zfs.
+	// KernelModules loaded or loadable: nvmet, nvmet_tcp, nvme_tcp, dm_thin_pool, bcache, zfs.
 	// +optional
 	KernelModules []string `json:"kernelModules,omitempty"`
 	// NVMeAuth says where the kernel supports NVMe in-band authentication (DH-HMAC-CHAP):

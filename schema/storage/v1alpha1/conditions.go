@@ -31,7 +31,9 @@ const (
 // Reasons of an Agent's Ready condition.
 const (
 	// ReasonMissingKernelModules surfaces when a module the node's Agent spec needs (nvmet,
-	// nvmet_tcp for NVMe-oF; dm_thin_pool for thin pools) is not loaded.
+	// nvmet_tcp for NVMe-oF; dm_thin_pool for thin pools; bcache for an LVM cache) is not
+	// loaded. On a Store (with Stalled=True) when its backend needs a module the kernel lacks
+	// (bcache for lvm.cache): no volume of the Store is made, never one without its cache.
 	ReasonMissingKernelModules = "MissingKernelModules"
 	// ReasonNoBindAddress surfaces when no node address is inside spec.nvmeof.bindCIDR.
 	ReasonNoBindAddress = "NoBindAddress"

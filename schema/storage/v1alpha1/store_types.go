@@ -34,13 +34,27 @@ type Capacity struct {
 	Allocatable int64 `json:"allocatable"`
 	// Provisioned is the sum of the sizes of the volumes in bytes (virtual sizes for thin).
 	Provisioned int64 `json:"provisioned"`
-	// Available is what a new volume may take, in bytes (snapshots subtracted for thin backends).
+	// Available is what a new volume may take, in bytes (snapshots subtracted for thin backends;
+	// with an LVM cache, also no more than the volume whose cache still fits the cache space).
 	Available int64 `json:"available"`
 	// Snapshots is the space Plinth's snapshots of this Store hold, in bytes: snapshot files
 	// (file), blocks mapped by thin snapshot LVs (LVM thin; shared with their origin until it
 	// is overwritten), the zvols' usedbysnapshots (ZFS). Not part of provisioned.
 	// +optional
 	Snapshots int64 `json:"snapshots,omitempty"`
+}
+
+// CacheCapacity is the cache space of a Store whose volumes have a bcache cache (the LVM
+// backend's cache.volumeGroup, the fast VG). Bytes.
+type CacheCapacity struct {
+	// Total is the fast VG's size in bytes.
+	Total int64 `json:"total"`
+	// Free is the fast VG's free space in bytes.
+	Free int64 `json:"free"`
+	// Provisioned is the sum of the sizes of the volumes' cache LVs in bytes.
+	Provisioned int64 `json:"provisioned"`
+	// RatioPercent is each cache's size in percent of its volume's size.
+	RatioPercent int32 `json:"ratioPercent"`
 }
 
 // ThinUsage is how full a thin pool is, as lvs(8) data_percent and metadata_percent report it.
@@ -80,6 +94,10 @@ type StoreStatus struct {
 	// Thin is the thin pool usage, for thin backends.
 	// +optional
 	Thin *ThinUsage `json:"thin,omitempty"`
+	// Cache is the cache space (the fast VG) of an LVM backend with a bcache cache; capacity
+	// above is the volumes' (slow) VG.
+	// +optional
+	Cache *CacheCapacity `json:"cache,omitempty"`
 	// ExtentBytes is the allocation unit volumes round up to (LVM extent size, zvol
 	// volblocksize, 1 MiB for files).
 	// +optional

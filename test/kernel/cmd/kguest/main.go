@@ -3,7 +3,7 @@
 // PLINTH_KERNEL_TEST=1 and -test.v; its output streams to stdout. The exit
 // code is 0 only when every binary passed.
 //
-//	kguest [-disks 2G,4G,4G] [-timeout 30m] [-mem MiB] [-sh SCRIPT] BINARY[=PKGDIR]...
+//	kguest [-disks 2G,4G,4G,1G] [-timeout 30m] [-mem MiB] [-sh SCRIPT] BINARY[=PKGDIR]...
 package main
 
 import (
@@ -60,7 +60,7 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 }
 
 func run() int {
-	disks := flag.String("disks", "2G,4G,4G", "comma-separated sizes of the spare virtio disks /dev/vda, /dev/vdb, ...")
+	disks := flag.String("disks", "2G,4G,4G,1G", "comma-separated sizes of the spare virtio disks /dev/vda, /dev/vdb, ...")
 	timeout := flag.Duration("timeout", 30*time.Minute, "bound on the guest's whole life")
 	mem := flag.Int("mem", 1024, "guest memory in MiB")
 	shell := flag.String("sh", "", "run this shell script in the guest (after the binaries), output to stdout")
