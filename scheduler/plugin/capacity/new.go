@@ -36,8 +36,12 @@ func eventResource(gvr schema.GroupVersionResource) fwk.EventResource {
 // New is the plugin factory (k8s.io/kubernetes/pkg/scheduler/framework/runtime.PluginFactory).
 // It decodes Args, starts dynamic informers on Stores, Placements and Protocols with the
 // scheduler's kubeconfig (they stop with ctx), and uses the scheduler's shared informers for
-// PVCs, PVs and StorageClasses. It does not wait for the caches: PreFilter rejects pods
-// with claims (Unschedulable, retried) until they have synced.
+// PVCs, PVs and StorageClasses (the scheduler syncs those before it schedules). It waits up
+// to CacheSyncTimeout for its own informers: a pod rejected for an unsynced cache would wait
+// for a Store, Placement or Protocol event that the initial list has already delivered. Past
+// the timeout (no CRDs yet, an unreachable API server) it starts anyway, and PreFilter
+// answers an error for pods with claims until the caches sync: the scheduler retries those
+// with backoff, without waiting for an event.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 	args, err := decodeArgs(obj)
 	if err != nil {
@@ -143,9 +147,17 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		return true
 	}
 	df.Start(ctx.Done())
+	syncCtx, cancel := context.WithTimeout(ctx, CacheSyncTimeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(syncCtx.Done(), synced[1:]...) { // [0] is the scheduler's PVC informer, not started yet
+		logger.Info("Store, Placement and Protocol caches not synced yet; pods with claims are retried until they are", "waited", CacheSyncTimeout)
+	}
 	go p.expireLoop(ctx)
 	return p, nil
 }
+
+// CacheSyncTimeout bounds how long New waits for the Store, Placement and Protocol caches.
+const CacheSyncTimeout = 30 * time.Second
 
 func protocolKind(pr *policyv1.Protocol) protoKind {
 	switch {

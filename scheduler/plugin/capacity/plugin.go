@@ -3,6 +3,7 @@ package capacity
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -171,7 +172,8 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	if p.synced != nil && !p.synced() {
-		return nil, fwk.NewStatus(fwk.Unschedulable, "waiting for the Store, Placement and Protocol caches to sync")
+		// an error, not Unschedulable: retried with backoff rather than on a cluster event
+		return nil, fwk.AsStatus(errors.New("waiting for the Store, Placement and Protocol caches to sync"))
 	}
 	st := &podState{}
 	var strategyBytes int64 = -1

@@ -396,3 +396,22 @@ func TestStrategyOverrideByPVC(t *testing.T) {
 		})
 	}
 }
+
+// Until its Store, Placement and Protocol caches have synced, PreFilter answers an error for a
+// pod with claims, never Unschedulable: the scheduler retries an error with backoff, while an
+// Unschedulable pod would wait for a Store or policy event the initial list already delivered.
+// Once synced, the same pod is scheduled.
+func TestUnsyncedCachesAreRetriedNotUnschedulable(t *testing.T) {
+	f := newFixture(t)
+	f.store("pool-a", "n1", avail(100*GiB))
+	synced := false
+	f.p.synced = func() bool { return synced }
+	pod := f.pod("p", "binpack", GiB)
+	if _, s := f.p.PreFilter(context.Background(), newCycleState(), pod, nil); s.Code() != fwk.Error || !strings.Contains(s.Message(), "caches to sync") {
+		t.Fatalf("unsynced PreFilter: %v %q, want Error (retried with backoff)", s.Code(), s.Message())
+	}
+	synced = true
+	if r := f.cycle(pod, mkNode("n1", nil)); !r.filter["n1"].IsSuccess() {
+		t.Errorf("synced: n1 %v", r.filter["n1"])
+	}
+}
