@@ -251,9 +251,10 @@ func (d *Driver) Run(ctx context.Context) error {
 			return err
 		}
 		if d.opts.VolumeHealthInterval > 0 {
-			go d.monitorVolumes(ctx, d.opts.VolumeHealthInterval)
-			// on the same period: both only read sysfs while nothing needs the API
-			go d.followKeyRotation(ctx, d.opts.VolumeHealthInterval)
+			// the volume health monitor, and the key rotation follower on the same period: both
+			// only read sysfs while nothing needs the API
+			go every(ctx, d.opts.VolumeHealthInterval, d.checkVolumes)
+			go every(ctx, d.opts.VolumeHealthInterval, d.rotateKeys)
 		}
 	}
 	lis, err := listen(d.opts.Endpoint)

@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -15,21 +14,6 @@ import (
 // its controllers connect to) when its host secrets were rotated.
 //
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents,verbs=get;list
-
-// followKeyRotation hands this node's rotated DH-HMAC-CHAP secrets to its live controllers,
-// every interval until ctx ends (see rotateKeys).
-func (d *Driver) followKeyRotation(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			d.rotateKeys(ctx)
-		}
-	}
-}
 
 // rotateKeys makes every controller of this node that authenticated with DH-HMAC-CHAP
 // re-authenticate with the host secret of the node's host Secret when it holds another (the

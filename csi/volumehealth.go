@@ -92,8 +92,9 @@ type volumeMonitor struct {
 	reported map[string]string // volume id → reason, "" when healthy
 }
 
-// monitorVolumes checks the staged volumes every interval until ctx ends.
-func (d *Driver) monitorVolumes(ctx context.Context, interval time.Duration) {
+// every calls fn every interval, the first time one interval from now, until ctx ends (the
+// node plugin's volume health monitor and its key rotation follower).
+func every(ctx context.Context, interval time.Duration, fn func(context.Context)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -101,7 +102,7 @@ func (d *Driver) monitorVolumes(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.checkVolumes(ctx)
+			fn(ctx)
 		}
 	}
 }

@@ -5,9 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
-	"net/http/cgi"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +30,7 @@ import (
 
 	"github.com/plinth-storage/plinth/controllers/policy"
 	"github.com/plinth-storage/plinth/controllers/render"
+	"github.com/plinth-storage/plinth/internal/devenv"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
@@ -469,64 +468,6 @@ func (r fleetRun) report(b *testing.B, n int) {
 		r.cpu.Round(time.Millisecond), r.rssMiB, loadAverage())
 }
 
-// gitServer is a bare repository served over smart HTTP on loopback by git http-backend, with a
-// work tree to commit from.
-type gitServer struct {
-	bare, work, url string
-	srv             *http.Server
-}
-
-func runGit(dir string, args ...string) error {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=plinth bench", "GIT_AUTHOR_EMAIL=bench@plinth.invalid",
-		"GIT_COMMITTER_NAME=plinth bench", "GIT_COMMITTER_EMAIL=bench@plinth.invalid")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("git %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
-func serveGit(b *testing.B, files map[string][]byte) *gitServer {
-	dir := b.TempDir()
-	g := &gitServer{bare: filepath.Join(dir, "fleet.git"), work: filepath.Join(dir, "work")}
-	for _, step := range [][]string{{dir, "init", "-q", "--bare", "-b", "main", g.bare}, {dir, "init", "-q", "-b", "main", g.work}} {
-		if err := runGit(step[0], step[1:]...); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for p, data := range files {
-		full := filepath.Join(g.work, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.WriteFile(full, data, 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for _, args := range [][]string{{"add", "-A"}, {"commit", "-q", "-m", "fleet"}, {"push", "-q", g.bare, "main"}} {
-		if err := runGit(g.work, args...); err != nil {
-			b.Fatal(err)
-		}
-	}
-	out, err := exec.Command("git", "--exec-path").Output()
-	if err != nil {
-		b.Fatalf("git --exec-path: %v", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/git/", &cgi.Handler{Path: filepath.Join(strings.TrimSpace(string(out)), "git-http-backend"), Root: "/git",
-		Env: []string{"GIT_PROJECT_ROOT=" + dir, "GIT_HTTP_EXPORT_ALL=1"}})
-	g.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go g.srv.Serve(l) //nolint:errcheck // closed at the end of the benchmark
-	b.Cleanup(func() { g.srv.Close() })
-	g.url = fmt.Sprintf("http://%s/git/fleet.git", l.Addr())
-	return g
-}
-
 func freePorts(b *testing.B, n int) []int {
 	out := make([]int, n)
 	for i := range out {
@@ -559,7 +500,11 @@ func runFluxFleet(b *testing.B, fe *fleetEnv, objects []byte, limits []string, n
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fluxNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}
-	g := serveGit(b, map[string][]byte{"fleet/objects.yaml": objects})
+	gitURL, stopGit, err := devenv.ServeGit(b.TempDir(), map[string][]byte{"fleet/objects.yaml": objects})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stopGit)
 
 	ports := freePorts(b, 5)
 	storage := fmt.Sprintf("127.0.0.1:%d", ports[0])
@@ -586,7 +531,7 @@ func runFluxFleet(b *testing.B, fe *fleetEnv, objects []byte, limits []string, n
 	repo := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
 		"metadata": map[string]any{"name": "fleet", "namespace": fluxNamespace},
-		"spec":     map[string]any{"interval": "1h", "url": g.url, "ref": map[string]any{"branch": "main"}},
+		"spec":     map[string]any{"interval": "1h", "url": gitURL, "ref": map[string]any{"branch": "main"}},
 	}}
 	if err := c.Create(ctx, repo); err != nil {
 		b.Fatal(err)

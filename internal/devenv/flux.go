@@ -85,6 +85,21 @@ func newGitRepo(dir string) (*gitRepo, error) {
 	return g, nil
 }
 
+// ServeGit serves files (path relative to the repository → content), committed on branch main,
+// as a Git repository over smart HTTP on loopback (git http-backend), kept under dir. It
+// returns the repository's URL, for a Flux GitRepository, and stop, which closes the server.
+func ServeGit(dir string, files map[string][]byte) (url string, stop func(), err error) {
+	g, err := newGitRepo(dir)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := g.commit("policy", files); err != nil {
+		g.close()
+		return "", nil, err
+	}
+	return g.url, g.close, nil
+}
+
 // commit writes files (path relative to the repository → content), commits
 // and pushes to the served bare repository.
 func (g *gitRepo) commit(msg string, files map[string][]byte) error {
