@@ -34,7 +34,9 @@ const (
 	// costs the agent three writes (finalizer, Creating, Ready): a burst of 100 volumes is 300
 	// writes, which a burst allowance of 300 sends at once instead of spreading them over
 	// 4 s at 50 per second. An idle agent writes its Agent and Stores once per refresh; the
-	// API server's priority and fairness, not this limit, protects it from many nodes.
+	// API server's priority and fairness, not this limit, protects it from many nodes — and
+	// where the API server runs it, `plinth agent` given neither flag uses no client-side
+	// limit at all (internal/clientlimit).
 	DefaultKubeAPIQPS   = 50
 	DefaultKubeAPIBurst = 300
 )

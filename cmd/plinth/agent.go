@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -11,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/plinth-storage/plinth/agents/agent"
+	"github.com/plinth-storage/plinth/internal/clientlimit"
 )
 
 func init() { subcommands = append(subcommands, newAgentCommand) }
@@ -56,6 +58,8 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 			}
 			opts.Version = version
 			ctx := ctrl.SetupSignalHandler()
+			mode, err := clientLimits(ctx, cmd, cfg, qps, burst)
+			ctrl.Log.Info("client-side rate limit", "mode", mode, "qps", cfg.QPS, "burst", cfg.Burst, "probeError", errString(err))
 			if err := agent.Run(ctx, cfg, opts); err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
@@ -74,8 +78,8 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 	f.StringVar(&opts.NVMetRoot, "nvmet-root", "/sys/kernel/config/nvmet", "nvmet configfs tree")
 	f.StringVar(&opts.AuthNamespace, "auth-namespace", "", "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node> (default $POD_NAMESPACE, then "+agent.DefaultAuthNamespace+")")
 	f.IntVar(&verbosity, "v", 0, "log verbosity (0 info, 1 debug)")
-	f.Float32Var(&qps, "kube-api-qps", agent.DefaultKubeAPIQPS, "requests per second to the API server (client-side limit; client-go's own default of 5 delays every volume's status writes)")
-	f.IntVar(&burst, "kube-api-burst", agent.DefaultKubeAPIBurst, "burst of requests to the API server above --kube-api-qps")
+	f.Float32Var(&qps, "kube-api-qps", agent.DefaultKubeAPIQPS, "requests per second to the API server (client-side limit; client-go's own default of 5 delays every volume's status writes). "+clientLimitHelp)
+	f.IntVar(&burst, "kube-api-burst", agent.DefaultKubeAPIBurst, "burst of requests to the API server above --kube-api-qps. "+clientLimitHelp)
 	return cmd
 }
 
@@ -99,4 +103,26 @@ func kubeRestConfig(kubeconfig string, qps float32, burst int) (*rest.Config, er
 	}
 	cfg.QPS, cfg.Burst = qps, burst
 	return cfg, nil
+}
+
+// clientLimitHelp ends the help of every --kube-api-qps and --kube-api-burst whose process
+// follows the API server's flow control (clientLimits).
+const clientLimitHelp = "Unless either flag is given, none applies when the API server runs API Priority and Fairness (as in Flux)"
+
+// clientLimits sets cfg's client-side rate limit as clientlimit.Apply decides: the flags'
+// values when the operator gave --kube-api-qps or --kube-api-burst on cmd's command line,
+// otherwise no limiter when the API server runs API Priority and Fairness, else the flags'
+// defaults qps and burst. A probe error keeps the defaults and is returned for the log only.
+func clientLimits(ctx context.Context, cmd *cobra.Command, cfg *rest.Config, qps float32, burst int) (clientlimit.Mode, error) {
+	f := cmd.Flags()
+	explicit := f.Changed("kube-api-qps") || f.Changed("kube-api-burst")
+	return clientlimit.Apply(ctx, cfg, clientlimit.Limits{QPS: qps, Burst: burst, Explicit: explicit}, nil)
+}
+
+// errString is err's message, or "" for nil (a log value).
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

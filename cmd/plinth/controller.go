@@ -75,6 +75,9 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 				leaderElectionNamespace = namespace
 			}
 			ctx := ctrl.SetupSignalHandler()
+			mode, err := clientLimits(ctx, cmd, cfg, qps, burst)
+			logger.Info("client-side rate limit", "mode", mode, "qps", cfg.QPS, "burst", cfg.Burst, "probeError", errString(err))
+			qps, burst = cfg.QPS, cfg.Burst
 			mgr, _, err := policy.NewManager(ctx, policy.Options{
 				Config: cfg, MetricsAddr: metricsAddr, HealthAddr: healthAddr,
 				LeaderElection: leaderElection, LeaderElectionNamespace: leaderElectionNamespace,
@@ -99,8 +102,8 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 	f.StringVar(&fieldManager, "field-manager", policy.DefaultFieldManager, "server-side apply field manager of every write")
 	f.StringVar(&argoNamespace, "argocd-namespace", "argocd", "namespace of Argo CD's Applications, to read the synced revision")
 	f.DurationVar(&resync, "resync-interval", 10*time.Minute, "reconcile this often without events (revision refresh, missed drift); 0 disables")
-	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit)")
-	f.IntVar(&burst, "kube-api-burst", 300, "burst of requests to the API server above --kube-api-qps")
+	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit). "+clientLimitHelp)
+	f.IntVar(&burst, "kube-api-burst", 300, "burst of requests to the API server above --kube-api-qps. "+clientLimitHelp)
 	f.StringVar(&logFormat, "log-format", "json", "log format: json (structured, one object per line) or console")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

@@ -66,6 +66,12 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 			opts.Log = funcr.New(func(prefix, args string) {
 				fmt.Fprintln(cmd.ErrOrStderr(), time.Now().UTC().Format(time.RFC3339Nano), prefix, args)
 			}, funcr.Options{Verbosity: verbosity})
+			// Only the controller service follows the API server's flow control: the node
+			// service runs on every node and keeps its limits.
+			if opts.Mode == csi.ModeController && opts.Config != nil {
+				mode, err := clientLimits(cmd.Context(), cmd, opts.Config, qps, burst)
+				opts.Log.Info("client-side rate limit", "mode", mode, "qps", opts.Config.QPS, "burst", opts.Config.Burst, "probeError", errString(err))
+			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			opts.Registerer = reg
@@ -109,8 +115,8 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 	f.StringVar(&opts.RegistrationDir, "registration-dir", csi.DefaultRegistrationDir, "kubelet's plugin registration folder, where node and all modes register the driver; empty disables")
 	f.StringVar(&opts.KubeletRegistrationPath, "kubelet-registration-path", csi.DefaultKubeletRegistrationPath, "the CSI socket path as kubelet on the host sees it (announced by the registration)")
 	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity: 2 logs each call, 5 each payload (secrets stripped)")
-	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit; client-go's own default of 5 queues CreateVolume's writes behind each other)")
-	f.IntVar(&burst, "kube-api-burst", 100, "burst of requests to the API server above --kube-api-qps")
+	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit; client-go's own default of 5 queues CreateVolume's writes behind each other). Controller mode: "+clientLimitHelp)
+	f.IntVar(&burst, "kube-api-burst", 100, "burst of requests to the API server above --kube-api-qps. Controller mode: "+clientLimitHelp)
 	return cmd
 }
 

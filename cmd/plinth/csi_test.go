@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
 
+	"github.com/plinth-storage/plinth/internal/clientlimit"
 	"github.com/plinth-storage/plinth/test/controlplane"
 )
 
@@ -113,5 +115,39 @@ func TestCSINodeServesHealthAndRegistration(t *testing.T) {
 	code, body, err := get("/metrics")
 	if err != nil || code != http.StatusOK || !strings.Contains(body, "plinth_csi_kubelet_registered 0") {
 		t.Errorf("/metrics on the same address = %d, %v; want 200 with plinth_csi_kubelet_registered 0", code, err)
+	}
+}
+
+// The three long-running commands follow the API server's flow control only when neither
+// limit flag was given: a flag on the command line keeps both values and asks the server
+// nothing; without one the server is asked (here nothing listens, so the probe fails and the
+// defaults stay, with the reason returned for the log).
+func TestClientLimitsFlagsGiven(t *testing.T) {
+	for _, c := range []struct {
+		cmd   func() *cobra.Command
+		args  []string
+		want  clientlimit.Mode
+		probe bool
+	}{
+		{newControllerCommand, []string{"--kube-api-burst=7"}, clientlimit.ModeExplicit, false},
+		{newAgentCommand, []string{"--kube-api-qps=3"}, clientlimit.ModeExplicit, false},
+		{newCSICommand, nil, clientlimit.ModeDefault, true},
+	} {
+		cmd := c.cmd()
+		if err := cmd.ParseFlags(c.args); err != nil {
+			t.Fatal(err)
+		}
+		qps, _ := cmd.Flags().GetFloat32("kube-api-qps")
+		burst, _ := cmd.Flags().GetInt("kube-api-burst")
+		port, err := controlplane.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := &rest.Config{Host: fmt.Sprintf("https://127.0.0.1:%d", port)}
+		mode, err := clientLimits(t.Context(), cmd, cfg, qps, burst)
+		if mode != c.want || (err != nil) != c.probe || cfg.QPS != qps || cfg.Burst != burst {
+			t.Errorf("%s %v: mode %q (error %v), QPS %g, burst %d; want %q, a probe error: %v, QPS %g, burst %d",
+				cmd.Name(), c.args, mode, err, cfg.QPS, cfg.Burst, c.want, c.probe, qps, burst)
+		}
 	}
 }

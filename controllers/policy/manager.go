@@ -47,7 +47,8 @@ type Options struct {
 	// ArgoNamespace is where Argo CD's Applications live (revision lookup).
 	ArgoNamespace string
 	// QPS and Burst limit the client's requests per second to the API server (0: 50 and
-	// 300, Flux's defaults; a no-op reconcile of 1,000 objects is about 2,000 requests).
+	// 300, Flux's defaults; negative: no client-side limiter, for an API server running
+	// API Priority and Fairness — internal/clientlimit decides).
 	QPS   float32
 	Burst int
 	// Resync is the period of reconciles without events (0: none).
