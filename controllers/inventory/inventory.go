@@ -164,8 +164,9 @@ func (inv *Inventory) Equal(other *Inventory) bool {
 }
 
 // Encode writes the inventory as one line per entry, sorted:
-// "<group> <version> <Kind> <name> <digest>" ("-" for the core group), which keeps 1,000
-// entries near 120 KiB, well inside a ConfigMap's 1 MiB.
+// "<group> <version> <Kind> <name> <digest>" ("-" for the core group): about 112 bytes an
+// entry, 225 KiB for the 2,001 objects of 1,000 nodes. Store keeps a text larger than
+// CompressAbove gzip-compressed (10,001 objects: 1.2 MiB of text, 376 KB stored).
 func (inv *Inventory) Encode() string {
 	var b strings.Builder
 	for _, e := range inv.Entries() {

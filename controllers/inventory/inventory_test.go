@@ -1,9 +1,13 @@
 package inventory
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -94,5 +98,74 @@ func BenchmarkEncode1000(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = inv.Encode()
+	}
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// fleet returns the inventory of a fleet of nodes: per node one Agent and one Store, each with
+// a distinct sha256 digest, plus one StorageClass, as render makes them.
+func fleet(nodes int) *Inventory {
+	inv := New(Entry{Group: "storage.k8s.io", Version: "v1", Kind: "StorageClass", Name: "fast", Digest: sha256Hex("sc")})
+	for i := 0; i < nodes; i++ {
+		node := fmt.Sprintf("node-%05d", i)
+		inv.Put(Entry{Group: "storage.plinth.dev", Version: "v1alpha1", Kind: "Agent", Name: node, Digest: sha256Hex("a" + node)})
+		inv.Put(Entry{Group: "storage.plinth.dev", Version: "v1alpha1", Kind: "Store", Name: "gold." + node, Digest: sha256Hex("s" + node)})
+	}
+	return inv
+}
+
+// TestConfigMapForms: an inventory up to CompressAbove bytes of text is stored as text, a
+// larger one gzip-compressed under binaryData, and one that does not fit even compressed is
+// an error naming its object count; each form reads back to the same entries.
+func TestConfigMapForms(t *testing.T) {
+	for _, tc := range []struct {
+		nodes          int
+		wantCompressed bool
+		wantErr        bool
+	}{
+		{nodes: 1000},                       // 2,001 objects, about 240 KiB of text
+		{nodes: 5000, wantCompressed: true}, // 10,001 objects, about 1.2 MiB of text
+		{nodes: 20000, wantErr: true},       // 40,001 objects: more than 1 MiB compressed
+	} {
+		inv := fleet(tc.nodes)
+		data, binary, err := encodeConfigMap(inv)
+		if tc.wantErr {
+			want := fmt.Sprintf("the inventory of %d objects is", inv.Len())
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%d nodes: error %v, want one starting %q", tc.nodes, err, want)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%d nodes: %v", tc.nodes, err)
+		}
+		if _, compressed := binary[BinaryDataKey]; compressed != tc.wantCompressed || (data == nil) == !compressed {
+			t.Fatalf("%d nodes: data keys %d, binaryData keys %d; want compressed: %v", tc.nodes, len(data), len(binary), tc.wantCompressed)
+		}
+		size := len(data[DataKey]) + len(binary[BinaryDataKey])
+		t.Logf("%d nodes: %d objects stored in %d bytes (compressed: %v)", tc.nodes, inv.Len(), size, tc.wantCompressed)
+		if size > MaxStoredBytes {
+			t.Errorf("%d nodes: %d bytes stored, more than %d", tc.nodes, size, MaxStoredBytes)
+		}
+		got, err := decodeConfigMap(&corev1.ConfigMap{Data: data, BinaryData: binary})
+		if err != nil {
+			t.Fatalf("%d nodes: decode: %v", tc.nodes, err)
+		}
+		if got.Len() != 2*tc.nodes+1 || !got.Equal(inv) {
+			t.Errorf("%d nodes: read back %d entries (equal: %v), want %d", tc.nodes, got.Len(), got.Equal(inv), 2*tc.nodes+1)
+		}
+	}
+}
+
+// TestConfigMapRefusesBadGzip: a damaged compressed inventory is an error, never an empty
+// inventory (which would make every applied object look stale).
+func TestConfigMapRefusesBadGzip(t *testing.T) {
+	_, err := decodeConfigMap(&corev1.ConfigMap{BinaryData: map[string][]byte{BinaryDataKey: []byte("not gzip")}})
+	if err == nil || !strings.Contains(err.Error(), BinaryDataKey) {
+		t.Fatalf("error %v, want one naming %s", err, BinaryDataKey)
 	}
 }
