@@ -249,7 +249,7 @@ func (k *fakeKernel) registered() []string {
 
 func newCached(t *testing.T, vgs *fakeVGs, k *fakeKernel, mode string, ratio int) *LVM {
 	t.Helper()
-	l, err := New(Config{VolumeGroup: "slow", Run: vgs.run, Kernel: k,
+	l, err := New(Config{VolumeGroup: "slow", Run: vgs.run, Kernel: k, ResyncInterval: -1, // counts every call's commands
 		Cache: &CacheConfig{VolumeGroup: "fast", Mode: mode, RatioPercent: ratio}})
 	if err != nil {
 		t.Fatal(err)

@@ -32,14 +32,14 @@ func guestDisk() string {
 	return "/dev/vdb"
 }
 
-func requireGuest(t *testing.T) {
+func requireGuest(t testing.TB) {
 	t.Helper()
 	if os.Getenv("PLINTH_KERNEL_TEST") != "1" {
 		t.Skip("kernel test: set PLINTH_KERNEL_TEST=1 (runs in the qemu guest via make test-kernel)")
 	}
 }
 
-func sh(t *testing.T, name string, args ...string) string {
+func sh(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -83,7 +83,7 @@ func blockSize(t *testing.T, dev string) int64 {
 	return n
 }
 
-func cleanupVG(t *testing.T, disk string) {
+func cleanupVG(t testing.TB, disk string) {
 	exec.Command("vgremove", "-ff", "-y", guestVG).Run()
 	exec.Command("pvremove", "-ff", "-y", disk).Run()
 	exec.Command("wipefs", "-a", disk).Run()
@@ -99,7 +99,7 @@ func rawVG(t *testing.T) VG {
 	return vgs[0]
 }
 
-func rawLV(t *testing.T, name string) LV {
+func rawLV(t testing.TB, name string) LV {
 	t.Helper()
 	lvs, err := ParseLVs([]byte(sh(t, "lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o", lvFields, guestVG+"/"+name)))
 	if err != nil || len(lvs) != 1 {

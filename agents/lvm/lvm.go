@@ -9,13 +9,19 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
 
 	"github.com/plinth-storage/plinth/agents/backend"
 )
 
 // TagManaged marks every LV Plinth creates (lvm tags allow '/' and '.').
 const TagManaged = "plinth.dev/managed"
+
+// DefaultResyncInterval is the longest an idle VG's kept report is served (Config.ResyncInterval).
+const DefaultResyncInterval = 5 * time.Minute
 
 // DefaultThinPoolSizePercent is the share of the VG a new thin pool takes
 // when Config.ThinPoolSizePercent is 0.
@@ -47,6 +53,23 @@ type Config struct {
 	Kernel Kernel
 	// Run runs an external command; nil means os/exec. Tests substitute it.
 	Run Runner
+	// ResyncInterval bounds how long Observe, Capacity, List, Get and DevicePath serve the
+	// kept vgs + lvs report of an idle VG (0 means DefaultResyncInterval; < 0 keeps nothing:
+	// every call runs vgs + lvs). The report is read again after any command of this backend
+	// other than a report (its own writes), when device-mapper shows a change in the VG (an
+	// active LV created, removed, activated, deactivated or renamed; a thin LV created or
+	// deleted, active or not; the thin pool's mode), and once it is ResyncInterval old: a
+	// change device-mapper does not show (tags, an inactive linear LV, a resize) made by
+	// someone else shows up within ResyncInterval. Between reports the thin pool's usage comes
+	// from device-mapper without a flush: metadata use may then include the blocks of a
+	// transaction the kernel has not committed yet (it does within a second; lvs commits first).
+	// Without a readable device-mapper every call runs vgs + lvs.
+	ResyncInterval time.Duration
+	// DeviceMapper is read to tell whether the kept report still holds; nil means
+	// SysDeviceMapper{}. Tests substitute it.
+	DeviceMapper DeviceMapper
+	// Clock ages the kept report; nil means the real clock. Tests substitute it.
+	Clock clock.PassiveClock
 	// OnCommand, when set, is called after every command with its program
 	// name, arguments, duration and error (for metrics such as
 	// plinth_agent_backend_commands_total, and per-command timings in tests).
@@ -72,6 +95,21 @@ type LVM struct {
 	// fast is the backend of the cache's VG when Config.Cache is set (its LVs are caches,
 	// never volumes).
 	fast *LVM
+	// writes counts the commands this backend ran other than reports: a report kept from
+	// before the last of them is never served.
+	writes atomic.Uint64
+	kept   keptReport
+}
+
+// keptReport is the last vgs + lvs pair and what device-mapper and the write count were just
+// before it ran.
+type keptReport struct {
+	mu     sync.Mutex // held across a re-read: concurrent callers share one
+	ok     bool
+	st     state
+	writes uint64
+	dm     string
+	at     time.Time
 }
 
 var _ backend.Backend = (*LVM)(nil)
@@ -99,6 +137,15 @@ func New(cfg Config) (*LVM, error) {
 	if cfg.Kernel == nil {
 		cfg.Kernel = SysKernel{}
 	}
+	if cfg.ResyncInterval == 0 {
+		cfg.ResyncInterval = DefaultResyncInterval
+	}
+	if cfg.DeviceMapper == nil {
+		cfg.DeviceMapper = SysDeviceMapper{}
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	l := &LVM{cfg: cfg}
 	if cfg.Cache != nil {
 		c := *cfg.Cache
@@ -106,16 +153,22 @@ func New(cfg Config) (*LVM, error) {
 			return nil, err
 		}
 		l.cfg.Cache = &c
-		l.fast = &LVM{cfg: Config{VolumeGroup: c.VolumeGroup, Devices: c.Devices, Run: cfg.Run, OnCommand: cfg.OnCommand, Kernel: cfg.Kernel, ThinPoolSizePercent: DefaultThinPoolSizePercent}}
+		l.fast = &LVM{cfg: Config{VolumeGroup: c.VolumeGroup, Devices: c.Devices, Run: cfg.Run, OnCommand: cfg.OnCommand, Kernel: cfg.Kernel, ThinPoolSizePercent: DefaultThinPoolSizePercent,
+			ResyncInterval: cfg.ResyncInterval, DeviceMapper: cfg.DeviceMapper, Clock: cfg.Clock}}
 	}
 	return l, nil
 }
 
 // run runs an lvm2 (or blkid/wipefs) command. Non-zero exit → CommandError
 // classified by its stderr; stderr of a successful command (warnings such as
-// thin over-provisioning) is logged at V(1).
+// thin over-provisioning) is logged at V(1). Any command but vgs and lvs counts as a write
+// (failed or not): the kept report is read again.
 func (l *LVM) run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return backend.Commands{Run: l.cfg.Run, Classify: classify, OnCommand: l.cfg.OnCommand, Label: "lvm"}.Exec(ctx, name, args...)
+	out, err := backend.Commands{Run: l.cfg.Run, Classify: classify, OnCommand: l.cfg.OnCommand, Label: "lvm"}.Exec(ctx, name, args...)
+	if name != "vgs" && name != "lvs" {
+		l.writes.Add(1)
+	}
+	return out, err
 }
 
 // quoted matches the names lvm2 quotes in its messages (Volume group "vg-busy" not found), so
@@ -179,6 +232,43 @@ func (l *LVM) refresh(ctx context.Context) (state, error) {
 		return state{}, err
 	}
 	return state{vg: vgs[0], lvs: lvs}, nil
+}
+
+// observed is the kept report while it holds (see Config.ResyncInterval), with the thin
+// pool's usage as device-mapper shows it now; else a new vgs + lvs pair, kept.
+func (l *LVM) observed(ctx context.Context) (state, error) {
+	if l.cfg.ResyncInterval < 0 {
+		return l.refresh(ctx)
+	}
+	k := &l.kept
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	// read before the report: a change after this is seen at the next call
+	writes := l.writes.Load()
+	dm, dmErr := l.dmView()
+	now := l.cfg.Clock.Now()
+	if k.ok && dmErr == nil && k.writes == writes && k.dm == dm.signature && now.Sub(k.at) < l.cfg.ResyncInterval {
+		return k.st.withPool(l.cfg.ThinPool, dm.pool), nil
+	}
+	st, err := l.refresh(ctx)
+	k.ok = err == nil && dmErr == nil
+	k.st, k.writes, k.dm, k.at = st, writes, dm.signature, now
+	return st, err
+}
+
+// withPool returns s with the thin pool's data and metadata use taken from its device-mapper
+// status (the same ratios lvs reports); s itself is not changed.
+func (s state) withPool(pool string, dm *thinPoolStatus) state {
+	if pool == "" || dm == nil || dm.totalData == 0 {
+		return s
+	}
+	lvs := append([]LV(nil), s.lvs...)
+	for i := range lvs {
+		if lvs[i].Name == pool && lvs[i].IsThinPool() {
+			lvs[i].DataPercent, lvs[i].MetadataPercent = dm.dataPercent, dm.metaPercent
+		}
+	}
+	return state{vg: s.vg, lvs: lvs}
 }
 
 // CheckEmpty returns backend.ErrDeviceNotEmpty when device carries any
@@ -320,10 +410,11 @@ func (l *LVM) volume(lv LV) backend.Volume {
 
 func (l *LVM) devPath(lv string) string { return "/dev/" + l.cfg.VolumeGroup + "/" + lv }
 
-// Capacity reports the Store's capacity (one vgs + lvs pair; with a cache, a second pair for
-// the fast VG, whose size and free bytes are the Cache* fields). Units bytes.
+// Capacity reports the Store's capacity (one vgs + lvs pair, or the kept one: see
+// Config.ResyncInterval; with a cache, a second pair for the fast VG, whose size and free
+// bytes are the Cache* fields). Units bytes.
 func (l *LVM) Capacity(ctx context.Context) (backend.Capacity, error) {
-	st, err := l.refresh(ctx)
+	st, err := l.observed(ctx)
 	if err != nil {
 		return backend.Capacity{}, err
 	}
@@ -331,7 +422,7 @@ func (l *LVM) Capacity(ctx context.Context) (backend.Capacity, error) {
 	if err != nil || l.fast == nil {
 		return c, err
 	}
-	fast, err := l.fast.refresh(ctx)
+	fast, err := l.fast.observed(ctx)
 	if err != nil {
 		return c, fmt.Errorf("cache: %w", err)
 	}
@@ -341,7 +432,7 @@ func (l *LVM) Capacity(ctx context.Context) (backend.Capacity, error) {
 
 // List returns Plinth's volumes of this VG (and pool), ordered by id.
 func (l *LVM) List(ctx context.Context) ([]backend.Volume, error) {
-	st, err := l.refresh(ctx)
+	st, err := l.observed(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -356,11 +447,13 @@ func (l *LVM) List(ctx context.Context) ([]backend.Volume, error) {
 }
 
 // Observe returns the Store's capacity and Plinth's volumes (ordered by id)
-// from ONE vgs + lvs pair: the node agent's periodic refresh. A missing VG
+// from ONE vgs + lvs pair, or from the kept one while it holds (Config.ResyncInterval:
+// then no command at all, one DM_LIST_DEVICES and, for a thin pool, one DM_TABLE_STATUS):
+// the node agent's periodic refresh. A missing VG
 // wraps backend.ErrNotFound; a missing thin pool returns the volumes with
 // an error wrapping backend.ErrNotFound that names the thin pool.
 func (l *LVM) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, error) {
-	st, err := l.refresh(ctx)
+	st, err := l.observed(ctx)
 	if err != nil {
 		return backend.Capacity{}, nil, err
 	}
@@ -374,7 +467,7 @@ func (l *LVM) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, 
 	c, err := l.capacity(st)
 	if err == nil && l.fast != nil {
 		var fast state
-		if fast, err = l.fast.refresh(ctx); err != nil {
+		if fast, err = l.fast.observed(ctx); err != nil {
 			return c, vols, fmt.Errorf("cache: %w", err)
 		}
 		l.addCacheCapacity(&c, fast)
@@ -383,13 +476,18 @@ func (l *LVM) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, 
 }
 
 // find refreshes and looks the volume up; backend.ErrNotFound when absent
-// or not Plinth's.
+// or not Plinth's. Writes use it: they decide on a new report.
 func (l *LVM) find(ctx context.Context, id string) (state, LV, error) {
+	return l.findIn(ctx, id, l.refresh)
+}
+
+// findIn looks the volume up in the report read returns (refresh, or observed for reads).
+func (l *LVM) findIn(ctx context.Context, id string, read func(context.Context) (state, error)) (state, LV, error) {
 	name, err := LVName(l.cfg.VolumeGroup, id)
 	if err != nil {
 		return state{}, LV{}, err
 	}
-	st, err := l.refresh(ctx)
+	st, err := read(ctx)
 	if err != nil {
 		return st, LV{}, err
 	}
@@ -400,9 +498,10 @@ func (l *LVM) find(ctx context.Context, id string) (state, LV, error) {
 	return st, lv, nil
 }
 
-// Get returns one volume.
+// Get returns one volume (from the kept report while it holds: the VolumeStates of an agent
+// that starts share one vgs + lvs pair).
 func (l *LVM) Get(ctx context.Context, id string) (backend.Volume, error) {
-	_, lv, err := l.find(ctx, id)
+	_, lv, err := l.findIn(ctx, id, l.observed)
 	if err != nil {
 		return backend.Volume{}, err
 	}
@@ -416,7 +515,7 @@ func (l *LVM) DevicePath(ctx context.Context, id string) (string, error) {
 	if l.fast != nil {
 		return l.cachedDevicePath(ctx, id)
 	}
-	_, lv, err := l.find(ctx, id)
+	_, lv, err := l.findIn(ctx, id, l.observed)
 	if err != nil {
 		return "", err
 	}

@@ -22,6 +22,7 @@ type fakeLVM struct {
 	lvs                    []map[string]string
 	calls                  []string
 	fail                   map[string]string // command name → stderr, exit 5
+	txn                    uint64            // the thin pool's transaction id (Status)
 }
 
 func (f *fakeLVM) run(_ context.Context, name string, args ...string) ([]byte, []byte, int, error) {
@@ -87,6 +88,9 @@ func newFake(t *testing.T, f *fakeLVM, cfg Config) *LVM {
 	t.Helper()
 	cfg.VolumeGroup = "vg0"
 	cfg.Run = f.run
+	if cfg.DeviceMapper == nil {
+		cfg.DeviceMapper = f
+	}
 	l, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +135,8 @@ func TestCreateRoundsUpToExtent(t *testing.T) {
 // B07: the reserve is honoured on create, not only in reporting.
 func TestCreateHonoursReserve(t *testing.T) {
 	f := &fakeLVM{vgSize: 100 * gib, vgFree: 40 * gib, extent: 4 * mib}
-	l := newFake(t, f, Config{ReserveBytes: 20 * gib})
+	// each Capacity reads anew: the VG's free space changes below with no LV to show it
+	l := newFake(t, f, Config{ReserveBytes: 20 * gib, ResyncInterval: -1})
 	ctx := context.Background()
 	c, err := l.Capacity(ctx)
 	if err != nil {
@@ -194,13 +199,13 @@ func TestThinCapacityFromPool(t *testing.T) {
 	}
 }
 
-// Frugal: an observation is exactly one vgs and one lvs.
+// Frugal: an observation is exactly one vgs and one lvs (here each call observes anew).
 func TestRefreshIsOnePair(t *testing.T) {
 	f := &fakeLVM{vgSize: 10 * gib, vgFree: 10 * gib, extent: 4 * mib}
 	for i := 0; i < 50; i++ {
 		f.lvs = append(f.lvs, map[string]string{"lv_name": backend.VolumeID(fmt.Sprint(i)), "lv_layout": "linear", "lv_size": "4194304", "lv_tags": TagManaged})
 	}
-	l := newFake(t, f, Config{})
+	l := newFake(t, f, Config{ResyncInterval: -1})
 	if _, err := l.List(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func TestThinSnapshotRestoreClone(t *testing.T) {
 	f := &snapFake{fakeLVM{vgSize: 100 * gib, vgFree: 0, extent: 4 * mib, lvs: []map[string]string{
 		{"lv_name": "pool0", "lv_layout": "thin,pool", "lv_size": fmt.Sprint(99 * gib), "data_percent": "10.00", "metadata_percent": "2.00"},
 	}}}
-	l, err := New(Config{VolumeGroup: "vg0", ThinPool: "pool0", Run: f.run})
+	l, err := New(Config{VolumeGroup: "vg0", ThinPool: "pool0", Run: f.run, ResyncInterval: -1}) // counts every call's commands
 	if err != nil {
 		t.Fatal(err)
 	}

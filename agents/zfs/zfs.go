@@ -312,6 +312,17 @@ func (z *ZFS) Capacity(ctx context.Context) (backend.Capacity, error) {
 	return z.capacity(st), nil
 }
 
+// Observe returns the Store's capacity and Plinth's zvols (ordered by id) from ONE
+// `zfs list`: the node agent's periodic refresh. backend.ErrNotFound when the parent
+// dataset (or the pool) does not exist.
+func (z *ZFS) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, error) {
+	st, err := z.refresh(ctx)
+	if err != nil {
+		return backend.Capacity{}, nil, err
+	}
+	return z.capacity(st), z.listed(st.children), nil
+}
+
 // List returns Plinth's zvols under the parent dataset, ordered by id (one
 // `zfs list`).
 func (z *ZFS) List(ctx context.Context) ([]backend.Volume, error) {

@@ -368,3 +368,39 @@ func contains(ss []string, s string) bool {
 	}
 	return false
 }
+
+// Observe (the agent's periodic refresh) is capacity and zvols from ONE `zfs list`, the same
+// figures as Capacity and List (two).
+func TestObserveIsOneList(t *testing.T) {
+	ctx := context.Background()
+	f := newFake("tank/k8s/volumes", 20<<30)
+	z := newTestZFS(t, f, Config{VolBlockSize: 16 << 10, Sparse: true})
+	for _, n := range []string{"a", "b"} {
+		if _, err := z.Create(ctx, backend.VolumeID(n), 1<<30); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.calls = nil
+	c, vols, err := z.Observe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.calls) != 1 || !strings.HasPrefix(f.calls[0], "zfs list ") {
+		t.Errorf("calls %q, want one zfs list", f.calls)
+	}
+	wantC, err := z.Capacity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantV, err := z.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != wantC || fmt.Sprint(vols) != fmt.Sprint(wantV) || len(vols) != 2 || c.ProvisionedBytes != 2<<30 {
+		t.Errorf("Observe = %+v, %v; Capacity, List = %+v, %v", c, vols, wantC, wantV)
+	}
+	f.fail = map[string]string{"zfs list": "cannot open 'tank/k8s/volumes': dataset does not exist"}
+	if _, _, err := z.Observe(ctx); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("missing parent: %v, want ErrNotFound", err)
+	}
+}

@@ -28,7 +28,10 @@
 #   - Network: lo up (127.0.0.1 for nvme-tcp); eth0 10.0.2.15 (qemu user net,
 #     restricted: no outbound traffic; host services forwarded at 10.0.2.100).
 # Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G,1G),
-#      KERNEL_PACKAGES="./agents/lvm ..." to run only some packages.
+#      KERNEL_PACKAGES="./agents/lvm ..." to run only some packages,
+#      KGUEST_SH="script" run in the guest after the binaries (kguest -sh), e.g. a benchmark:
+#        cd /mnt/host/agents_lvm.test.d && PLINTH_KERNEL_TEST=1 /mnt/host/agents_lvm.test \
+#          -test.run '^$' -test.bench BenchmarkGuestIdleLVM -test.benchtime 20x
 set -euo pipefail
 export GOFLAGS="${GOFLAGS:--buildvcs=false -trimpath}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 D=$(cd "$(dirname "$0")" && pwd)
@@ -51,4 +54,6 @@ while read -r pkg; do
 done < <(if [ -n "${KERNEL_PACKAGES:-}" ]; then printf '%s\n' $KERNEL_PACKAGES; else cat "$D/packages.txt"; fi)
 go build -o "$W/bin/kguest" ./test/kernel/cmd/kguest
 awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN{printf "TIMING build-test-binaries %.1fs\n", b-a}'
-exec "$W/bin/kguest" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G,1G}" "${bins[@]}"
+sh=()
+[ -z "${KGUEST_SH:-}" ] || sh=(-sh "$KGUEST_SH")
+exec "$W/bin/kguest" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G,1G}" "${sh[@]}" "${bins[@]}"
