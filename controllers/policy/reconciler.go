@@ -61,7 +61,13 @@ type Reconciler struct {
 
 	manager *ssa.ResourceManager
 	vetter  *vet.Vetter
-	mu      sync.Mutex
+	// keptVet and renderer keep, between reconciles, each policy object's verdict (by UID and
+	// resourceVersion) and render, so that a reconcile after one object changed vets and
+	// renders what it touches (BenchmarkRerenderOneOf10kPolicies1kNodes); both are used under
+	// mu, and the render they return is valid until the next reconcile.
+	keptVet  *KeptVetter
+	renderer render.Renderer
+	mu       sync.Mutex
 }
 
 // New returns a reconciler that applies through c with fieldManager. The CUE schema is
@@ -79,7 +85,7 @@ func New(c client.Client, apiReader client.Reader, recorder events.EventRecorder
 	return &Reconciler{
 		Client: c, APIReader: apiReader, Recorder: recorder, Inventory: inv,
 		FieldManager: fieldManager, ArgoNamespace: "argocd", ReplacementPoll: 2 * time.Second,
-		manager: m, vetter: v,
+		manager: m, vetter: v, keptVet: NewKeptVetter(v),
 	}, nil
 }
 

@@ -48,7 +48,7 @@ func (e *ObjectError) Unwrap() error { return e.Err }
 // only problem is a reference to a pool or protocol not in the set (yet: both may arrive in
 // the same sync) is recorded as waiting, so its status change is not announced as a warning.
 func (r *Reconciler) vetSet(ctx context.Context, s *scope) (bool, error) {
-	pol, problems := VetObjects(r.vetter, s.pools, s.protos, s.places)
+	pol, problems := r.keptVet.VetObjects(s.pools, s.protos, s.places)
 	if len(problems) == 0 {
 		s.pol = pol
 		return false, nil
@@ -100,7 +100,7 @@ func missingReferences(p *policyObject, problems []vet.Problem, s *scope) []stri
 
 // render renders the vetted set for the Nodes; render errors make the set invalid.
 func (r *Reconciler) render(_ context.Context, s *scope) (bool, error) {
-	rendered, err := render.Render(render.Input{Pools: s.pol.Pools, Protocols: s.pol.Protocols, Placements: s.pol.Placements, Nodes: s.nodes})
+	rendered, err := r.renderer.Render(render.Input{Pools: s.pol.Pools, Protocols: s.pol.Protocols, Placements: s.pol.Placements, Nodes: s.nodes})
 	if err != nil {
 		s.setInvalid, s.judged = true, true
 		for _, e := range render.Errors(err) {

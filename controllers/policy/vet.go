@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -15,36 +17,96 @@ import (
 // rules, exactly as `plinth vet` judges files. Each object is serialized as a YAML document
 // holding apiVersion, kind, metadata (name, labels, annotations) and spec; problems name it as
 // "<kind>/<name>" (lower-case kind, as kubectl does) with the line and column in that
-// document. It returns the decoded policies (with schema defaults) and the problems, sorted.
+// document. It returns the decoded policies (with schema defaults, and the UID and
+// resourceVersion of the live objects: render.Renderer reads them) and the problems, sorted.
 func VetObjects(v *vet.Vetter, pools []policyv1.StoragePool, protocols []policyv1.Protocol, placements []policyv1.Placement) (*vet.Policies, []vet.Problem) {
-	set := &vet.Set{}
-	add := func(kind, name string, meta map[string]any, spec any) {
+	return (&KeptVetter{v: v}).VetObjects(pools, protocols, placements)
+}
+
+// KeptVetter judges live policy objects as VetObjects does and keeps each object's own
+// verdict (its document judged against the schema, decoded) by UID and resourceVersion: an
+// object whose resourceVersion is unchanged is not serialized, parsed or unified again, only
+// the cross-object rules (maps keyed by name) run over the whole set. Objects without a UID or
+// resourceVersion are judged every time. A KeptVetter must not be used from several
+// goroutines at once.
+type KeptVetter struct {
+	v    *vet.Vetter
+	kept map[types.UID]*keptVerdict
+	pass uint64
+	comb vet.Combiner
+	// judged counts the objects judged anew (not kept), for tests.
+	judged int
+}
+
+type keptVerdict struct {
+	resourceVersion string
+	verdict         *vet.Verdict
+	pass            uint64 // the last VetObjects that saw the object
+}
+
+// NewKeptVetter returns a KeptVetter judging with v.
+func NewKeptVetter(v *vet.Vetter) *KeptVetter {
+	return &KeptVetter{v: v, kept: map[types.UID]*keptVerdict{}}
+}
+
+// VetObjects is VetObjects with the verdicts kept (see KeptVetter); the result is the same, but
+// the Policies it returns are overwritten by its next call (vet.Combiner). Verdicts of objects
+// absent from this call are dropped.
+func (k *KeptVetter) VetObjects(pools []policyv1.StoragePool, protocols []policyv1.Protocol, placements []policyv1.Placement) (*vet.Policies, []vet.Problem) {
+	k.pass++
+	verdicts := make([]*vet.Verdict, 0, len(pools)+len(protocols)+len(placements))
+	var setProblems []vet.Problem
+	judge := func(kind string, o *metav1.ObjectMeta, spec any) {
+		kv := k.kept[o.UID]
+		if kv != nil && o.UID != "" && o.ResourceVersion != "" && kv.resourceVersion == o.ResourceVersion {
+			kv.pass = k.pass
+			verdicts = append(verdicts, kv.verdict)
+			return
+		}
+		k.judged++
+		path := strings.ToLower(kind) + "/" + o.Name
 		doc := map[string]any{
 			"apiVersion": policyv1.GroupVersion.String(),
 			"kind":       kind,
-			"metadata":   meta,
-			"spec":       spec,
+			"metadata":   metaOf(o.Name, o.Labels, o.Annotations),
+			"spec":       toMap(spec),
 		}
-		path := strings.ToLower(kind) + "/" + name
 		data, err := yaml.Marshal(doc)
 		if err != nil {
-			set.Problems = append(set.Problems, vet.Problem{File: path, Kind: kind, Name: name, Message: "cannot serialize: " + err.Error()})
+			setProblems = append(setProblems, vet.Problem{File: path, Kind: kind, Name: o.Name, Message: "cannot serialize: " + err.Error()})
 			return
 		}
 		s := vet.LoadBytes(path, data)
-		set.Documents = append(set.Documents, s.Documents...)
-		set.Problems = append(set.Problems, s.Problems...)
+		setProblems = append(setProblems, s.Problems...)
+		for _, d := range s.Documents {
+			vr := k.v.Judge(d)
+			if mo, ok := vr.Object.(metav1.Object); ok {
+				mo.SetUID(o.UID)
+				mo.SetResourceVersion(o.ResourceVersion)
+			}
+			verdicts = append(verdicts, vr)
+		}
+		if k.kept != nil && o.UID != "" && o.ResourceVersion != "" && len(s.Problems) == 0 && len(s.Documents) == 1 {
+			vr := verdicts[len(verdicts)-1]
+			vr.Document.DropSyntax() // judged: kept, the text is enough
+			k.kept[o.UID] = &keptVerdict{resourceVersion: o.ResourceVersion, verdict: vr, pass: k.pass}
+		}
 	}
 	for i := range pools {
-		add("StoragePool", pools[i].Name, metaOf(pools[i].Name, pools[i].Labels, pools[i].Annotations), toMap(&pools[i].Spec))
+		judge("StoragePool", &pools[i].ObjectMeta, &pools[i].Spec)
 	}
 	for i := range protocols {
-		add("Protocol", protocols[i].Name, metaOf(protocols[i].Name, protocols[i].Labels, protocols[i].Annotations), toMap(&protocols[i].Spec))
+		judge("Protocol", &protocols[i].ObjectMeta, &protocols[i].Spec)
 	}
 	for i := range placements {
-		add("Placement", placements[i].Name, metaOf(placements[i].Name, placements[i].Labels, placements[i].Annotations), toMap(&placements[i].Spec))
+		judge("Placement", &placements[i].ObjectMeta, &placements[i].Spec)
 	}
-	return v.Vet(set)
+	for uid, kv := range k.kept {
+		if kv.pass != k.pass {
+			delete(k.kept, uid)
+		}
+	}
+	return k.comb.Combine(verdicts, setProblems)
 }
 
 // metaOf keeps what a policy document may carry. The last-applied-configuration annotation of

@@ -77,52 +77,18 @@ func Render(in Input) (*Output, error) {
 	poolNodes := make(map[string][]string, len(in.Pools))
 	var errs []error
 	for i := range in.Pools {
-		p := &in.Pools[i]
-		if p.Spec.NodeSelector == nil {
-			continue
-		}
-		sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
+		names, err := selectNodes(&in.Pools[i], nodes)
 		if err != nil {
-			errs = append(errs, &Error{Kind: "StoragePool", Name: p.Name, Field: "spec.nodeSelector", Message: err.Error()})
+			errs = append(errs, err)
 			continue
 		}
-		if sel.Empty() {
-			continue // an empty selector selects no node: a pool must say where it lives
-		}
-		for j := range nodes {
-			if sel.Matches(labels.Set(nodes[j].Labels)) {
-				poolNodes[p.Name] = append(poolNodes[p.Name], nodes[j].Name)
-			}
+		if names != nil {
+			poolNodes[in.Pools[i].Name] = names
 		}
 	}
 
-	// Endpoint per pool: the NVMe-oF protocol of the placements that use it.
-	poolEndpoint := map[string]*storev1.NVMeoFEndpoint{}
-	poolEndpointFrom := map[string]string{}
-	// pools served by a Protocol with DH-HMAC-CHAP: their nodes' agents need target auth
-	poolAuth := map[string]bool{}
-	// and the keyGeneration they rotate the hosts' secrets to (the highest, as controllers/nvmeauth)
-	poolKeyGeneration := map[string]int64{}
-	for i := range in.Placements {
-		pl := &in.Placements[i]
-		proto := protocols[pl.Spec.ProtocolRef.Name]
-		if proto == nil || proto.Spec.NVMeoFTCP == nil {
-			continue
-		}
-		if proto.Spec.NVMeoFTCP.Auth.Enabled() {
-			poolAuth[pl.Spec.PoolRef.Name] = true
-			poolKeyGeneration[pl.Spec.PoolRef.Name] = max(poolKeyGeneration[pl.Spec.PoolRef.Name], proto.Spec.NVMeoFTCP.Auth.KeyGeneration)
-		}
-		ep := &storev1.NVMeoFEndpoint{Port: portOrDefault(proto.Spec.NVMeoFTCP.Port), BindCIDR: proto.Spec.NVMeoFTCP.BindCIDR}
-		if prev, ok := poolEndpoint[pl.Spec.PoolRef.Name]; ok && *prev != *ep {
-			errs = append(errs, &Error{Kind: "Placement", Name: pl.Name, Field: "spec.protocolRef",
-				Message: fmt.Sprintf("pool %q is already served over NVMe-oF by Protocol %q with another endpoint (%s:%d); one pool has one endpoint per node",
-					pl.Spec.PoolRef.Name, poolEndpointFrom[pl.Spec.PoolRef.Name], prev.BindCIDR, prev.Port)})
-			continue
-		}
-		poolEndpoint[pl.Spec.PoolRef.Name] = ep
-		poolEndpointFrom[pl.Spec.PoolRef.Name] = proto.Name
-	}
+	eps, epErrs := endpoints(in.Placements, protocols)
+	errs = append(errs, epErrs...)
 
 	// StorageClasses.
 	for i := range in.Placements {
@@ -156,7 +122,7 @@ func Render(in Input) (*Output, error) {
 			out.Sources["Store/"+st.Name] = []string{"StoragePool/" + pn}
 			agentStores[node] = append(agentStores[node], st.Name)
 			agentPools[node] = append(agentPools[node], pn)
-			if ep := poolEndpoint[pn]; ep != nil {
+			if ep := eps.endpoint[pn]; ep != nil {
 				if prev, ok := agentEndpoint[node]; ok && *prev != *ep {
 					errs = append(errs, &Error{Kind: "StoragePool", Name: pn, Field: "spec.nodeSelector",
 						Message: fmt.Sprintf("node %q would serve NVMe-oF on %s:%d for this pool and on %s:%d for pool %q; an agent has one NVMe-oF endpoint",
@@ -174,29 +140,9 @@ func Render(in Input) (*Output, error) {
 			continue
 		}
 		sort.Strings(storesOf)
-		a := storev1.Agent{
-			TypeMeta: metav1.TypeMeta{APIVersion: storev1.GroupVersion.String(), Kind: "Agent"},
-			ObjectMeta: metav1.ObjectMeta{
-				Name:        n.Name,
-				Labels:      map[string]string{policyv1.LabelManagedBy: ManagedBy, policyv1.LabelNode: storev1.NameLabelValue(n.Name)},
-				Annotations: map[string]string{AnnotationPools: strings.Join(sortedUnique(agentPools[n.Name]), ",")},
-			},
-			Spec: storev1.AgentSpec{NodeName: n.Name, Stores: storesOf},
-		}
-		if ep := agentEndpoint[n.Name]; ep != nil {
-			c := *ep
-			for _, p := range agentPools[n.Name] {
-				c.Auth = c.Auth || poolAuth[p]
-				c.AuthKeyGeneration = max(c.AuthKeyGeneration, poolKeyGeneration[p])
-			}
-			a.Spec.NVMeoF = &c
-		}
+		a := newAgent(n.Name, storesOf, agentPools[n.Name], agentEndpoint[n.Name], &eps)
 		out.Agents = append(out.Agents, a)
-		var src []string
-		for _, p := range agentPools[n.Name] {
-			src = append(src, "StoragePool/"+p)
-		}
-		out.Sources["Agent/"+a.Name] = sortedUnique(src)
+		out.Sources["Agent/"+a.Name] = agentSources(agentPools[n.Name])
 	}
 
 	sort.Slice(out.StorageClasses, func(i, j int) bool { return out.StorageClasses[i].Name < out.StorageClasses[j].Name })
@@ -208,6 +154,125 @@ func Render(in Input) (*Output, error) {
 		return out, joinErrors(errs)
 	}
 	return out, nil
+}
+
+// selectNodes returns the names of the nodes (sorted by name) that p's selector selects, in
+// that order; nil when it has no selector or an empty one (a pool must say where it lives). The
+// error is an *Error naming a selector that does not parse.
+func selectNodes(p *policyv1.StoragePool, nodes []corev1.Node) ([]string, error) {
+	if p.Spec.NodeSelector == nil {
+		return nil, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
+	if err != nil {
+		return nil, &Error{Kind: "StoragePool", Name: p.Name, Field: "spec.nodeSelector", Message: err.Error()}
+	}
+	if sel.Empty() {
+		return nil, nil
+	}
+	var names []string
+	for j := range nodes {
+		if sel.Matches(labels.Set(nodes[j].Labels)) {
+			names = append(names, nodes[j].Name)
+		}
+	}
+	return names, nil
+}
+
+// poolEndpoints is what the Placements and their Protocols say of each pool's NVMe-oF endpoint,
+// keyed by pool name.
+type poolEndpoints struct {
+	endpoint map[string]*storev1.NVMeoFEndpoint
+	// auth: pools served by a Protocol with DH-HMAC-CHAP (their nodes' agents need target
+	// auth), and the keyGeneration they rotate the hosts' secrets to (the highest, as
+	// controllers/nvmeauth).
+	auth          map[string]bool
+	keyGeneration map[string]int64
+	// from names the Protocol that set each endpoint.
+	from map[string]string
+}
+
+// endpoints reads the endpoint of each pool from the NVMe-oF Protocols of the placements that
+// use it, in placement order; a pool served with two endpoints is an *Error on the later
+// placement.
+func endpoints(placements []policyv1.Placement, protocols map[string]*policyv1.Protocol) (poolEndpoints, []error) {
+	var eps poolEndpoints
+	errs := eps.read(placements, protocols)
+	return eps, errs
+}
+
+// read fills e (emptied first, its maps kept) as endpoints does.
+func (e *poolEndpoints) read(placements []policyv1.Placement, protocols map[string]*policyv1.Protocol) []error {
+	if e.endpoint == nil {
+		*e = poolEndpoints{endpoint: map[string]*storev1.NVMeoFEndpoint{}, auth: map[string]bool{}, keyGeneration: map[string]int64{}, from: map[string]string{}}
+	}
+	clear(e.endpoint)
+	clear(e.auth)
+	clear(e.keyGeneration)
+	clear(e.from)
+	eps, from := e, e.from
+	var errs []error
+	for i := range placements {
+		pl := &placements[i]
+		proto := protocols[pl.Spec.ProtocolRef.Name]
+		if proto == nil || proto.Spec.NVMeoFTCP == nil {
+			continue
+		}
+		pool := pl.Spec.PoolRef.Name
+		if proto.Spec.NVMeoFTCP.Auth.Enabled() {
+			eps.auth[pool] = true
+			eps.keyGeneration[pool] = max(eps.keyGeneration[pool], proto.Spec.NVMeoFTCP.Auth.KeyGeneration)
+		}
+		ep := &storev1.NVMeoFEndpoint{Port: portOrDefault(proto.Spec.NVMeoFTCP.Port), BindCIDR: proto.Spec.NVMeoFTCP.BindCIDR}
+		if prev, ok := eps.endpoint[pool]; ok && *prev != *ep {
+			errs = append(errs, &Error{Kind: "Placement", Name: pl.Name, Field: "spec.protocolRef",
+				Message: fmt.Sprintf("pool %q is already served over NVMe-oF by Protocol %q with another endpoint (%s:%d); one pool has one endpoint per node",
+					pool, from[pool], prev.BindCIDR, prev.Port)})
+			continue
+		}
+		eps.endpoint[pool] = ep
+		from[pool] = proto.Name
+	}
+	return errs
+}
+
+// same reports whether pool's endpoint, auth and keyGeneration are the same in e and o.
+func (e *poolEndpoints) same(o *poolEndpoints, pool string) bool {
+	a, b := e.endpoint[pool], o.endpoint[pool]
+	return (a == nil) == (b == nil) && (a == nil || *a == *b) &&
+		e.auth[pool] == o.auth[pool] && e.keyGeneration[pool] == o.keyGeneration[pool]
+}
+
+// newAgent renders the Agent of node, which serves stores (sorted) of pools (in name order)
+// with NVMe-oF endpoint ep (nil: none).
+func newAgent(node string, stores, pools []string, ep *storev1.NVMeoFEndpoint, eps *poolEndpoints) storev1.Agent {
+	a := storev1.Agent{
+		TypeMeta: metav1.TypeMeta{APIVersion: storev1.GroupVersion.String(), Kind: "Agent"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        node,
+			Labels:      map[string]string{policyv1.LabelManagedBy: ManagedBy, policyv1.LabelNode: storev1.NameLabelValue(node)},
+			Annotations: map[string]string{AnnotationPools: strings.Join(sortedUnique(append([]string(nil), pools...)), ",")},
+		},
+		Spec: storev1.AgentSpec{NodeName: node, Stores: stores},
+	}
+	if ep != nil {
+		c := *ep
+		for _, p := range pools {
+			c.Auth = c.Auth || eps.auth[p]
+			c.AuthKeyGeneration = max(c.AuthKeyGeneration, eps.keyGeneration[p])
+		}
+		a.Spec.NVMeoF = &c
+	}
+	return a
+}
+
+// agentSources names the pools of an Agent as its Sources entry.
+func agentSources(pools []string) []string {
+	src := make([]string, 0, len(pools))
+	for _, p := range pools {
+		src = append(src, "StoragePool/"+p)
+	}
+	return sortedUnique(src)
 }
 
 func storageClass(pl *policyv1.Placement) storagev1.StorageClass {

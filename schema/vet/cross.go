@@ -7,16 +7,41 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
+// scratch holds the buffers of one Combine: a Combiner reuses them, cleared, on its next call.
+type scratch struct {
+	all                  []vetted
+	docs, placements     []*vetted
+	invalid              map[string]bool // "Kind/name" of policy documents that failed their schema
+	byKind               map[string]map[string]*vetted
+	classes, snapClasses map[string]*vetted
+}
+
+// reset empties sc, keeping what it allocated.
+func (sc *scratch) reset() {
+	if sc.byKind == nil {
+		sc.invalid, sc.classes, sc.snapClasses = map[string]bool{}, map[string]*vetted{}, map[string]*vetted{}
+		sc.byKind = map[string]map[string]*vetted{"StoragePool": {}, "Protocol": {}, "Placement": {}}
+	}
+	clear(sc.all[:cap(sc.all)]) // drop the last call's documents and objects
+	sc.all, sc.docs, sc.placements = sc.all[:0], sc.docs[:0], sc.placements[:0]
+	clear(sc.invalid)
+	clear(sc.classes)
+	clear(sc.snapClasses)
+	for _, m := range sc.byKind {
+		clear(m)
+	}
+}
+
 // crossCheck applies the rules that need the whole set, with maps keyed by name (O(n)):
 // unique names per kind, references that resolve, unique StorageClass names, at most one
 // default class, the local protocol only with WaitForFirstConsumer, and spreadAcross only where
-// the scheduler places the volumes (see spreadProblems). invalid holds the
+// the scheduler places the volumes (see spreadProblems), to sc.docs. sc.invalid holds the
 // "Kind/name" of documents that failed their schema: a reference to one of them is not
 // reported again as missing (its own problems say what is wrong).
-func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
+func crossCheck(sc *scratch) []Problem {
+	docs, invalid := sc.docs, sc.invalid
 	var ps []Problem
-	byKind := map[string]map[string]*vetted{"StoragePool": {}, "Protocol": {}, "Placement": {}}
-	var placements []*vetted
+	byKind := sc.byKind
 	for _, vd := range docs {
 		m := byKind[vd.doc.Kind]
 		if first, dup := m[vd.doc.Name]; dup {
@@ -29,15 +54,13 @@ func crossCheck(docs []*vetted, invalid map[string]bool) []Problem {
 		}
 		m[vd.doc.Name] = vd
 		if vd.doc.Kind == "Placement" {
-			placements = append(placements, vd)
+			sc.placements = append(sc.placements, vd)
 		}
 	}
 	ps = append(ps, authAgreement(docs)...)
-	classes := map[string]*vetted{}
-	var defaultClass *vetted
-	snapClasses := map[string]*vetted{}
-	var defaultSnapClass *vetted
-	for _, vd := range placements {
+	classes, snapClasses := sc.classes, sc.snapClasses
+	var defaultClass, defaultSnapClass *vetted
+	for _, vd := range sc.placements {
 		pl := vd.obj.(*policyv1.Placement)
 		if _, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; !ok && !invalid["StoragePool/"+pl.Spec.PoolRef.Name] {
 			ps = append(ps, at(vd.doc, []string{"spec", "poolRef", "name"},
@@ -140,7 +163,7 @@ func at(d *Document, path []string, msg string) Problem {
 	if d.source != nil {
 		src = d.source
 	}
-	if l, c, ok := fieldPos(src.Expr, path); ok {
+	if l, c, ok := fieldPos(src.syntax(), path); ok {
 		p.Line, p.Column = l, c
 	}
 	return p

@@ -36,7 +36,7 @@ type Document struct {
 	Line, Column int
 	// APIVersion, Kind and Name are read from the document ("" when absent or not strings).
 	APIVersion, Kind, Name string
-	// Expr is the document as CUE syntax, with positions.
+	// Expr is the document as CUE syntax, with positions; nil after DropSyntax.
 	Expr ast.Expr
 	// YAML is the document's text (after kustomize, when built).
 	YAML []byte
@@ -45,6 +45,34 @@ type Document struct {
 
 	// source is the same object in its source file, used for positions of kustomize output.
 	source *Document
+	// whole: YAML is all of its file's text, so parsing it again gives Expr's positions.
+	whole bool
+}
+
+// DropSyntax frees the document's syntax tree (Expr, about 4 KiB for a policy document, ten
+// times its text) once it has been judged: a document kept for long, such as a controller's
+// verdict, then costs about its text. Positions (Position, the problems of the cross-object
+// rules) are then found by parsing YAML again. It does so only for a document that is the
+// whole text it was read from (LoadBytes of a single document without "---") and returns
+// whether it did; Judge needs the tree, so judge before dropping it.
+func (d *Document) DropSyntax() bool {
+	if !d.whole {
+		return false
+	}
+	d.Expr = nil
+	return true
+}
+
+// syntax returns Expr, or parses YAML again when DropSyntax dropped it (nil if that fails).
+func (d *Document) syntax() ast.Expr {
+	if d.Expr != nil || !d.whole {
+		return d.Expr
+	}
+	expr, err := cueyaml.NewDecoder(d.File, bytes.NewReader(d.YAML)).Extract()
+	if err != nil {
+		return nil
+	}
+	return expr
 }
 
 // Group returns the API group of the document, "" for the core group.
@@ -291,6 +319,7 @@ func (s *Set) parse(path string, data []byte, source *Document) {
 		d.APIVersion, d.Kind, d.Name = headerOf(expr)
 		if i < len(chunks) {
 			d.YAML = chunks[i]
+			d.whole = len(chunks) == 1 && source == nil && bytes.Equal(chunks[0], data)
 		} else {
 			d.YAML = data
 		}

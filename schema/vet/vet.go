@@ -42,30 +42,98 @@ func NewVetter() (*Vetter, error) {
 // against the cross-object rules, and decodes the valid documents. Problems are sorted by
 // position. A set with problems still returns the documents that were valid on their own.
 func (v *Vetter) Vet(set *Set) (*Policies, []Problem) {
-	problems := append([]Problem(nil), set.Problems...)
-	out := &Policies{}
-	var docs []*vetted
-	invalid := map[string]bool{} // "Kind/name" of policy documents that failed their schema
-	for _, d := range set.Documents {
-		if !d.IsPolicy() {
-			if p, ok := misgrouped(d); ok {
-				problems = append(problems, p)
-				invalid[d.Kind+"/"+d.Name] = true
-				continue
-			}
-			out.Others = append(out.Others, d)
-			continue
+	verdicts := make([]*Verdict, len(set.Documents))
+	for i, d := range set.Documents {
+		verdicts[i] = v.Judge(d)
+	}
+	return Combine(verdicts, set.Problems)
+}
+
+// Verdict is what vet finds in one document on its own, before the rules that need the whole
+// set. It depends only on the document's text and file name, so a caller may keep it while the
+// document is unchanged and hand it to Combine again; it is read-only once made.
+type Verdict struct {
+	// Document is the document judged.
+	Document *Document
+	// Object is the decoded policy object with the schema's defaults filled in
+	// (*policyv1.StoragePool, *policyv1.Protocol or *policyv1.Placement); nil when the document
+	// has problems or belongs to another API group.
+	Object any
+	// Problems are the document's own problems (schema, unknown kind, misgrouped apiVersion).
+	Problems []Problem
+	// Other is true for a document of another API group, passed through untouched.
+	Other bool
+}
+
+// Judge judges one document on its own: a policy document against its CUE definition, any
+// other document for a policy apiVersion mistyped (see Vet).
+func (v *Vetter) Judge(d *Document) *Verdict {
+	if !d.IsPolicy() {
+		if p, ok := misgrouped(d); ok {
+			return &Verdict{Document: d, Problems: []Problem{p}}
 		}
-		vd, ps := v.vetDocument(d)
-		problems = append(problems, ps...)
-		if vd != nil {
-			docs = append(docs, vd)
-		} else {
-			invalid[d.Kind+"/"+d.Name] = true
+		return &Verdict{Document: d, Other: true}
+	}
+	vd, ps := v.vetDocument(d)
+	out := &Verdict{Document: d, Problems: ps}
+	if vd != nil {
+		out.Object = vd.obj
+	}
+	return out
+}
+
+// Combine applies the cross-object rules (crossCheck: maps keyed by name, O(n)) to verdicts,
+// Judge's in document order, and returns the policies and every problem — setProblems (such
+// as Set.Problems), the verdicts' own and the cross-object ones — sorted by position. The
+// objects of the returned Policies share their maps, slices and pointers with the verdicts'
+// objects: treat them as read-only.
+func Combine(verdicts []*Verdict, setProblems []Problem) (*Policies, []Problem) {
+	return new(Combiner).Combine(verdicts, setProblems)
+}
+
+// Combiner is Combine with its buffers (the Policies' slices, the maps of the cross-object
+// rules) kept from one call to the next, for a caller that combines a large set often (a
+// controller after each change). The Policies a call returns are overwritten by the next call.
+// A Combiner must not be used from several goroutines at once; the zero value is ready.
+type Combiner struct {
+	out Policies
+	sc  scratch
+}
+
+// Combine is Combine, reusing c's buffers.
+func (c *Combiner) Combine(verdicts []*Verdict, setProblems []Problem) (*Policies, []Problem) {
+	problems := append([]Problem(nil), setProblems...)
+	sc := &c.sc
+	sc.reset()
+	var others []*Document
+	var pools, protocols, placements int
+	for _, vr := range verdicts {
+		problems = append(problems, vr.Problems...)
+		switch vr.Object.(type) {
+		case *policyv1.StoragePool:
+			pools++
+		case *policyv1.Protocol:
+			protocols++
+		case *policyv1.Placement:
+			placements++
+		}
+		switch {
+		case vr.Other:
+			others = append(others, vr.Document)
+		case vr.Object == nil:
+			sc.invalid[vr.Document.Kind+"/"+vr.Document.Name] = true
+		default:
+			sc.all = append(sc.all, vetted{doc: vr.Document, obj: vr.Object})
 		}
 	}
-	problems = append(problems, crossCheck(docs, invalid)...)
-	for _, vd := range docs {
+	for i := range sc.all {
+		sc.docs = append(sc.docs, &sc.all[i])
+	}
+	problems = append(problems, crossCheck(sc)...)
+	out := &c.out
+	*out = Policies{Pools: reuse(out.Pools, pools), Protocols: reuse(out.Protocols, protocols),
+		Placements: reuse(out.Placements, placements), Others: others}
+	for _, vd := range sc.docs {
 		switch o := vd.obj.(type) {
 		case *policyv1.StoragePool:
 			out.Pools = append(out.Pools, *o)
@@ -77,6 +145,19 @@ func (v *Vetter) Vet(set *Set) (*Policies, []Problem) {
 	}
 	SortProblems(problems)
 	return out, problems
+}
+
+// reuse returns s emptied with room for n elements, or nil when n is 0 (as a set without such
+// documents decodes).
+func reuse[T any](s []T, n int) []T {
+	if n == 0 {
+		return nil
+	}
+	if cap(s) < n {
+		return make([]T, 0, n)
+	}
+	clear(s[n:cap(s)]) // the n first are overwritten; the rest would keep old objects alive
+	return s[:0]
 }
 
 // misgrouped reports a document that is meant as policy but would be passed through as

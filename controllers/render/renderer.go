@@ -1,0 +1,382 @@
+package render
+
+import (
+	"maps"
+	"reflect"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+)
+
+// Renderer renders as Render does and keeps, between calls, what each policy object and node
+// rendered to, so that a call after a few policy objects changed costs in proportion to what
+// they touch, plus one pass over the set: each StoragePool's and Placement's UID and
+// resourceVersion (or, without them, its spec) compared with the kept ones, and the NVMe-oF
+// endpoints read again. The StorageClass of an unchanged Placement, the Stores of an unchanged
+// StoragePool over unchanged Nodes, and the Agents of nodes whose pools and endpoints did not
+// change are not rendered again; a change of the Nodes (names or labels) renders every pool's
+// Stores again.
+//
+// Its Output equals Render's for the same Input (TestRendererMatchesRender holds the two equal
+// over random sequences of edits, additions and deletions). When the input does not render
+// (an *Error) or names two pools, placements or nodes alike, it returns Render's own output and
+// error and drops what it kept. The Output shares its slices and maps with the Renderer: it is
+// valid, and must not be modified, until the next call. A Renderer must not be used from
+// several goroutines at once; the zero value is ready to use.
+type Renderer struct {
+	pass   uint64
+	valid  bool
+	nodes  []corev1.Node                // name and labels only, sorted by name
+	labels map[string]map[string]string // node name → labels
+	pools  map[string]*keptPool
+	places map[string]*keptPlacement
+	// eps are the endpoints of the last call; spare is the buffer of the next.
+	eps, spare poolEndpoints
+	protocols  map[string]*policyv1.Protocol
+	dirty      map[string]bool
+	seen       map[string]struct{}
+	// nodePools are the pools that select each node, sorted.
+	nodePools map[string][]string
+	out       Output
+}
+
+type keptPool struct {
+	version
+	spec  policyv1.StoragePoolSpec
+	nodes []string // the nodes it selects, sorted
+	pass  uint64
+}
+
+type keptPlacement struct {
+	version
+	spec policyv1.PlacementSpec
+	sc   storagev1.StorageClass
+	vsc  *unstructured.Unstructured
+	pass uint64
+}
+
+// Render renders in (see Render), reusing what the previous call kept.
+func (r *Renderer) Render(in Input) (*Output, error) {
+	if out, ok := r.update(in); ok {
+		return out, nil
+	}
+	*r = Renderer{pass: r.pass}
+	return Render(in)
+}
+
+// update brings the kept render up to in; false when in does not render or is outside what
+// the kept render handles (names given twice): the caller renders from scratch.
+func (r *Renderer) update(in Input) (*Output, bool) {
+	r.pass++
+	if !r.valid {
+		*r = Renderer{pass: r.pass, valid: true, labels: map[string]map[string]string{}, pools: map[string]*keptPool{},
+			places: map[string]*keptPlacement{}, nodePools: map[string][]string{}, out: Output{Sources: map[string][]string{}}}
+	}
+	nodesChanged, ok := r.updateNodes(in.Nodes)
+	if !ok {
+		return nil, false
+	}
+	if r.protocols == nil {
+		r.protocols, r.dirty = map[string]*policyv1.Protocol{}, map[string]bool{}
+	}
+	clear(r.protocols)
+	for i := range in.Protocols {
+		r.protocols[in.Protocols[i].Name] = &in.Protocols[i]
+	}
+	eps := &r.spare // this call's endpoints; the kept ones are r.eps
+	if errs := eps.read(in.Placements, r.protocols); len(errs) > 0 {
+		return nil, false
+	}
+	clear(r.protocols) // no pointers into in kept
+
+	// StoragePools: the Stores of the changed ones, and the nodes whose Agent changes.
+	dirty := r.dirty
+	clear(dirty)
+	var dropStores []string
+	var addStores []storev1.Store
+	changed := func(name string, kp *keptPool) {
+		for _, n := range kp.nodes {
+			dirty[n] = true
+			r.nodePools[n] = remove(r.nodePools[n], name)
+			dropStores = append(dropStores, storev1.StoreName(name, n))
+		}
+	}
+	for i := range in.Pools {
+		p := &in.Pools[i]
+		kp := r.pools[p.Name]
+		if kp != nil && kp.pass == r.pass {
+			return nil, false // a pool named twice
+		}
+		if kp != nil && !nodesChanged && (kp.same(&p.ObjectMeta) || reflect.DeepEqual(&kp.spec, &p.Spec)) {
+			kp.version = versionOf(&p.ObjectMeta)
+			kp.pass = r.pass
+			if !eps.same(&r.eps, p.Name) {
+				for _, n := range kp.nodes {
+					dirty[n] = true
+				}
+			}
+			continue
+		}
+		names, err := selectNodes(p, r.nodes)
+		if err != nil {
+			return nil, false
+		}
+		if kp != nil {
+			changed(p.Name, kp)
+		}
+		kp = &keptPool{version: versionOf(&p.ObjectMeta), spec: *p.Spec.DeepCopy(), nodes: names, pass: r.pass}
+		r.pools[p.Name] = kp
+		for _, n := range names {
+			dirty[n] = true
+			r.nodePools[n] = insert(r.nodePools[n], p.Name)
+			addStores = append(addStores, store(p, n))
+		}
+	}
+	for name, kp := range r.pools {
+		if kp.pass != r.pass {
+			changed(name, kp)
+			delete(r.pools, name)
+		}
+	}
+	r.eps, r.spare = r.spare, r.eps
+	eps = &r.eps
+
+	// Agents of the nodes whose pools or pool endpoints changed.
+	var dropAgents []string
+	var addAgents []storev1.Agent
+	for n := range dirty {
+		if _, ok := r.out.Sources["Agent/"+n]; ok {
+			dropAgents = append(dropAgents, n)
+		}
+		pools := r.nodePools[n]
+		if len(pools) == 0 {
+			delete(r.nodePools, n)
+			continue
+		}
+		stores := make([]string, len(pools))
+		var ep *storev1.NVMeoFEndpoint
+		for i, p := range pools {
+			stores[i] = storev1.StoreName(p, n)
+			if e := eps.endpoint[p]; e != nil {
+				if ep != nil && *ep != *e {
+					return nil, false // two endpoints on one node: Render says which
+				}
+				ep = e
+			}
+		}
+		sort.Strings(stores)
+		addAgents = append(addAgents, newAgent(n, stores, pools, ep, eps))
+	}
+
+	// Placements: StorageClasses and VolumeSnapshotClasses.
+	var dropClasses, dropSnapClasses []string
+	var addClasses []storagev1.StorageClass
+	var addSnapClasses []unstructured.Unstructured
+	gone := func(kp *keptPlacement) {
+		dropClasses = append(dropClasses, kp.sc.Name)
+		if kp.vsc != nil {
+			dropSnapClasses = append(dropSnapClasses, kp.vsc.GetName())
+		}
+	}
+	for i := range in.Placements {
+		pl := &in.Placements[i]
+		kp := r.places[pl.Name]
+		if kp != nil && kp.pass == r.pass {
+			return nil, false // a placement named twice
+		}
+		if kp != nil && (kp.same(&pl.ObjectMeta) || reflect.DeepEqual(&kp.spec, &pl.Spec)) {
+			kp.version = versionOf(&pl.ObjectMeta)
+			kp.pass = r.pass
+			continue
+		}
+		if kp != nil {
+			gone(kp)
+		}
+		kp = &keptPlacement{version: versionOf(&pl.ObjectMeta), spec: *pl.Spec.DeepCopy(), sc: storageClass(pl), pass: r.pass}
+		addClasses = append(addClasses, kp.sc)
+		if pl.Spec.SnapshotClass != nil {
+			vsc := snapshotClass(pl)
+			kp.vsc = &vsc
+			addSnapClasses = append(addSnapClasses, vsc)
+		}
+		r.places[pl.Name] = kp
+	}
+	for name, kp := range r.places {
+		if kp.pass != r.pass {
+			gone(kp)
+			delete(r.places, name)
+		}
+	}
+
+	// Sources: every dropped key first, then the added ones (a name may move between objects).
+	src := r.out.Sources
+	for _, n := range dropClasses {
+		delete(src, "StorageClass/"+n)
+	}
+	for _, n := range dropSnapClasses {
+		delete(src, policyv1.SnapshotClassKind+"/"+n)
+	}
+	for _, n := range dropStores {
+		delete(src, "Store/"+n)
+	}
+	for _, n := range dropAgents {
+		delete(src, "Agent/"+n)
+	}
+	for i := range addClasses {
+		sc := &addClasses[i]
+		src["StorageClass/"+sc.Name] = sortedUnique([]string{"Placement/" + sc.Labels[policyv1.LabelPlacement],
+			"StoragePool/" + sc.Labels[policyv1.LabelPool], "Protocol/" + sc.Labels[policyv1.LabelProtocol]})
+	}
+	for i := range addSnapClasses {
+		vsc := &addSnapClasses[i]
+		src[policyv1.SnapshotClassKind+"/"+vsc.GetName()] = []string{"Placement/" + vsc.GetLabels()[policyv1.LabelPlacement]}
+	}
+	for i := range addStores {
+		src["Store/"+addStores[i].Name] = []string{"StoragePool/" + addStores[i].Spec.Pool}
+	}
+	for i := range addAgents {
+		src["Agent/"+addAgents[i].Name] = agentSources(r.nodePools[addAgents[i].Name])
+	}
+
+	r.out.StorageClasses, ok = patchSorted(r.out.StorageClasses, func(sc *storagev1.StorageClass) string { return sc.Name }, dropClasses, addClasses)
+	if !ok {
+		return nil, false
+	}
+	r.out.VolumeSnapshotClasses, ok = patchSorted(r.out.VolumeSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() }, dropSnapClasses, addSnapClasses)
+	if !ok {
+		return nil, false
+	}
+	r.out.Stores, ok = patchSorted(r.out.Stores, func(st *storev1.Store) string { return st.Name }, dropStores, addStores)
+	if !ok {
+		return nil, false
+	}
+	r.out.Agents, ok = patchSorted(r.out.Agents, func(a *storev1.Agent) string { return a.Name }, dropAgents, addAgents)
+	if !ok {
+		return nil, false
+	}
+	out := r.out
+	return &out, true
+}
+
+// version is the UID and resourceVersion of a policy object as the API server gave them ("" for
+// objects read from files). The API server changes the resourceVersion on every write, so an
+// object whose UID and resourceVersion are the kept ones has the kept spec: it is not compared.
+type version struct{ uid, resourceVersion string }
+
+func versionOf(m *metav1.ObjectMeta) version { return version{string(m.UID), m.ResourceVersion} }
+
+// same reports whether m is the kept object at the kept resourceVersion.
+func (v version) same(m *metav1.ObjectMeta) bool {
+	return v.uid != "" && v.resourceVersion != "" && v.uid == string(m.UID) && v.resourceVersion == m.ResourceVersion
+}
+
+// updateNodes records the Nodes' names and labels; changed is true when they differ from the
+// kept ones. It is false when a node is named twice.
+func (r *Renderer) updateNodes(nodes []corev1.Node) (changed, ok bool) {
+	if r.seen == nil {
+		r.seen = make(map[string]struct{}, len(nodes))
+	}
+	seen := r.seen
+	clear(seen)
+	changed = len(nodes) != len(r.labels)
+	for i := range nodes {
+		n := &nodes[i]
+		if _, dup := seen[n.Name]; dup {
+			return false, false
+		}
+		seen[n.Name] = struct{}{}
+		if l, ok := r.labels[n.Name]; !changed && (!ok || !maps.Equal(l, n.Labels)) {
+			changed = true
+		}
+	}
+	if !changed {
+		return false, true
+	}
+	r.labels = make(map[string]map[string]string, len(nodes))
+	r.nodes = make([]corev1.Node, len(nodes))
+	for i := range nodes {
+		l := maps.Clone(nodes[i].Labels)
+		r.labels[nodes[i].Name] = l
+		r.nodes[i].Name, r.nodes[i].Labels = nodes[i].Name, l
+	}
+	sort.Slice(r.nodes, func(i, j int) bool { return r.nodes[i].Name < r.nodes[j].Name })
+	return true, true
+}
+
+// patchSorted returns sorted (ascending by name, names unique) without the items named in drop
+// and with add merged in. When add renders exactly the names dropped, they are replaced in
+// place; otherwise a new slice is made. It is false when the result would name an item twice.
+// An empty result is nil, as Render leaves it.
+func patchSorted[T any](sorted []T, name func(*T) string, drop []string, add []T) ([]T, bool) {
+	if len(drop) == 0 && len(add) == 0 {
+		return sorted, true
+	}
+	sort.Slice(add, func(i, j int) bool { return name(&add[i]) < name(&add[j]) })
+	sort.Strings(drop)
+	same := len(drop) == len(add)
+	for i := 0; same && i < len(add); i++ {
+		same = drop[i] == name(&add[i])
+	}
+	if same {
+		for i := range add {
+			n := drop[i]
+			j := sort.Search(len(sorted), func(j int) bool { return name(&sorted[j]) >= n })
+			if j == len(sorted) || name(&sorted[j]) != n || i > 0 && drop[i-1] == n {
+				return nil, false
+			}
+			sorted[j] = add[i]
+		}
+		return sorted, true
+	}
+	dropped := make(map[string]bool, len(drop))
+	for _, n := range drop {
+		dropped[n] = true
+	}
+	out := make([]T, 0, max(len(sorted)-len(drop), 0)+len(add))
+	a := 0
+	for i := range sorted {
+		n := name(&sorted[i])
+		if dropped[n] {
+			continue
+		}
+		for a < len(add) && name(&add[a]) < n {
+			out = append(out, add[a])
+			a++
+		}
+		out = append(out, sorted[i])
+	}
+	out = append(out, add[a:]...)
+	for i := 1; i < len(out); i++ {
+		if name(&out[i-1]) >= name(&out[i]) {
+			return nil, false
+		}
+	}
+	if len(out) == 0 {
+		return nil, true
+	}
+	return out, true
+}
+
+// insert adds s to the sorted list l (once).
+func insert(l []string, s string) []string {
+	i := sort.SearchStrings(l, s)
+	if i < len(l) && l[i] == s {
+		return l
+	}
+	return append(l[:i], append([]string{s}, l[i:]...)...)
+}
+
+// remove takes s out of the sorted list l.
+func remove(l []string, s string) []string {
+	i := sort.SearchStrings(l, s)
+	if i < len(l) && l[i] == s {
+		return append(l[:i:i], l[i+1:]...)
+	}
+	return l
+}
