@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -418,11 +419,16 @@ func (r *volumeReconciler) drifted(vs *storev1.VolumeState, items []storev1.Drif
 // fenced records a refusal: the counter, a Warning event on the VolumeState, Fenced=True and
 // Ready=False with the reason; no retry (newer work arrives as a new event).
 func (r *volumeReconciler) fenced(ctx context.Context, vs, before *storev1.VolumeState, rej *fencing.Rejection) (ctrl.Result, error) {
-	FencingRejections.WithLabelValues(rej.Reason).Inc()
-	r.events.Eventf(vs, nil, corev1.EventTypeWarning, rej.Reason, "Fence", "node %s refused generation %d (publicationGeneration %d): %s",
-		r.opts.NodeName, vs.Generation, vs.Spec.PublicationGeneration, rej.Message)
-	ctrl.LoggerFrom(ctx).Info("work refused by fencing", "volume", vs.Name, "uid", vs.UID,
-		"generation", vs.Generation, "reason", rej.Reason, "message", rej.Message)
+	// One refusal is counted and announced once: a reconcile of the same refused generation
+	// (after the status write below, a resync or a restart) finds it already reported.
+	c := apimeta.FindStatusCondition(before.Status.Conditions, CondFenced)
+	if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != vs.Generation || c.Reason != rej.Reason || c.Message != rej.Message {
+		FencingRejections.WithLabelValues(rej.Reason).Inc()
+		r.events.Eventf(vs, nil, corev1.EventTypeWarning, rej.Reason, "Fence", "node %s refused generation %d (publicationGeneration %d): %s",
+			r.opts.NodeName, vs.Generation, vs.Spec.PublicationGeneration, rej.Message)
+		ctrl.LoggerFrom(ctx).Info("work refused by fencing", "volume", vs.Name, "uid", vs.UID,
+			"generation", vs.Generation, "reason", rej.Reason, "message", rej.Message)
+	}
 	setCond(&vs.Status.Conditions, vs.Generation, CondFenced, true, rej.Reason, rej.Message)
 	setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonFenced, rej.Reason+": "+rej.Message)
 	res, err := r.status(ctx, vs, before, ctrl.Result{})
