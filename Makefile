@@ -120,16 +120,21 @@ test: lint verify-generate ## Everything CI runs; ends with the count of skipped
 	$(MAKE) test-skips
 
 BENCH_OUT ?= $(BIN)/bench
-bench: ## Every benchmark (render, parsers, agent burst and idle CPU on loop devices, CSI CreateVolume overhead, PVC burst against a no-op CSI floor with the real csi-provisioner, fleet apply, PVC→pod Running on real nodes, scheduler), then ONE table (also in $(BENCH_OUT)/table.md). Raw samples in $(BENCH_OUT).
+bench: ## Every benchmark (render and re-render, parsers, agent burst, idle CPU and memory on loop devices, CSI CreateVolume overhead, PVC burst against a no-op CSI floor with the real csi-provisioner, fleet apply with and without limits, PVC→pod Running on real nodes, scheduler plugin and the real kube-scheduler, idle LVM in the guest), then ONE table (also in $(BENCH_OUT)/table.md). Raw samples in $(BENCH_OUT).
 	mkdir -p $(BENCH_OUT)
 	-go test -run '^$$' -bench . -benchmem $$(go list ./... | grep -v '/csi$$' | grep -v '/test/e2e$$' | grep -v '/agents/agent$$' | grep -v '/controllers/policy$$' | grep -v '/controllers/render$$') | tee $(BENCH_OUT)/unit.txt
-	-go test -run '^$$' -bench . -benchmem -cpu 1 ./controllers/render/ | tee $(BENCH_OUT)/render.txt
+	-go test -run '^$$' -bench 'VetAndRender|Render10k' -benchmem -cpu 1 ./controllers/render/ | tee $(BENCH_OUT)/render.txt
+	-go test -run '^$$' -bench Rerender -benchtime 300x -benchmem -cpu 1 ./controllers/render/ | tee $(BENCH_OUT)/rerender.txt
+	-PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -run '^$$' -bench ControllerMemory -benchtime 1x -timeout 40m ./controllers/policy/ | tee $(BENCH_OUT)/controller-memory.txt
 	-PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_BENCH_OUT=$(BENCH_OUT) go test -run '^$$' -bench AgentFileVolumes -benchtime 1x -timeout 40m ./agents/agent/ | tee $(BENCH_OUT)/agent.txt
 	-PLINTH_TESTBIN=$(BIN) go test -run '^$$' -bench 'CreateVolume|PVCBound' -benchtime 200x -benchmem -timeout 30m ./csi/ | tee $(BENCH_OUT)/csi.txt
 	-PLINTH_TESTBIN=$(BIN) PLINTH_BENCH_OUT=$(BENCH_OUT) go test -run '^$$' -bench PVCBurst -benchtime 1x -timeout 60m ./csi/ | tee $(BENCH_OUT)/burst.txt
 	-PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -run '^$$' -bench FleetApply -benchtime 1x -timeout 90m ./controllers/policy/ | tee $(BENCH_OUT)/fleet.txt
 	-PLINTH_TESTBIN=$(BIN) PLINTH_E2E=1 go test -run '^$$' -bench PodWithVolumeRunning -benchtime 30x -timeout 60m ./test/e2e/ | tee $(BENCH_OUT)/e2e.txt
 	-cd scheduler && go test -run '^$$' -bench . -benchmem ./plugin/capacity/ | tee $(BENCH_OUT)/scheduler.txt
+	-cd scheduler && PLINTH_TESTBIN=$(BIN) go test -run '^$$' -bench RealScheduler -benchtime 1x -timeout 30m ./test/integration/ | tee $(BENCH_OUT)/scheduler-real.txt
+	-PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -run '^$$' -bench AgentMemory -benchtime 1x -timeout 40m ./agents/agent/ | tee $(BENCH_OUT)/agent-memory.txt
+	-KERNEL_PACKAGES=./agents/lvm KGUEST_SH="cd /mnt/host/agents_lvm.test.d && PLINTH_KERNEL_TEST=1 /mnt/host/agents_lvm.test -test.run '^\$$' -test.bench BenchmarkGuestIdleLVM -test.benchtime 20x -test.benchmem" test/kernel/run.sh | tee $(BENCH_OUT)/guest-lvm.txt
 	@echo; go run ./hack/benchtable -o $(BENCH_OUT)/table.md $(BENCH_OUT)/*.txt
 
 vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth vet, and single documents with plain cue vet.

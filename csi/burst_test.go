@@ -54,15 +54,19 @@ type burstDriver struct {
 	idle string
 	// start serves the driver and returns its socket.
 	start func(b *testing.B) string
+	// pid is the driver's process once started, for its peak RSS; nil: the driver runs in
+	// the benchmark's own process (the floor), whose memory says nothing of a driver.
+	pid func(b *testing.B) int
 }
 
 // BenchmarkPVCBurst: PLINTH_BENCH_PVCS (default 300) PVCs created at once per driver.
 // Reports per driver: CreateVolume p50/p99 as the provisioner sees it (createvolume-*),
 // PVC → Bound p50/p99 (bound-*), bound-vol/s (N over first create → last Bound), DeleteVolume
 // p50/p99 and delete-vol/s (N over first PVC delete → last PV gone), and the API server's CPU
-// per volume (apiserver-cpu-ms/vol, /proc of its process, create and delete together), and for
-// Plinth the peak RSS of the agent holding the N volumes and of the CSI controller
-// (agent-rss-mb, csi-controller-rss-mb). Raw
+// per volume (apiserver-cpu-ms/vol, /proc of its process, create and delete together), the
+// peak RSS of the driver's CSI controller process through the whole burst, create and delete
+// (csi-rss-mib: VmHWM once the last PV is gone; Plinth and a peer, not the in-process floor),
+// and for Plinth the peak RSS of the agent holding the N volumes (agent-rss-mb). Raw
 // samples go to $PLINTH_BENCH_OUT/burst-<driver>-<metric>.txt when set. One run per driver
 // (b.N is ignored: run it with -benchtime 1x).
 func BenchmarkPVCBurst(b *testing.B) {
@@ -77,7 +81,8 @@ func BenchmarkPVCBurst(b *testing.B) {
 	cp := sharedControlPlane(b)
 	drivers := []burstDriver{
 		{row: "floor", driver: "floor.noop.csi.plinth.dev", start: startNoopController},
-		{row: "plinth", driver: policyv1.DriverName, idle: "plinth-agent-burst"},
+		{row: "plinth", driver: policyv1.DriverName, idle: "plinth-agent-burst",
+			pid: func(b *testing.B) int { return processPID(b, cp, "plinth-csi-controller") }},
 	}
 	drivers[1].start = func(b *testing.B) string {
 		plinth := buildPlinth(b, "")
@@ -92,7 +97,13 @@ func BenchmarkPVCBurst(b *testing.B) {
 				d.params[k] = v
 			}
 		}
-		d.start = func(b *testing.B) string { return startDriverCommand(b, cmd) }
+		var pid int
+		d.start = func(b *testing.B) string {
+			sock, p := startDriverCommand(b, cmd)
+			pid = p
+			return sock
+		}
+		d.pid = func(*testing.B) int { return pid }
 		drivers = append(drivers, d)
 	}
 	for i := range drivers {
@@ -197,7 +208,7 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	}()
 
 	api := apiServerPID(b, cp)
-	cpu0 := procCPU(b, api)
+	cpu0 := controlplane.ProcCPU(b, api)
 	names := make([]string, n)
 	started := make([]time.Time, n)
 	par := func(f func(i int)) {
@@ -247,13 +258,12 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 			window = time.Duration(v) * time.Second
 		}
 		pid := processPID(b, cp, d.idle)
-		c0, t0 := procCPU(b, pid), time.Now()
+		c0, t0 := controlplane.ProcCPU(b, pid), time.Now()
 		idle := time.NewTimer(window)
 		<-idle.C
-		b.ReportMetric(100*(procCPU(b, pid)-c0).Seconds()/time.Since(t0).Seconds(), "agent-idle-cpu-%")
-		// memory at scale: the agent holding the n volumes, the CSI controller after the burst
-		b.ReportMetric(procHWM(b, pid), "agent-rss-mb")
-		b.ReportMetric(procHWM(b, processPID(b, cp, "plinth-csi-controller")), "csi-controller-rss-mb")
+		b.ReportMetric(100*(controlplane.ProcCPU(b, pid)-c0).Seconds()/time.Since(t0).Seconds(), "agent-idle-cpu-%")
+		// memory at scale: the agent holding the n volumes
+		b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "VmHWM"), "agent-rss-mb")
 	}
 
 	first = time.Now()
@@ -274,7 +284,10 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	b.StopTimer()
 	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "delete-vol/s")
 	burstReport(b, d.row, "deletevolume", relay.samples("/csi.v1.Controller/DeleteVolume"))
-	b.ReportMetric(float64((procCPU(b, api)-cpu0).Milliseconds())/float64(n), "apiserver-cpu-ms/vol")
+	b.ReportMetric(float64((controlplane.ProcCPU(b, api)-cpu0).Milliseconds())/float64(n), "apiserver-cpu-ms/vol")
+	if d.pid != nil {
+		b.ReportMetric(controlplane.ProcStatusMiB(b, d.pid(b), "VmHWM"), "csi-rss-mib")
+	}
 }
 
 func burstWait(b *testing.B, ch <-chan struct{}, timeout time.Duration, what string) {
@@ -347,41 +360,9 @@ func processPID(b *testing.B, cp *controlplane.ControlPlane, name string) int {
 	return 0
 }
 
-// procCPU is the user+system CPU time of process pid (/proc/<pid>/stat, fields 14 and 15, in
-// clock ticks of 100 Hz as on every Linux this runs on).
-func procCPU(b *testing.B, pid int) time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	// the command name may hold spaces: fields start after the last ')'
-	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
-}
-
-// procHWM is the peak resident set size of process pid in MiB (VmHWM of /proc/<pid>/status).
-func procHWM(b *testing.B, pid int) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
-			if err != nil {
-				b.Fatalf("VmHWM of %d: %v", pid, err)
-			}
-			return kb / 1024
-		}
-	}
-	b.Fatalf("no VmHWM in /proc/%d/status", pid)
-	return 0
-}
-
-// startDriverCommand runs the peer driver's command line with its socket.
-func startDriverCommand(b *testing.B, cmdline string) string {
+// startDriverCommand runs the peer driver's command line with its socket; it returns the
+// socket and the process id.
+func startDriverCommand(b *testing.B, cmdline string) (string, int) {
 	dir, err := os.MkdirTemp("", "burst-peer-")
 	if err != nil {
 		b.Fatal(err)
@@ -399,7 +380,7 @@ func startDriverCommand(b *testing.B, cmdline string) string {
 	for {
 		if c, err := net.Dial("unix", sock); err == nil {
 			c.Close()
-			return sock
+			return sock, cmd.Process.Pid
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("%s: no socket %s after a minute", args[0], sock)

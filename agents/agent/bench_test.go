@@ -22,24 +22,11 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/plinth-storage/plinth/agents/agent"
+	"github.com/plinth-storage/plinth/internal/clientlimit"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
 )
-
-// benchEnvInt reads a positive integer knob of the benchmarks from the environment.
-func benchEnvInt(b *testing.B, name string, def int) int {
-	b.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
 
 // quantile is the q-quantile (nearest rank) of sorted samples.
 func quantile(sorted []time.Duration, q float64) time.Duration {
@@ -71,8 +58,8 @@ func cpuTime(b *testing.B) time.Duration {
 // run it with -benchtime 1x).
 func BenchmarkAgentFileVolumes(b *testing.B) {
 	requireLoop(b)
-	n := benchEnvInt(b, "PLINTH_BENCH_VOLUMES", 300)
-	idle := time.Duration(benchEnvInt(b, "PLINTH_BENCH_IDLE_SECONDS", 65)) * time.Second
+	n := controlplane.BenchKnob(b, "PLINTH_BENCH_VOLUMES", 300, 1)
+	idle := time.Duration(controlplane.BenchKnob(b, "PLINTH_BENCH_IDLE_SECONDS", 65, 1)) * time.Second
 	e := newEnvFor(b, controlplane.ForTest(b, controlplane.Options{}))
 	for _, workers := range []int{1, 0} {
 		name := "workers=" + strconv.Itoa(workers)
@@ -100,9 +87,14 @@ func benchBurst(b *testing.B, e *env, nodeName string, workers, n int, idle time
 	if err := e.c.Create(ctx, s); err != nil {
 		b.Fatal(err)
 	}
-	// the client limits of `plinth agent` (its --kube-api-qps and --kube-api-burst defaults)
+	// the client limits of `plinth agent` given no limit flag (on this API server, which runs
+	// API Priority and Fairness: none)
 	cfg := rest.CopyConfig(e.cfg)
-	cfg.QPS, cfg.Burst = agent.DefaultKubeAPIQPS, agent.DefaultKubeAPIBurst
+	mode, err := clientlimit.Apply(ctx, cfg, clientlimit.Limits{QPS: agent.DefaultKubeAPIQPS, Burst: agent.DefaultKubeAPIBurst}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("client-side rate limit: %s (QPS %g, burst %d)", mode, cfg.QPS, cfg.Burst)
 	mgr, err := agent.NewManager(cfg, agent.Options{
 		NodeName: nodeName, StateDir: state, MetricsAddr: "0", ProbeAddr: "0", VolumeWorkers: workers,
 		HostNQNFile: filepath.Join(state, "hostnqn"), NVMetRoot: filepath.Join(state, "nvmet"),

@@ -11,20 +11,18 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fluxcd/cli-utils/pkg/flowcontrol"
 	corev1 "k8s.io/api/core/v1"
-	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -70,17 +68,34 @@ var fleetKinds = map[string]bool{"agents": true, "stores": true, "storageclasses
 // Plinth's side alone, PLINTH_BINARY names the plinth binary to run (default: this tree's).
 func BenchmarkFleetApply(b *testing.B) {
 	env(b) // skips or fails as the suite does when the binaries are missing
-	n := benchEnvInt(b, "PLINTH_BENCH_NODES", 1000)
-	qps := benchEnvInt(b, "PLINTH_BENCH_QPS", 50)
-	burst := benchEnvInt(b, "PLINTH_BENCH_BURST", 300)
-	fe := startFleetControlPlane(b)
+	n := controlplane.BenchKnob(b, "PLINTH_BENCH_NODES", 1000, 1)
+	qps := controlplane.BenchKnob(b, "PLINTH_BENCH_QPS", 50, 1)
+	burst := controlplane.BenchKnob(b, "PLINTH_BENCH_BURST", 300, 1)
+	fe := startFleetControlPlane(b, false)
 	b.Logf("fleet: %d nodes, %d objects, client limits %d QPS burst %d (API Priority and Fairness off), load average %s",
-		n, 2*n+1, qps, burst, loadAverage())
+		n, 2*n+1, qps, burst, controlplane.LoadAverage())
+	runFleetPair(b, fe, n, []string{"--kube-api-qps=" + strconv.Itoa(qps), "--kube-api-burst=" + strconv.Itoa(burst)})
+}
 
+// BenchmarkFleetApplyDefaults is BenchmarkFleetApply as a cluster runs both controllers: a
+// default kube-apiserver (API Priority and Fairness on) and neither --kube-api-qps nor
+// --kube-api-burst given. Both then drop their client-side limiter (Flux's
+// runtime/client.GetConfigOrDie, Plinth's internal/clientlimit), so the API server paces
+// them. PLINTH_BENCH_NODES as there; same metrics.
+func BenchmarkFleetApplyDefaults(b *testing.B) {
+	env(b)
+	n := controlplane.BenchKnob(b, "PLINTH_BENCH_NODES", 1000, 1)
+	fe := startFleetControlPlane(b, true)
+	b.Logf("fleet: %d nodes, %d objects, no limit flags (API Priority and Fairness on), load average %s", n, 2*n+1, controlplane.LoadAverage())
+	runFleetPair(b, fe, n, nil)
+}
+
+// runFleetPair renders the fleet of n Nodes and has kustomize-controller, then Plinth,
+// apply it, both started with limits (extra flags).
+func runFleetPair(b *testing.B, fe *fleetEnv, n int, limits []string) {
 	createFleetNodes(b, fe.c, n)
 	pool, proto, pl := fleetPolicies()
 	objects := renderFleet(b, fe.c, pool, proto, pl)
-	limits := []string{"--kube-api-qps=" + strconv.Itoa(qps), "--kube-api-burst=" + strconv.Itoa(burst)}
 
 	b.Run("kustomize-controller", func(b *testing.B) {
 		b.ReportAllocs()
@@ -99,13 +114,18 @@ type fleetEnv struct {
 	cs kubernetes.Interface
 }
 
-// startFleetControlPlane starts etcd and kube-apiserver with API Priority and Fairness off,
-// with Plinth's CRDs installed, stopped when the benchmark ends; it fails b if the API server
-// still answers with APF's headers (the peer would then run without a client-side limiter).
-func startFleetControlPlane(b *testing.B) *fleetEnv {
+// startFleetControlPlane starts etcd and kube-apiserver, with API Priority and Fairness on
+// (its default) or off, with Plinth's CRDs installed, stopped when the benchmark ends; it
+// fails b if the API server's answer does not say what was asked (with the headers present,
+// the peer runs without a client-side limiter whatever its flags say).
+func startFleetControlPlane(b *testing.B, apf bool) *fleetEnv {
 	sctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cp, err := controlplane.Start(sctx, controlplane.Options{APIServerArgs: []string{"--enable-priority-and-fairness=false"}})
+	var args []string
+	if !apf {
+		args = []string{"--enable-priority-and-fairness=false"}
+	}
+	cp, err := controlplane.Start(sctx, controlplane.Options{APIServerArgs: args})
 	if err != nil {
 		b.Fatalf("fleet control plane: %v", err)
 	}
@@ -122,36 +142,14 @@ func startFleetControlPlane(b *testing.B) *fleetEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	on, err := flowControlEnabled(cp.Admin.Config)
+	on, err := flowcontrol.IsEnabled(ctx, cp.Admin.Config) // the probe of Flux and internal/clientlimit
 	if err != nil {
 		b.Fatal(err)
 	}
-	if on {
-		b.Fatal("kube-apiserver answers with API Priority and Fairness headers despite --enable-priority-and-fairness=false: " +
-			"Flux's controllers would ignore --kube-api-qps and --kube-api-burst")
+	if on != apf {
+		b.Fatalf("kube-apiserver answers with API Priority and Fairness headers: %v, want %v (Flux's controllers and Plinth ignore their default limits when present)", on, apf)
 	}
 	return &fleetEnv{cp: cp, c: c, cs: cs}
-}
-
-// flowControlEnabled reports whether the API server answers with API Priority and Fairness's
-// X-Kubernetes-PF-FlowSchema-UID header: the test Flux's controllers make at start-up
-// (fluxcd/cli-utils flowcontrol.IsEnabled, a HEAD of /livez/ping) to decide to drop their
-// client-side limiter.
-func flowControlEnabled(cfg *rest.Config) (bool, error) {
-	rt, err := rest.TransportFor(cfg)
-	if err != nil {
-		return false, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, strings.TrimSuffix(cfg.Host, "/")+"/livez/ping", nil)
-	if err != nil {
-		return false, err
-	}
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return false, fmt.Errorf("HEAD /livez/ping: %w", err)
-	}
-	resp.Body.Close()
-	return resp.Header.Get(flowcontrolv1.ResponseHeaderMatchedFlowSchemaUID) != "", nil
 }
 
 const (
@@ -159,30 +157,6 @@ const (
 	binKustomizeController = "flux-kustomize-controller"
 	fluxNamespace          = "flux-system"
 )
-
-func benchEnvInt(b *testing.B, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
-
-func loadAverage() string {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(data))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
 
 func fleetPolicies() (*policyv1.StoragePool, *policyv1.Protocol, *policyv1.Placement) {
 	p := pool("fleet", "fleet", "")
@@ -343,28 +317,9 @@ func reconcileSeconds(b *testing.B, url, name string) (sum, count float64) {
 	return sum, count
 }
 
-// procStat is a process's CPU time (user+system, /proc/<pid>/stat fields 14 and 15, clock
-// ticks of 1/100 s) and peak RSS (VmHWM of /proc/<pid>/status) in MiB.
+// procStat is a process's CPU time and peak RSS (VmHWM) in MiB.
 func procStat(b *testing.B, pid int) (cpu time.Duration, hwmMiB float64) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	cpu = time.Duration(ut+st) * 10 * time.Millisecond
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
-			hwmMiB = kb / 1024
-		}
-	}
-	return cpu, hwmMiB
+	return controlplane.ProcCPU(b, pid), controlplane.ProcStatusMiB(b, pid, "VmHWM")
 }
 
 func apiServerPID(b *testing.B, cp *controlplane.ControlPlane) int {
@@ -465,7 +420,7 @@ func (r fleetRun) report(b *testing.B, n int) {
 		"no-op reconcile %s (wall %s; %.0f reads, %.0f dry-runs, %.0f writes); controller CPU %s, peak RSS %.0f MiB; load average %s",
 		2*n+1, r.first.Round(time.Millisecond), r.firstReq.reads, r.firstReq.dryRuns, r.firstReq.writes, r.firstReq.statusWrites, r.apiCPU.Round(time.Millisecond),
 		r.noopReconcile.Round(time.Millisecond), r.noopWall.Round(time.Millisecond), r.noopReq.reads, r.noopReq.dryRuns, r.noopReq.writes,
-		r.cpu.Round(time.Millisecond), r.rssMiB, loadAverage())
+		r.cpu.Round(time.Millisecond), r.rssMiB, controlplane.LoadAverage())
 }
 
 func freePorts(b *testing.B, n int) []int {
@@ -652,19 +607,7 @@ func runPlinthFleet(b *testing.B, fe *fleetEnv, p *policyv1.StoragePool, proto *
 	p, proto, pl = p.DeepCopy(), proto.DeepCopy(), pl.DeepCopy()
 	b.ResetTimer()
 	start := time.Now()
-	for _, o := range []client.Object{p, proto, pl} {
-		if err := c.Create(ctx, o); err != nil {
-			b.Fatal(err)
-		}
-	}
-	poll(b, 30*time.Minute, "policies applied", func() error {
-		for _, o := range []client.Object{p, pl} {
-			if err := policyReady(c, o); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	createPoliciesReady(b, c, p, proto, pl)
 	r.first = time.Since(start)
 	b.StopTimer()
 	api1, _ := procStat(b, api)
@@ -767,4 +710,22 @@ func buildPlinth(b *testing.B) string {
 		b.Fatal(builtPlinth.err)
 	}
 	return builtPlinth.path
+}
+
+// createPoliciesReady creates the fleet's three policy objects and waits until the pool and
+// the placement are Ready (applied) for their generation.
+func createPoliciesReady(b *testing.B, c client.Client, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement) {
+	for _, o := range []client.Object{p, proto, pl} {
+		if err := c.Create(ctx, o); err != nil {
+			b.Fatal(err)
+		}
+	}
+	poll(b, 30*time.Minute, "policies applied", func() error {
+		for _, o := range []client.Object{p, pl} {
+			if err := policyReady(c, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }

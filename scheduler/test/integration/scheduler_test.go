@@ -30,8 +30,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/component-base/configz"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 	"sigs.k8s.io/yaml"
 
 	"github.com/plinth-storage/plinth/scheduler/plugin/capacity"
@@ -56,7 +58,7 @@ var (
 )
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	ctx context.Context
 	cs  kubernetes.Interface
 	dyn dynamic.Interface
@@ -255,29 +257,39 @@ func TestPlinthCapacityWithRealScheduler(t *testing.T) {
 	})
 }
 
-func (e *env) with(t *testing.T) *env { c := *e; c.t = t; return &c }
+func (e *env) with(t testing.TB) *env { c := *e; c.t = t; return &c }
 
-func startScheduler(t *testing.T, ctx context.Context, kubeconfig string) <-chan struct{} {
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "scheduler.yaml")
+func startScheduler(t testing.TB, ctx context.Context, kubeconfig string) <-chan struct{} {
 	// Only the one profile: the default plugins stay enabled (VolumeBinding writes
 	// selected-node); PlinthCapacity is added at every point it implements.
-	cfg := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
+	return runScheduler(t, ctx, fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection: {kubeconfig: %q}
 leaderElection: {leaderElect: false}
 profiles:
 - schedulerName: default-scheduler
-  plugins:
-    preFilter: {enabled: [{name: %[2]s}]}
-    filter: {enabled: [{name: %[2]s}]}
-    preScore: {enabled: [{name: %[2]s}]}
-    score: {enabled: [{name: %[2]s, weight: %[3]d}]}
-    reserve: {enabled: [{name: %[2]s}]}
+%s`, kubeconfig, withCapacity), capacity.New)
+}
+
+// withCapacity is the part of a profile that adds PlinthCapacity at every extension point
+// it implements, the default plugins staying enabled.
+var withCapacity = fmt.Sprintf(`  plugins:
+    preFilter: {enabled: [{name: %[1]s}]}
+    filter: {enabled: [{name: %[1]s}]}
+    preScore: {enabled: [{name: %[1]s}]}
+    score: {enabled: [{name: %[1]s, weight: %[2]d}]}
+    reserve: {enabled: [{name: %[1]s}]}
   pluginConfig:
-  - name: %[2]s
+  - name: %[1]s
     args: {reservationTimeoutSeconds: 600}
-`, kubeconfig, capacity.Name, pluginWeight)
+`, capacity.Name, pluginWeight)
+
+// runScheduler runs the real kube-scheduler in process (app.Setup, app.Run) with the
+// KubeSchedulerConfiguration cfg (YAML) and factory registered as PlinthCapacity, until
+// ctx ends; the returned channel closes when it has stopped.
+func runScheduler(t testing.TB, ctx context.Context, cfg string, factory frameworkruntime.PluginFactory) <-chan struct{} {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "scheduler.yaml")
 	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -288,12 +300,20 @@ profiles:
 	if opts.InformerName, err = cache.NewInformerName("kube-scheduler"); err != nil {
 		t.Fatal(err)
 	}
-	cc, sched, err := app.Setup(ctx, opts, app.WithPlugin(capacity.Name, capacity.New))
+	cc, sched, err := app.Setup(ctx, opts, app.WithPlugin(capacity.Name, factory))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { defer close(done); _ = app.Run(ctx, cc, sched) }()
+	go func() {
+		defer close(done)
+		if err := app.Run(ctx, cc, sched); err != nil && ctx.Err() == nil {
+			t.Errorf("kube-scheduler stopped: %v", err)
+		}
+		// what Run registered process-wide, so that the next scheduler may register it
+		opts.InformerName.Release()
+		configz.Delete("componentconfig")
+	}()
 	return done
 }
 
