@@ -17,7 +17,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/controlplane"
 )
 
-// Flux peers (test/tools/flux-*; versions in test/tools/versions.env).
+// Flux peers (test/tools/flux-controllers; versions in test/tools/versions.env).
 const (
 	BinSourceController    = "flux-source-controller"
 	BinKustomizeController = "flux-kustomize-controller"

@@ -3,10 +3,11 @@
 #
 # Targets (default: all of them): kubernetes (kube-apiserver, kube-controller-manager,
 # kubectl, kubelet, kube-proxy, etcd and plinth-scheduler in ONE `go build` from the scheduler/
-# module, so they share compilation), csi-provisioner, csi-attacher,
-# csi-resizer, csi-snapshotter (with snapshot-controller, both main packages of
-# external-snapshotter in one go build), csi-sanity, flux-source-controller,
-# flux-kustomize-controller (one module each under test/tools/<peer>/), flux-crds
+# module, so they share compilation), csi-sidecars (csi-provisioner, csi-attacher,
+# csi-resizer, csi-snapshotter and snapshot-controller in ONE go build from
+# test/tools/csi-sidecars; any of those names builds the group), csi-sanity
+# (test/tools/csi-sanity), flux-controllers (flux-source-controller and
+# flux-kustomize-controller in one go build from test/tools/flux-controllers), flux-crds
 # (their CRDs from the module cache into bin/crds/flux/), snapshot-crds (the
 # snapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue.
 # Versions come from test/tools/versions.env only.
@@ -115,10 +116,10 @@ build_kubernetes() {
 }
 
 build_peer() { # NAME
-	local PEER_NAME=$1 PEER_MOD PEER_VAR PEER_PKG PEER_VER
+	local PEER_NAME=$1 PEER_MOD PEER_VAR PEER_PKG PEER_VER PEER_DIR
 	local -a PEER_PKGS
 	peer_fields
-	local dir=$HERE/$PEER_NAME
+	local dir=$HERE/$PEER_DIR
 	check_pin "$dir" "$PEER_MOD" "$PEER_VER"
 	# Upstream's Makefiles stamp the version the same way (sidecars: main.version,
 	# csi-sanity: main.VERSION); -X of a variable a binary lacks is ignored.
@@ -153,6 +154,58 @@ build_peer() { # NAME
 	log "${bins[*]} done in ${secs}s"
 }
 
+# build_group GROUP: the peers of a group (peers.sh PEER_GROUPS) from their one module,
+# test/tools/GROUP, in one go build; each binary is stamped with its own release (-ldflags per
+# main package) and rebuilt when its stamp differs.
+build_group() {
+	local group=$1 dir=$HERE/$1 name PEER_NAME PEER_MOD PEER_VAR PEER_PKG PEER_VER PEER_DIR p b
+	local -a PEER_PKGS MEMBERS pkgs=() flags=() bins=() vers=() keys=()
+	local mod
+	mod=$(hash_files "$dir/go.mod" "$dir/go.sum")
+	group_members "$group"
+	for name in "${MEMBERS[@]}"; do
+		PEER_NAME=$name
+		peer_fields
+		check_pin "$dir" "$PEER_MOD" "$PEER_VER"
+		# Upstream's Makefiles stamp the version the same way (main.version); -X of a
+		# variable a binary lacks is ignored.
+		local ldflags="-s -w -X main.version=$PEER_VER -X main.VERSION=$PEER_VER"
+		for p in "${PEER_PKGS[@]}"; do
+			pkgs+=("$p")
+			flags+=("-ldflags=$p=$ldflags")
+			b=${p##*/}
+			[[ $p == "$PEER_PKG" ]] && b=$PEER_NAME
+			bins+=("$b")
+			vers+=("$PEER_VER")
+			keys+=("$b $PEER_VER $GOVER cgo=$CGO_ENABLED mod=$mod ld=$(sha256sum <<<"$ldflags" | cut -c1-8)")
+		done
+	done
+	local i fresh=1
+	for i in "${!bins[@]}"; do stamp_ok "${bins[$i]}" "${keys[$i]}" || fresh=0; done
+	if ((fresh)); then
+		SUMMARY+=("$(printf '%-24s %-10s up to date' "${bins[*]}" "${vers[*]}")")
+		return 0
+	fi
+	log "building ${bins[*]} from test/tools/$group (one go build) ..."
+	local start=$SECONDS tmp
+	tmp=$(mktemp -d "$BIN/.build.XXXXXX")
+	if ! (cd "$dir" && go build "${flags[@]}" -o "$tmp/" "${pkgs[@]}"); then
+		rm -rf "$tmp"; echo "[testbin] go build of ${bins[*]} failed" >&2; exit 1
+	fi
+	for i in "${!bins[@]}"; do
+		# go build -o DIR/ names a binary after its package's last path element.
+		p=${pkgs[$i]##*/}
+		mv -f "$tmp/$p" "$BIN/${bins[$i]}"
+		printf '%s\n' "${keys[$i]}" >"$STAMPS/${bins[$i]}"
+	done
+	rm -rf "$tmp"
+	local secs=$((SECONDS - start))
+	for i in "${!bins[@]}"; do
+		SUMMARY+=("$(printf '%-24s %-10s built in %ds (one go build for: %s)' "${bins[$i]}" "${vers[$i]}" "$secs" "${bins[*]}")")
+	done
+	log "${bins[*]} done in ${secs}s"
+}
+
 build_cue() {
 	local out=$BIN/tools/cue-$CUE_VERSION k="cue $CUE_VERSION $GOVER"
 	if [[ -x $out && -f $STAMPS/cue && "$(<"$STAMPS/cue")" == "$k" ]] || [[ -x $out && ! -f $STAMPS/cue ]]; then
@@ -180,8 +233,8 @@ flux_crds() {
 		return 0
 	fi
 	local sc kc
-	sc=$(cd "$HERE/flux-source-controller" && go mod download -json "github.com/fluxcd/source-controller@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-	kc=$(cd "$HERE/flux-kustomize-controller" && go mod download -json "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	sc=$(cd "$HERE/flux-controllers" && go mod download -json "github.com/fluxcd/source-controller@$FLUX_SOURCE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	kc=$(cd "$HERE/flux-controllers" && go mod download -json "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_CONTROLLER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	mkdir -p "$out"
 	rm -f "$out"/*.yaml
 	cp "$sc"/config/crd/bases/source.toolkit.fluxcd.io_*.yaml "$kc/config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml" "$out/"
@@ -192,18 +245,18 @@ flux_crds() {
 
 # snapshot_crds: the CRDs of snapshot.storage.k8s.io (VolumeSnapshot, VolumeSnapshotContent,
 # VolumeSnapshotClass) that snapshot-controller and csi-snapshotter serve, copied from the
-# external-snapshotter client/v8 module zip at the version test/tools/csi-snapshotter's go.mod
+# external-snapshotter client/v8 module zip at the version test/tools/csi-sidecars' go.mod
 # resolves into bin/crds/snapshot/. The VolumeGroupSnapshot CRDs are left out: Plinth offers no
 # group snapshots, and snapshot-controller turns that feature off when they are absent.
 snapshot_crds() {
 	local mod=github.com/kubernetes-csi/external-snapshotter/client/v8 ver dir
-	ver=$(cd "$HERE/csi-snapshotter" && go list -m -f '{{.Version}}' "$mod")
+	ver=$(cd "$HERE/csi-sidecars" && go list -m -f '{{.Version}}' "$mod")
 	local out=$BIN/crds/snapshot k="snapshot-crds $ver"
 	if [[ -f $STAMPS/snapshot-crds && "$(<"$STAMPS/snapshot-crds")" == "$k" && -d $out ]]; then
 		SUMMARY+=("$(printf '%-24s %-10s up to date' snapshot-crds "$ver")")
 		return 0
 	fi
-	dir=$(cd "$HERE/csi-snapshotter" && go mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	dir=$(cd "$HERE/csi-sidecars" && go mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	mkdir -p "$out"
 	rm -f "$out"/*.yaml
 	cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$out/"
@@ -224,20 +277,31 @@ make_assets() {
 TOTAL=$SECONDS
 targets=("$@")
 # Flux's two controllers are part of the default set: plinth dev and test/e2e deliver the policy
-# through them (they add 10-15 min to a cold build, about a minute warm). csi-snapshotter and
-# snapshot-controller (one go build) are too: the dev overlay deploys them. Measured on this
+# through them (one go build for the two; ~5 min of the cold build on 2 idle cores).
+# csi-snapshotter and snapshot-controller (in the sidecars' go build) are too: the dev
+# overlay deploys them. Measured on this
 # loaded 2-core machine: from an empty GOCACHE, 357 CPU-seconds (264 user + 93 sys) had
 # compiled about half of their 1317 packages (stopped there), so roughly 12 CPU-minutes cold,
 # 6-7 min wall on 2 idle cores, less in CI where the other peers' packages are cached; with
 # the packages cached, 30 CPU-seconds (the two links).
-((${#targets[@]})) || targets=(kubernetes csi-provisioner csi-sanity csi-attacher csi-resizer csi-snapshotter snapshot-crds cue flux-source-controller flux-kustomize-controller flux-crds)
+((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds)
+built_groups=()
 for t in "${targets[@]}"; do
 	case $t in
 	kubernetes) build_kubernetes ;;
 	cue) build_cue ;;
 	flux-crds) flux_crds ;;
 	snapshot-crds) snapshot_crds ;;
-	*) build_peer "$t" ;;
+	*)
+		g=$(group_of "$t")
+		if [[ -n $g ]]; then
+			# a group is built once, whichever of its names comes first
+			[[ " ${built_groups[*]} " == *" $g "* ]] || build_group "$g"
+			built_groups+=("$g")
+		else
+			build_peer "$t"
+		fi
+		;;
 	esac
 done
 make_assets

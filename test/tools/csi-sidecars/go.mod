@@ -1,58 +1,77 @@
-module github.com/plinth-storage/plinth/test/tools/csi-snapshotter
+module github.com/plinth-storage/plinth/test/tools/csi-sidecars
 
 go 1.26.8
 
-replace k8s.io/code-generator => k8s.io/code-generator v0.37.0
+replace k8s.io/api => k8s.io/api v0.37.1
 
-replace k8s.io/kms => k8s.io/kms v0.37.0
+replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.37.1
 
-replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.37.0
+replace k8s.io/apimachinery => k8s.io/apimachinery v0.37.1
 
-replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.37.0
+replace k8s.io/apiserver => k8s.io/apiserver v0.37.1
 
-replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.37.0
+replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.37.1
 
-replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.37.0
+replace k8s.io/client-go => k8s.io/client-go v0.37.1
 
-replace k8s.io/controller-manager => k8s.io/controller-manager v0.37.0
+replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.37.1
 
-replace k8s.io/cri-api => k8s.io/cri-api v0.37.0
+replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.37.1
 
-replace k8s.io/cri-client => k8s.io/cri-client v0.37.0
+replace k8s.io/code-generator => k8s.io/code-generator v0.37.1
 
-replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.37.0
+replace k8s.io/component-base => k8s.io/component-base v0.37.1
 
-replace k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.37.0
+replace k8s.io/component-helpers => k8s.io/component-helpers v0.37.1
 
-replace k8s.io/endpointslice => k8s.io/endpointslice v0.37.0
+replace k8s.io/controller-manager => k8s.io/controller-manager v0.37.1
 
-replace k8s.io/externaljwt => k8s.io/externaljwt v0.37.0
+replace k8s.io/cri-api => k8s.io/cri-api v0.37.1
 
-replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.37.0
+replace k8s.io/cri-client => k8s.io/cri-client v0.37.1
 
-replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.37.0
+replace k8s.io/cri-streaming => k8s.io/cri-streaming v0.37.1
 
-replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.37.0
+replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.37.1
 
-replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.37.0
+replace k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.37.1
 
-replace k8s.io/kubectl => k8s.io/kubectl v0.37.0
+replace k8s.io/endpointslice => k8s.io/endpointslice v0.37.1
 
-replace k8s.io/kubelet => k8s.io/kubelet v0.37.0
+replace k8s.io/externaljwt => k8s.io/externaljwt v0.37.1
 
-replace k8s.io/metrics => k8s.io/metrics v0.37.0
+replace k8s.io/kms => k8s.io/kms v0.37.1
 
-replace k8s.io/mount-utils => k8s.io/mount-utils v0.37.0
+replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.37.1
 
-replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.37.0
+replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.37.1
 
-replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.37.0
+replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.37.1
 
-replace k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.37.0
+replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.37.1
 
-replace k8s.io/sample-controller => k8s.io/sample-controller v0.37.0
+replace k8s.io/kubectl => k8s.io/kubectl v0.37.1
+
+replace k8s.io/kubelet => k8s.io/kubelet v0.37.1
+
+replace k8s.io/metrics => k8s.io/metrics v0.37.1
+
+replace k8s.io/mount-utils => k8s.io/mount-utils v0.37.1
+
+replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.37.1
+
+replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.37.1
+
+replace k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.37.1
+
+replace k8s.io/sample-controller => k8s.io/sample-controller v0.37.1
+
+replace k8s.io/streaming => k8s.io/streaming v0.37.1
 
 tool (
+	github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher
+	github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner
+	github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer
 	github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter
 	github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller
 )
@@ -70,6 +89,8 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
+	github.com/evanphx/json-patch v5.9.11+incompatible // indirect
+	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.4 // indirect
@@ -91,7 +112,7 @@ require (
 	github.com/go-openapi/swag/typeutils v0.29.2 // indirect
 	github.com/go-openapi/swag/yamlutils v0.29.2 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
-	github.com/google/cel-go v0.29.2 // indirect
+	github.com/google/cel-go v0.31.0 // indirect
 	github.com/google/gnostic-models v0.7.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.0 // indirect
@@ -100,9 +121,13 @@ require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kubernetes-csi/csi-lib-utils v0.25.0 // indirect
+	github.com/kubernetes-csi/external-attacher/v4 v4.13.0 // indirect
+	github.com/kubernetes-csi/external-provisioner/v6 v6.4.0 // indirect
+	github.com/kubernetes-csi/external-resizer/v2 v2.3.0 // indirect
 	github.com/kubernetes-csi/external-snapshotter/client/v8 v8.6.0 // indirect
 	github.com/kubernetes-csi/external-snapshotter/v8 v8.7.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
+	github.com/miekg/dns v1.1.73 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
@@ -127,7 +152,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
-	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
+	go.opentelemetry.io/proto/otlp v1.11.1 // indirect
 	go.uber.org/automaxprocs v1.6.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.28.0 // indirect
@@ -148,19 +173,23 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	k8s.io/api v0.37.0 // indirect
-	k8s.io/apimachinery v0.37.0 // indirect
-	k8s.io/apiserver v0.37.0 // indirect
-	k8s.io/client-go v0.37.0 // indirect
-	k8s.io/component-base v0.37.0 // indirect
+	k8s.io/api v0.37.1 // indirect
+	k8s.io/apimachinery v0.37.1 // indirect
+	k8s.io/apiserver v0.37.1 // indirect
+	k8s.io/client-go v0.37.1 // indirect
+	k8s.io/component-base v0.37.1 // indirect
 	k8s.io/component-helpers v0.37.0 // indirect
+	k8s.io/csi-translation-lib v0.37.1 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260821135717-be32def86098 // indirect
-	k8s.io/streaming v0.37.0 // indirect
+	k8s.io/streaming v0.37.1 // indirect
 	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3 // indirect
-	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.36.0 // indirect
+	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.37.0 // indirect
+	sigs.k8s.io/controller-runtime v0.25.2 // indirect
+	sigs.k8s.io/gateway-api v1.6.2 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
+	sigs.k8s.io/sig-storage-lib-external-provisioner/v13 v13.1.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
