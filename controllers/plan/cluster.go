@@ -97,6 +97,36 @@ func (c *Cluster) Cached(ctx context.Context, u *unstructured.Unstructured) Cach
 	return st
 }
 
+// cachedVersion returns the UID and resourceVersion of the informer cache's copy of u's live
+// object; false without a cache, for a kind it does not hold, or an object it does not have.
+func (c *Cluster) cachedVersion(ctx context.Context, u *unstructured.Unstructured) (liveVersion, bool) {
+	obj := c.cachedObject(ctx, u)
+	if obj == nil {
+		return liveVersion{}, false
+	}
+	return versionOfLive(obj.GetUID(), obj.GetResourceVersion()), true
+}
+
+// cachedObject is a shallow copy of the informer cache's copy of u's live object (its maps and
+// slices are the cache's: read it, never modify it), nil when there is none or no cache.
+func (c *Cluster) cachedObject(ctx context.Context, u *unstructured.Unstructured) client.Object {
+	if c.Cache == nil {
+		return nil
+	}
+	o, err := c.Cache.Scheme().New(u.GroupVersionKind())
+	if err != nil {
+		return nil
+	}
+	obj, ok := o.(client.Object)
+	if !ok {
+		return nil
+	}
+	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj, client.UnsafeDisableDeepCopy); err != nil {
+		return nil
+	}
+	return obj
+}
+
 // DryRun implements Source with fluxcd/pkg/ssa's server-side dry-run diff.
 func (c *Cluster) DryRun(ctx context.Context, objs []*unstructured.Unstructured) ([]DryRun, error) {
 	out := make([]DryRun, len(objs))

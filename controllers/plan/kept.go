@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"context"
+
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -19,7 +21,9 @@ import (
 //     and the live object, and the API server gives every write of an object a new
 //     resourceVersion, so the same pair gives the same answer;
 //   - for a StorageClass, the live class's UID and resourceVersion that showed no immutable
-//     field change (read from the API server each time: only the comparison is kept).
+//     field change: while the informer cache holds that version, the class is not read from
+//     the API server again (with a Source that has no cache, it is, and only the comparison
+//     is kept).
 //
 // Each Make keeps what it used and drops the rest. The zero value is ready; a Kept must not be
 // used by two Makes at once.
@@ -35,6 +39,12 @@ type kept struct {
 	cacheState CacheState
 	// class is the live StorageClass that showed no immutable change.
 	class liveVersion
+}
+
+// versionCache is a Source that can say, from an informer cache, which version of a rendered
+// object's live copy it holds (Cluster).
+type versionCache interface {
+	cachedVersion(ctx context.Context, u *unstructured.Unstructured) (liveVersion, bool)
 }
 
 // liveVersion is a live object's UID and resourceVersion; the zero value matches nothing.

@@ -296,11 +296,21 @@ func (p *Plan) classify(ctx context.Context, in Input, src Source, entries map[*
 // classChange returns the ClassChange of rendered class u, or nil when no immutable field
 // changes (or there is no live class).
 func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unstructured, e inventory.Entry) (*ClassChange, error) {
+	k := in.Kept.of(u)
+	if vc, ok := src.(versionCache); ok && k != nil {
+		// The informer cache still holds the live class this render was last compared with
+		// and found no immutable change in: no read. A later write to the class (a delete
+		// and create included) reaches the cache as a new UID or resourceVersion, and its
+		// watch event reconciles again, which reads it.
+		if v, ok := vc.cachedVersion(ctx, u); ok && k.class.is(v) {
+			return nil, nil
+		}
+	}
 	lu, err := src.Get(ctx, u.GroupVersionKind(), u.GetName())
 	if err != nil || lu == nil {
 		return nil, err
 	}
-	k, lv := in.Kept.of(u), versionOfLive(lu.GetUID(), lu.GetResourceVersion())
+	lv := versionOfLive(lu.GetUID(), lu.GetResourceVersion())
 	if k != nil && k.class.is(lv) {
 		return nil, nil // this render against this live class showed no immutable change
 	}
