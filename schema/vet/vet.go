@@ -27,6 +27,7 @@ type Policies struct {
 // several goroutines at once.
 type Vetter struct {
 	schema *cueschema.Schema
+	buf    []byte // a document's JSON, reused from one document to the next
 }
 
 // NewVetter compiles the embedded schema.
@@ -218,10 +219,19 @@ func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
 		return nil, v.cueProblems(d, err)
 	}
 	obj := newPolicyObject(d.Kind)
-	// The document is valid: decode its text directly (several times faster than decoding
-	// the CUE value) and fill the defaults the schema states (TestDecodeMatchesCUE holds the
-	// two paths equal).
-	if err := yaml.Unmarshal(d.YAML, obj); err != nil {
+	// The document is valid: decode its syntax tree as JSON (several times faster than
+	// decoding the CUE value, and than parsing the YAML text again) and fill the defaults
+	// the schema states (TestDecodeMatchesCUE holds the paths equal). A tree appendJSON does
+	// not take is decoded from the CUE value.
+	var ok bool
+	v.buf, ok = appendJSON(v.buf[:0], d.Expr)
+	var err error
+	if ok {
+		err = json.Unmarshal(v.buf, obj)
+	} else {
+		err = u.Decode(obj)
+	}
+	if err != nil {
 		return nil, []Problem{at(d, nil, "cannot decode: "+err.Error())}
 	}
 	obj.Default()
