@@ -6,7 +6,9 @@ import (
 	"strings"
 
 	"cuelang.org/go/cue"
+	"cuelang.org/go/cue/ast"
 	cueerrors "cuelang.org/go/cue/errors"
+	"cuelang.org/go/cue/token"
 	"sigs.k8s.io/yaml"
 
 	cueschema "github.com/plinth-storage/plinth/schema/cue"
@@ -210,11 +212,10 @@ func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
 		return nil, []Problem{at(d, []string{"kind"},
 			fmt.Sprintf("unknown kind %q in %s (known: Placement, Protocol, StoragePool)", d.Kind, PolicyGroup))}
 	}
-	val := v.schema.Context.BuildExpr(d.Expr)
-	if err := val.Err(); err != nil {
-		return nil, v.cueProblems(d, err)
-	}
-	u := v.schema.Defs[d.Kind].Unify(val)
+	// "#Kind & document", built in the schema's scope and evaluated once: building the
+	// document alone and unifying it with the definition would evaluate it twice.
+	u := v.schema.Context.BuildExpr(&ast.BinaryExpr{Op: token.AND, X: ast.NewIdent(cueschema.Definitions[d.Kind]), Y: d.Expr},
+		cue.Scope(v.schema.Root))
 	if err := u.Validate(cue.Concrete(true)); err != nil {
 		return nil, v.cueProblems(d, err)
 	}
