@@ -615,8 +615,17 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 		}
 		return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
-	// Gone means the agent removed export and volume and released its finalizer.
-	if err := s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) { return vs == nil, nil }); err != nil {
+	// Gone means the agent removed export and volume and released its finalizer — and the
+	// informer cache knows it too: the wait's first read is live, and an agent quicker than it
+	// would otherwise leave the volume in ListVolumes (which reads the cache) after this returns.
+	gone := func(vs *storev1.VolumeState) (bool, error) {
+		if vs != nil {
+			return false, nil
+		}
+		err := s.d.kube.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{})
+		return apierrors.IsNotFound(err), nil
+	}
+	if err := s.d.waitVolume(ctx, id, gone); err != nil {
 		return nil, waitError("delete volume "+id, err)
 	}
 	return &csipb.DeleteVolumeResponse{}, nil
