@@ -119,6 +119,11 @@ func BenchmarkPVCBurst(b *testing.B) {
 	}
 }
 
+// burstProfileSeconds is the length of the API server's CPU profile from the first create
+// ($PLINTH_BENCH_OUT/burst-<driver>-apiserver.pprof): inside the create burst, which
+// kube-controller-manager's binding paces at ~4 volumes/s (75 s for 300).
+const burstProfileSeconds = 30
+
 func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int) {
 	ctx := context.Background()
 	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
@@ -214,6 +219,9 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	api := apiServerPID(b, cp)
 	cpu0 := controlplane.ProcCPU(b, api)
 	req0 := apiRequests(b, cs)
+	// the API server's CPU profile of the first burstProfileSeconds of the create burst
+	profiled := controlplane.ProfileAPIServer(b, cs, "burst-"+d.row, burstProfileSeconds)
+	defer profiled()
 	names := make([]string, n)
 	started := make([]time.Time, n)
 	par := func(f func(i int)) {
