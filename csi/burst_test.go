@@ -1,12 +1,14 @@
 package csi_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -115,6 +119,11 @@ func BenchmarkPVCBurst(b *testing.B) {
 	}
 }
 
+// burstProfileSeconds is the length of the API server's CPU profile from the first create
+// ($PLINTH_BENCH_OUT/burst-<driver>-apiserver.pprof): inside the create burst, which
+// kube-controller-manager's binding paces at ~4 volumes/s (75 s for 300).
+const burstProfileSeconds = 30
+
 func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int) {
 	ctx := context.Background()
 	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
@@ -209,6 +218,10 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 
 	api := apiServerPID(b, cp)
 	cpu0 := controlplane.ProcCPU(b, api)
+	req0 := apiRequests(b, cs)
+	// the API server's CPU profile of the first burstProfileSeconds of the create burst
+	profiled := controlplane.ProfileAPIServer(b, cs, "burst-"+d.row, burstProfileSeconds)
+	defer profiled()
 	names := make([]string, n)
 	started := make([]time.Time, n)
 	par := func(f func(i int)) {
@@ -285,6 +298,7 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "delete-vol/s")
 	burstReport(b, d.row, "deletevolume", relay.samples("/csi.v1.Controller/DeleteVolume"))
 	b.ReportMetric(float64((controlplane.ProcCPU(b, api)-cpu0).Milliseconds())/float64(n), "apiserver-cpu-ms/vol")
+	reportRequests(b, req0, apiRequests(b, cs), n)
 	if d.pid != nil {
 		b.ReportMetric(controlplane.ProcStatusMiB(b, d.pid(b), "VmHWM"), "csi-rss-mib")
 	}
@@ -498,4 +512,67 @@ func startRelay(b *testing.B, target string) *relay {
 	go srv.Serve(l) //nolint:errcheck
 	b.Cleanup(func() { srv.Stop(); conn.Close(); os.RemoveAll(dir) })
 	return r
+}
+
+// apiRequests reads the API server's apiserver_request_total from /metrics, summed by
+// "verb resource[/subresource]" (all groups, scopes and codes together).
+func apiRequests(b *testing.B, cs kubernetes.Interface) map[string]float64 {
+	b.Helper()
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		b.Fatalf("API server /metrics: %v", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		b.Fatalf("parse API server /metrics: %v", err)
+	}
+	out := map[string]float64{}
+	for _, m := range fams["apiserver_request_total"].GetMetric() {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		key := l["verb"] + " " + l["resource"]
+		if l["subresource"] != "" {
+			key += "/" + l["subresource"]
+		}
+		out[key] += m.GetCounter().GetValue()
+	}
+	return out
+}
+
+// reportRequests reports the API requests per volume between two apiRequests readings: all of
+// them (apiserver-req/vol) and the writes (apiserver-writes/vol: create, update, patch, delete),
+// and logs each verb and resource's count per volume, most first.
+func reportRequests(b *testing.B, before, after map[string]float64, n int) {
+	b.Helper()
+	type row struct {
+		key string
+		v   float64
+	}
+	var rows []row
+	var all, writes float64
+	for k, v := range after {
+		d := v - before[k]
+		if d <= 0 {
+			continue
+		}
+		rows = append(rows, row{k, d})
+		all += d
+		switch verb, _, _ := strings.Cut(k, " "); verb {
+		case "POST", "PUT", "PATCH", "DELETE", "CREATE", "UPDATE", "APPLY":
+			writes += d
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		return rows[i].v > rows[j].v || rows[i].v == rows[j].v && rows[i].key < rows[j].key
+	})
+	var sb strings.Builder
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "\n  %-50s %7.0f  %6.2f/vol", r.key, r.v, r.v/float64(n))
+	}
+	b.Logf("API requests over create and delete of %d volumes:%s", n, sb.String())
+	b.ReportMetric(all/float64(n), "apiserver-req/vol")
+	b.ReportMetric(writes/float64(n), "apiserver-writes/vol")
 }

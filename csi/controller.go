@@ -460,30 +460,6 @@ func (s *controller) storeNode(ctx context.Context, vs *storev1.VolumeState) (st
 // of the agent's default 30 s refreshes (agents/agent DefaultRefreshInterval).
 const agentSilentAfter = 2 * time.Minute
 
-// agentAbsent says why the agent that must finish the VolumeState id cannot answer now: the
-// Node of its Store no longer exists (nodeGone), or the Store's heartbeat is older than
-// agentSilentAfter. "" means it may answer, also when that cannot be told (no Store, no
-// heartbeat yet): then callers wait as before.
-func (s *controller) agentAbsent(ctx context.Context, id string) (why string, nodeGone bool) {
-	var vs storev1.VolumeState
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-		return "", false
-	}
-	// Direct reads: an informer a moment behind would see a deleted Node still there.
-	var st storev1.Store
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
-		return "", false
-	}
-	var n corev1.Node
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: st.Spec.NodeName}, &n); apierrors.IsNotFound(err) {
-		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name), true
-	}
-	if hb := st.Status.LastHeartbeatTime; hb != nil && time.Since(hb.Time) > agentSilentAfter {
-		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339)), false
-	}
-	return "", false
-}
-
 // releaseOfGoneNode removes the agent's finalizer from the VolumeState id, marked for deletion,
 // whose node left the cluster: no agent will ever remove it, and the volume left with the node.
 // A conflict (the object moved meanwhile) is UNAVAILABLE: the provisioner retries.
@@ -604,19 +580,42 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 		}
 		return nil, status.Errorf(codes.Unavailable, "delete VolumeState %s: %v", id, err)
 	}
+	// One live read serves the two questions below: is the VolumeState gone already, and if
+	// not, can its agent answer. The subscription comes first, so that the agent's release
+	// cannot slip between the read and the wait.
+	ch, unsubscribe := s.d.hub.subscribe(id)
+	defer unsubscribe()
+	cur := &storev1.VolumeState{}
+	switch err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, cur); {
+	case apierrors.IsNotFound(err):
+		cur = nil
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
+	}
 	// An agent that cannot answer (its node deleted, or silent) would keep this call waiting for
 	// the whole wait timeout: say so at once; the provisioner retries with backoff.
-	if why, nodeGone := s.agentAbsent(ctx, id); why != "" {
-		if nodeGone {
-			if err := s.releaseOfGoneNode(ctx, id, why); err != nil {
-				return nil, err
+	if cur != nil {
+		if why, nodeGone := s.storeAgentAbsent(ctx, cur.Spec.StoreName); why != "" {
+			if nodeGone {
+				if err := s.releaseOfGoneNode(ctx, id, why); err != nil {
+					return nil, err
+				}
+				return &csipb.DeleteVolumeResponse{}, nil
 			}
-			return &csipb.DeleteVolumeResponse{}, nil
+			return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 		}
-		return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
-	// Gone means the agent removed export and volume and released its finalizer.
-	if err := s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) { return vs == nil, nil }); err != nil {
+	// Gone means the agent removed export and volume and released its finalizer — and the
+	// informer cache knows it too: an agent quicker than the live read above would otherwise
+	// leave the volume in ListVolumes (which reads the cache) after this returns.
+	gone := func(vs *storev1.VolumeState) (bool, error) {
+		if vs != nil {
+			return false, nil
+		}
+		err := s.d.kube.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{})
+		return apierrors.IsNotFound(err), nil
+	}
+	if err := s.d.waitOn(ctx, ch, cur, gone); err != nil {
 		return nil, waitError("delete volume "+id, err)
 	}
 	return &csipb.DeleteVolumeResponse{}, nil

@@ -237,7 +237,7 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapsh
 		return nil, status.Errorf(codes.Unavailable, "delete VolumeSnapshotState %s: %v", id, err)
 	}
 	// As DeleteVolume: an agent that cannot answer would keep this call for the whole wait.
-	if why := s.storeAgentAbsent(ctx, store); why != "" {
+	if why, _ := s.storeAgentAbsent(ctx, store); why != "" {
 		return nil, status.Errorf(codes.Unavailable, "delete snapshot %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
 	if err := s.d.waitSnapshot(ctx, id, nil, nil, func(ss *storev1.VolumeSnapshotState) (bool, error) { return ss == nil, nil }); err != nil {
@@ -416,23 +416,25 @@ func sameSource(cs *csipb.VolumeContentSource, spec *storev1.ContentSource) bool
 	return want == have
 }
 
-// storeAgentAbsent is agentAbsent for the agent of a Store: why it cannot answer now (its Node
-// is gone, or its heartbeat is older than agentSilentAfter), "" when it may or that cannot be
-// told.
-func (s *controller) storeAgentAbsent(ctx context.Context, store string) string {
+// storeAgentAbsent says why the agent of a Store cannot answer now: the Node of the Store no
+// longer exists (nodeGone), or the Store's heartbeat is older than agentSilentAfter. "" means it
+// may answer, also when that cannot be told (no Store, no heartbeat yet): then callers wait as
+// before. Store and Node are read directly: an informer a moment behind would see a deleted
+// Node still there.
+func (s *controller) storeAgentAbsent(ctx context.Context, store string) (why string, nodeGone bool) {
 	if store == "" {
-		return ""
+		return "", false
 	}
 	var st storev1.Store
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: store}, &st); err != nil {
-		return ""
+		return "", false
 	}
 	var n corev1.Node
 	if err := s.d.live.Get(ctx, client.ObjectKey{Name: st.Spec.NodeName}, &n); apierrors.IsNotFound(err) {
-		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name)
+		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name), true
 	}
 	if hb := st.Status.LastHeartbeatTime; hb != nil && time.Since(hb.Time) > agentSilentAfter {
-		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339))
+		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339)), false
 	}
-	return ""
+	return "", false
 }

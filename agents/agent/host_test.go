@@ -438,6 +438,7 @@ func TestHostFileBackend(t *testing.T) {
 	})
 
 	t.Run("VolumeWorkers", func(t *testing.T) { testVolumeWorkers(t, e) })
+	t.Run("ProgressMark", func(t *testing.T) { testProgressMark(t, e) })
 }
 
 func containsFinalizer(o client.Object, f string) bool {

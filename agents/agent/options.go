@@ -31,14 +31,19 @@ const (
 	DefaultVolumeWorkers = 8
 	// DefaultKubeAPIQPS and DefaultKubeAPIBurst are the client-side limits of `plinth agent`
 	// (--kube-api-qps, --kube-api-burst), in requests per second and requests. A new volume
-	// costs the agent three writes (finalizer, Creating, Ready): a burst of 100 volumes is 300
-	// writes, which a burst allowance of 300 sends at once instead of spreading them over
-	// 4 s at 50 per second. An idle agent writes its Agent and Stores once per refresh; the
+	// costs the agent one write (its Ready status; the CSI controller sets the finalizer, and
+	// Creating is written only for a create slower than ProgressAfter), a deleted one two
+	// (Deleting likewise only when slow, then the finalizer's release): a burst of 100 volumes
+	// fits a burst allowance of 300 at once instead of spreading over seconds at 50 per second. An idle agent writes its Agent and Stores once per refresh; the
 	// API server's priority and fairness, not this limit, protects it from many nodes — and
 	// where the API server runs it, `plinth agent` given neither flag uses no client-side
 	// limit at all (internal/clientlimit).
 	DefaultKubeAPIQPS   = 50
 	DefaultKubeAPIBurst = 300
+	// DefaultProgressAfter is how long a volume's creation or deletion runs before the agent
+	// writes its progress phase (Creating, Deleting): work done sooner costs no status write
+	// of its own, a slow one (a clone's copy, a thick LV's wipe) still says it is under way.
+	DefaultProgressAfter = time.Second
 )
 
 // FinalizerVolume keeps a VolumeState until the agent removed its export and
@@ -95,6 +100,13 @@ type Options struct {
 	// fencing lock (agents/fencing Store.Lock) is held for the whole reconcile.
 	VolumeWorkers int
 
+	// ProgressAfter is how long the backend's creation (or deletion) of a volume may run before
+	// the agent writes the phase Creating (Deleting) to its VolumeState (default
+	// DefaultProgressAfter). Work that ends sooner goes straight to Ready (or to the finalizer's
+	// release): one status write per new volume instead of two, with the same meaning — the
+	// status never claims more than was done. A failed deletion writes Deleting at once.
+	ProgressAfter time.Duration
+
 	// AfterVolumeCreate, when set, runs right after the backend created (or
 	// adopted) a volume and before anything else; a non-nil error aborts the
 	// reconcile there. Tests use it to crash the agent at that point.
@@ -122,6 +134,9 @@ func (o *Options) defaults() error {
 	}
 	if o.VolumeWorkers <= 0 {
 		o.VolumeWorkers = DefaultVolumeWorkers
+	}
+	if o.ProgressAfter <= 0 {
+		o.ProgressAfter = DefaultProgressAfter
 	}
 	if o.Version == "" {
 		o.Version = "dev"

@@ -151,8 +151,9 @@ func (r *volumeReconciler) releaseUntouched(ctx context.Context, vs *storev1.Vol
 }
 
 // converge creates, expands and exports the volume. Its status is written once, when it
-// returns, from what vs holds then; the Creating phase is the one progress mark written
-// before the first backend call, so a reader sees the volume is being made.
+// returns, from what vs holds then; besides, a create that outlasts Options.ProgressAfter
+// writes the phase Creating while it runs (progressMark), so a reader sees a slow volume is
+// being made, and a fast one costs a single status write.
 func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, store *storev1.Store, be backend.Backend, mark fencing.Mark) (res ctrl.Result, err error) {
 	defer func() {
 		if err == nil {
@@ -175,26 +176,32 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	}
 	if vs.Status.ActualBytes == 0 {
 		// not created yet (or a crash before the status said so: Create adopts)
+		var progress *progressMark
 		if vs.Status.Phase == "" || vs.Status.Phase == storev1.VolumePending {
-			vs.Status.Phase = storev1.VolumeCreating
-			if _, err := r.status(ctx, vs, before, ctrl.Result{}); err != nil {
-				return ctrl.Result{}, err
-			}
-			before = vs.DeepCopy()
+			progress = r.progressAfter(ctx, vs, before, storev1.VolumeCreating, nil)
 		}
 		vol, err = r.timed("create", func() (backend.Volume, error) { return createVolume(ctx, be, vs) })
 		if errors.Is(err, backend.ErrAlreadyExists) {
 			// a smaller volume of ours under this id: an expansion cut short
 			vol, err = r.timed("expand", func() (backend.Volume, error) { return be.Expand(ctx, vs.Name, vs.Spec.CapacityBytes) })
 		}
+		if err == nil {
+			failpoint.Hit(failpoint.AgentVolumeCreated)
+			if r.opts.AfterVolumeCreate != nil {
+				err = r.opts.AfterVolumeCreate(vs.Name)
+				if err != nil {
+					if _, perr := progress.end(vs, &before); perr != nil {
+						return ctrl.Result{}, perr
+					}
+					return ctrl.Result{}, err
+				}
+			}
+		}
+		if _, perr := progress.end(vs, &before); perr != nil {
+			return ctrl.Result{}, perr
+		}
 		if err != nil {
 			return r.backendFailed(vs, err), nil
-		}
-		failpoint.Hit(failpoint.AgentVolumeCreated)
-		if r.opts.AfterVolumeCreate != nil {
-			if err := r.opts.AfterVolumeCreate(vs.Name); err != nil {
-				return ctrl.Result{}, err
-			}
 		}
 	} else {
 		vol, err = be.Get(ctx, vs.Name)
@@ -328,25 +335,37 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 }
 
 // delete removes the export, then the volume, releases the mark and only
-// then the finalizer.
+// then the finalizer. The phase Deleting is written when that outlasts
+// Options.ProgressAfter or fails; a fast deletion goes from its phase to gone.
 func (r *volumeReconciler) delete(ctx context.Context, vs *storev1.VolumeState, before *storev1.VolumeState, be backend.Backend, mark fencing.Mark) (ctrl.Result, error) {
+	var progress *progressMark
 	if vs.Status.Phase != storev1.VolumeDeleting {
-		vs.Status.Phase = storev1.VolumeDeleting
-		setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonDeleting, "removing export and volume")
-		if _, err := r.status(ctx, vs, before, ctrl.Result{}); err != nil {
-			return ctrl.Result{}, err
+		progress = r.progressAfter(ctx, vs, before, storev1.VolumeDeleting, func(vs *storev1.VolumeState) {
+			setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonDeleting, "removing export and volume")
+		})
+	}
+	// failed: the phase says so at once (the error alone is only in the log and the retry)
+	failed := func(err error) (ctrl.Result, error) {
+		if wrote, perr := progress.end(vs, &before); perr != nil {
+			return ctrl.Result{}, perr
+		} else if !wrote && progress != nil {
+			progress.apply(vs)
+			if _, perr := r.status(ctx, vs, before, ctrl.Result{}); perr != nil {
+				return ctrl.Result{}, perr
+			}
 		}
+		return ctrl.Result{}, err
 	}
 	if isNVMeoF(vs) || vs.Status.Export != nil {
 		nqn, err := nvmet.VolumeNQN(vs.Name)
 		if err != nil {
-			return ctrl.Result{}, err
+			return failed(err)
 		}
 		start := time.Now()
 		err = r.target.Unexport(ctx, nqn)
 		OperationDuration.WithLabelValues("unexport").Observe(time.Since(start).Seconds())
 		if err != nil {
-			return ctrl.Result{}, fmt.Errorf("unexport %s: %w", nqn, err)
+			return failed(fmt.Errorf("unexport %s: %w", nqn, err))
 		}
 		failpoint.Hit(failpoint.AgentDeleteUnexported)
 	}
@@ -354,9 +373,12 @@ func (r *volumeReconciler) delete(ctx context.Context, vs *storev1.VolumeState, 
 	err := be.Delete(ctx, vs.Name)
 	OperationDuration.WithLabelValues("delete").Observe(time.Since(start).Seconds())
 	if err != nil {
-		return ctrl.Result{}, fmt.Errorf("delete volume %s: %w", vs.Name, err)
+		return failed(fmt.Errorf("delete volume %s: %w", vs.Name, err))
 	}
 	failpoint.Hit(failpoint.AgentDeleteVolumeRemoved)
+	if _, err := progress.end(vs, &before); err != nil {
+		return ctrl.Result{}, err
+	}
 	if !mark.Released {
 		mark.Released = true
 		if err := r.marks.Save(vs.Name, mark); err != nil {
@@ -436,6 +458,65 @@ func (r *volumeReconciler) fenced(ctx context.Context, vs, before *storev1.Volum
 		return res, nil // the object moved on: the refusal was right, the newer version comes as an event
 	}
 	return res, err
+}
+
+// progressMark writes a progress phase (Creating, Deleting) to a VolumeState only when the
+// work it marks outlasts Options.ProgressAfter: fast work costs no status write of its own.
+// A nil *progressMark marks nothing.
+type progressMark struct {
+	phase storev1.VolumePhase
+	// also changes the status beside the phase (the Ready condition of a deletion)
+	also  func(*storev1.VolumeState)
+	timer *time.Timer
+	// done is closed once the write has ended; written holds the VolumeState as the API
+	// server returned it, err the write's error. Both are set before done closes.
+	done    chan struct{}
+	written *storev1.VolumeState
+	err     error
+}
+
+// progressAfter arms the progress mark of vs (whose last written status is before).
+func (r *volumeReconciler) progressAfter(ctx context.Context, vs, before *storev1.VolumeState, phase storev1.VolumePhase, also func(*storev1.VolumeState)) *progressMark {
+	p := &progressMark{phase: phase, also: also, done: make(chan struct{})}
+	// copies taken now: the reconcile goes on changing vs while the timer runs
+	obj, base := vs.DeepCopy(), before.DeepCopy()
+	p.apply(obj)
+	p.timer = time.AfterFunc(r.opts.ProgressAfter, func() {
+		defer close(p.done)
+		if _, err := r.status(ctx, obj, base, ctrl.Result{}); err != nil {
+			p.err = err
+			return
+		}
+		p.written = obj
+	})
+	return p
+}
+
+// apply sets the mark's phase (and what goes with it) on vs.
+func (p *progressMark) apply(vs *storev1.VolumeState) {
+	vs.Status.Phase = p.phase
+	if p.also != nil {
+		p.also(vs)
+	}
+}
+
+// end disarms the mark, or waits for its write when the timer fired. When it was written, vs
+// takes its phase and resourceVersion and *before becomes the written status, so that the
+// next status patch builds on it (its optimistic lock names the new version). It reports
+// whether the mark was written, and the write's error.
+func (p *progressMark) end(vs *storev1.VolumeState, before **storev1.VolumeState) (bool, error) {
+	if p == nil || p.timer.Stop() {
+		return false, nil
+	}
+	<-p.done
+	if p.err != nil {
+		return false, p.err
+	}
+	// what the reconcile changed on vs meanwhile stays; the mark goes under it
+	p.apply(vs)
+	vs.ResourceVersion = p.written.ResourceVersion
+	*before = p.written.DeepCopy()
+	return true, nil
 }
 
 // status patches the status when it changed.

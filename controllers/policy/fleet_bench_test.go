@@ -322,6 +322,11 @@ func procStat(b *testing.B, pid int) (cpu time.Duration, hwmMiB float64) {
 	return controlplane.ProcCPU(b, pid), controlplane.ProcStatusMiB(b, pid, "VmHWM")
 }
 
+// fleetProfileSeconds is the length of the API server's CPU profile of a first apply
+// ($PLINTH_BENCH_OUT/fleet-<controller>-apiserver.pprof): shorter than Plinth's first apply at
+// 1,000 nodes, so that its profile samples applies only.
+const fleetProfileSeconds = 4
+
 func apiServerPID(b *testing.B, cp *controlplane.ControlPlane) int {
 	for _, p := range cp.Processes() {
 		if p.Name == controlplane.BinKubeAPIServer {
@@ -510,9 +515,11 @@ func runFluxFleet(b *testing.B, fe *fleetEnv, objects []byte, limits []string, n
 	if err := c.Create(ctx, ks); err != nil {
 		b.Fatal(err)
 	}
+	profiled := controlplane.ProfileAPIServer(b, cs, "fleet-kustomize-controller", fleetProfileSeconds)
 	poll(b, 30*time.Minute, "Kustomization fleet applied", func() error { return fluxReady(c, ks, "lastAppliedRevision") })
 	r.first = time.Since(start)
 	b.StopTimer()
+	profiled()
 	api1, _ := procStat(b, api)
 	r.apiCPU = api1 - api0
 	r.firstReq = apiServerCounts(b, cs).sub(req0)
@@ -607,9 +614,11 @@ func runPlinthFleet(b *testing.B, fe *fleetEnv, p *policyv1.StoragePool, proto *
 	p, proto, pl = p.DeepCopy(), proto.DeepCopy(), pl.DeepCopy()
 	b.ResetTimer()
 	start := time.Now()
+	profiled := controlplane.ProfileAPIServer(b, cs, "fleet-plinth", fleetProfileSeconds)
 	createPoliciesReady(b, c, p, proto, pl)
 	r.first = time.Since(start)
 	b.StopTimer()
+	profiled()
 	api1, _ := procStat(b, api)
 	r.apiCPU = api1 - api0
 	r.firstReq = apiServerCounts(b, cs).sub(req0)

@@ -31,6 +31,9 @@ var Definitions = map[string]string{
 // *cue.Context values; Compile returns a fresh one each time.
 type Schema struct {
 	Context *cue.Context
+	// Root is the whole compiled schema file: the scope in which an expression naming a
+	// definition (such as "#StoragePool & {...}") is built.
+	Root cue.Value
 	// Defs holds the compiled definition of each kind in Definitions.
 	Defs map[string]cue.Value
 }
@@ -46,7 +49,7 @@ func Compile() (*Schema, error) {
 	}
 	ctx := cuecontext.New()
 	v := ctx.BuildFile(f)
-	s := &Schema{Context: ctx, Defs: map[string]cue.Value{}}
+	s := &Schema{Context: ctx, Root: v, Defs: map[string]cue.Value{}}
 	for kind, def := range Definitions {
 		d := v.LookupPath(cue.ParsePath(def))
 		if !d.Exists() {

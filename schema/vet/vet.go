@@ -3,10 +3,13 @@ package vet
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"cuelang.org/go/cue"
+	"cuelang.org/go/cue/ast"
 	cueerrors "cuelang.org/go/cue/errors"
+	"cuelang.org/go/cue/token"
 	"sigs.k8s.io/yaml"
 
 	cueschema "github.com/plinth-storage/plinth/schema/cue"
@@ -27,6 +30,7 @@ type Policies struct {
 // several goroutines at once.
 type Vetter struct {
 	schema *cueschema.Schema
+	buf    []byte // a document's JSON, reused from one document to the next
 }
 
 // NewVetter compiles the embedded schema.
@@ -42,11 +46,7 @@ func NewVetter() (*Vetter, error) {
 // against the cross-object rules, and decodes the valid documents. Problems are sorted by
 // position. A set with problems still returns the documents that were valid on their own.
 func (v *Vetter) Vet(set *Set) (*Policies, []Problem) {
-	verdicts := make([]*Verdict, len(set.Documents))
-	for i, d := range set.Documents {
-		verdicts[i] = v.Judge(d)
-	}
-	return Combine(verdicts, set.Problems)
+	return Combine(v.judgeAll(set.Documents), set.Problems)
 }
 
 // Verdict is what vet finds in one document on its own, before the rules that need the whole
@@ -68,18 +68,7 @@ type Verdict struct {
 // Judge judges one document on its own: a policy document against its CUE definition, any
 // other document for a policy apiVersion mistyped (see Vet).
 func (v *Vetter) Judge(d *Document) *Verdict {
-	if !d.IsPolicy() {
-		if p, ok := misgrouped(d); ok {
-			return &Verdict{Document: d, Problems: []Problem{p}}
-		}
-		return &Verdict{Document: d, Other: true}
-	}
-	vd, ps := v.vetDocument(d)
-	out := &Verdict{Document: d, Problems: ps}
-	if vd != nil {
-		out.Object = vd.obj
-	}
-	return out
+	return v.judgeAll([]*Document{d})[0]
 }
 
 // Combine applies the cross-object rules (crossCheck: maps keyed by name, O(n)) to verdicts,
@@ -201,27 +190,92 @@ type vetted struct {
 	obj any
 }
 
-func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
-	if _, ok := cueschema.Definitions[d.Kind]; !ok {
-		if d.Kind == "" {
-			return nil, []Problem{at(d, []string{"kind"}, "kind is missing")}
+// batchSize is how many documents judgeBatch evaluates in one CUE evaluation: enough for the
+// evaluator to reuse its per-node state from one document to the next (cue.Context gives
+// every evaluation a fresh one), few enough that the batch's values stay small.
+const batchSize = 64
+
+// judgeAll judges docs in order (see Judge): the policy documents of a known kind in batches
+// of batchSize.
+func (v *Vetter) judgeAll(docs []*Document) []*Verdict {
+	out := make([]*Verdict, len(docs))
+	var batch []int
+	for i, d := range docs {
+		if !d.IsPolicy() {
+			if p, ok := misgrouped(d); ok {
+				out[i] = &Verdict{Document: d, Problems: []Problem{p}}
+			} else {
+				out[i] = &Verdict{Document: d, Other: true}
+			}
+			continue
 		}
-		return nil, []Problem{at(d, []string{"kind"},
-			fmt.Sprintf("unknown kind %q in %s (known: Placement, Protocol, StoragePool)", d.Kind, PolicyGroup))}
+		if _, ok := cueschema.Definitions[d.Kind]; !ok {
+			p := at(d, []string{"kind"}, "kind is missing")
+			if d.Kind != "" {
+				p = at(d, []string{"kind"},
+					fmt.Sprintf("unknown kind %q in %s (known: Placement, Protocol, StoragePool)", d.Kind, PolicyGroup))
+			}
+			out[i] = &Verdict{Document: d, Problems: []Problem{p}}
+			continue
+		}
+		if batch = append(batch, i); len(batch) == batchSize {
+			v.judgeBatch(docs, batch, out)
+			batch = batch[:0]
+		}
 	}
-	val := v.schema.Context.BuildExpr(d.Expr)
-	if err := val.Err(); err != nil {
-		return nil, v.cueProblems(d, err)
+	if len(batch) > 0 {
+		v.judgeBatch(docs, batch, out)
 	}
-	u := v.schema.Defs[d.Kind].Unify(val)
+	return out
+}
+
+// judgeBatch judges the policy documents docs[i] of a known kind, i in idx, into out[i]. It
+// evaluates one struct, {d0: #Kind & document, d1: ...}, built in the schema's scope: each
+// document is unified with its definition in one evaluation (building it alone first and
+// unifying it then would evaluate it twice), and the documents are independent fields, each
+// validated on its own.
+func (v *Vetter) judgeBatch(docs []*Document, idx []int, out []*Verdict) {
+	st := &ast.StructLit{Elts: make([]ast.Decl, len(idx))}
+	for j, i := range idx {
+		d := docs[i]
+		st.Elts[j] = &ast.Field{Label: ast.NewIdent(batchLabel(j)),
+			Value: &ast.BinaryExpr{Op: token.AND, X: ast.NewIdent(cueschema.Definitions[d.Kind]), Y: d.Expr}}
+	}
+	b := v.schema.Context.BuildExpr(st, cue.Scope(v.schema.Root))
+	for j, i := range idx {
+		d := docs[i]
+		label := batchLabel(j)
+		vd, ps := v.vetDocument(d, b.LookupPath(cue.MakePath(cue.Str(label))), label)
+		out[i] = &Verdict{Document: d, Problems: ps}
+		if vd != nil {
+			out[i].Object = vd.obj
+		}
+	}
+}
+
+// batchLabel is the field of the j-th document in judgeBatch's struct.
+func batchLabel(j int) string { return "d" + strconv.Itoa(j) }
+
+// vetDocument validates u, the document d unified with its definition (the field label of
+// judgeBatch's struct), and decodes it when valid.
+func (v *Vetter) vetDocument(d *Document, u cue.Value, label string) (*vetted, []Problem) {
 	if err := u.Validate(cue.Concrete(true)); err != nil {
-		return nil, v.cueProblems(d, err)
+		return nil, v.cueProblems(d, err, label)
 	}
 	obj := newPolicyObject(d.Kind)
-	// The document is valid: decode its text directly (several times faster than decoding
-	// the CUE value) and fill the defaults the schema states (TestDecodeMatchesCUE holds the
-	// two paths equal).
-	if err := yaml.Unmarshal(d.YAML, obj); err != nil {
+	// The document is valid: decode its syntax tree as JSON (several times faster than
+	// decoding the CUE value, and than parsing the YAML text again) and fill the defaults
+	// the schema states (TestDecodeMatchesCUE holds the paths equal). A tree appendJSON does
+	// not take is decoded from the CUE value.
+	var ok bool
+	v.buf, ok = appendJSON(v.buf[:0], d.Expr)
+	var err error
+	if ok {
+		err = json.Unmarshal(v.buf, obj)
+	} else {
+		err = u.Decode(obj)
+	}
+	if err != nil {
 		return nil, []Problem{at(d, nil, "cannot decode: "+err.Error())}
 	}
 	obj.Default()
@@ -232,10 +286,13 @@ func (v *Vetter) vetDocument(d *Document) (*vetted, []Problem) {
 // hidden field (the schema's exactly-one checks) name their parent; an exactly-one error is
 // dropped when another error lies below the same parent, because an invalid member makes the
 // member look absent to the check.
-func (v *Vetter) cueProblems(d *Document, err error) []Problem {
+func (v *Vetter) cueProblems(d *Document, err error, label string) []Problem {
 	var items []cueIssue
 	for _, e := range cueerrors.Errors(err) {
 		path := e.Path()
+		if len(path) > 0 && path[0] == label {
+			path = path[1:] // the document's field in judgeBatch's struct
+		}
 		var clean []string
 		for _, sel := range path {
 			if strings.HasPrefix(sel, "#") && len(clean) == 0 {

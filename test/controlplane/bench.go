@@ -1,13 +1,17 @@
 package controlplane
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/kubernetes"
 )
 
 // The readers every benchmark of the repository shares: its knobs, the machine's load and
@@ -92,4 +96,31 @@ func Parallel(n, workers int, f func(i int)) {
 		})
 	}
 	wg.Wait()
+}
+
+// ProfileAPIServer starts a CPU profile of the API server behind cs (its /debug/pprof/profile,
+// on by default in kube-apiserver) over the next seconds, written to
+// $PLINTH_BENCH_OUT/<name>-apiserver.pprof (read it with `go tool pprof`); without
+// PLINTH_BENCH_OUT it does nothing. The returned wait blocks until the profile is written and
+// fails tb when it could not be taken.
+func ProfileAPIServer(tb testing.TB, cs kubernetes.Interface, name string, seconds int) (wait func()) {
+	out := os.Getenv("PLINTH_BENCH_OUT")
+	if out == "" {
+		return func() {}
+	}
+	done := make(chan error, 1)
+	go func() {
+		data, err := cs.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+			Param("seconds", strconv.Itoa(seconds)).DoRaw(context.Background())
+		if err == nil {
+			err = os.WriteFile(filepath.Join(out, name+"-apiserver.pprof"), data, 0o644)
+		}
+		done <- err
+	}()
+	return func() {
+		tb.Helper()
+		if err := <-done; err != nil {
+			tb.Fatalf("CPU profile of the API server (%s): %v", name, err)
+		}
+	}
 }

@@ -112,6 +112,9 @@ type poolDemand struct {
 	pool    string
 	poolKey string
 	bytes   int64
+	// slots are the pool's slots by node (view.pools[poolKey]) as PreFilter found them; nil
+	// when no Store of the pool had been seen, and Filter and Score then look again.
+	slots map[string]slot
 }
 
 // podState is what PreFilter learns of the pod; read-only afterwards.
@@ -244,7 +247,7 @@ func (p *Plugin) PreFilter(ctx context.Context, cs fwk.CycleState, pod *corev1.P
 				return true
 			}
 		}
-		st.pools = append(st.pools, poolDemand{pool: pool, poolKey: key, bytes: req})
+		st.pools = append(st.pools, poolDemand{pool: pool, poolKey: key, bytes: req, slots: p.cache.poolSlots(key)})
 		return true
 	})
 	if status != nil {
@@ -313,9 +316,9 @@ func (p *Plugin) Filter(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, ni 
 	defer p.cache.mu.RUnlock()
 	for i := range st.pools {
 		d := &st.pools[i]
-		s := p.cache.slots[slotKey{d.poolKey, nk}]
+		s := p.cache.slotsOf(d)[nk]
 		state := capStoreAbsent
-		if s != nil && s.hasStore {
+		if s.hasStore {
 			state = s.state
 		}
 		if state != capOK {
@@ -361,7 +364,7 @@ func (p *Plugin) Score(_ context.Context, cs fwk.CycleState, _ *corev1.Pod, ni f
 	p.cache.mu.RLock()
 	for i := range st.pools {
 		d := &st.pools[i]
-		if s := p.cache.slots[slotKey{d.poolKey, nk}]; s != nil && s.state == capOK {
+		if s, ok := p.cache.slotsOf(d)[nk]; ok && s.hasStore && s.state == capOK {
 			left = addSat(left, max(free(s.available, s.reserved)-d.bytes, 0))
 		}
 	}

@@ -106,7 +106,7 @@ func (p *Plugin) countSpread(pod *corev1.Pod, nodes []fwk.NodeInfo, d *spreadDem
 		if match, _ := required.Match(n); !match {
 			continue
 		}
-		if s := p.cache.slots[slotKey{d.poolKey, p.nodeLabel(n.Name)}]; s != nil && s.hasStore && s.state == capOK {
+		if s, ok := p.cache.pools[d.poolKey][p.nodeLabel(n.Name)]; ok && s.hasStore && s.state == capOK {
 			d.counts[v] = 0
 		}
 	}

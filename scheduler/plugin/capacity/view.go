@@ -49,8 +49,13 @@ const (
 // view is the plugin's view of Stores, Placements and Protocols (fed by informers) and the
 // ledger of in-flight bookings. One RWMutex: Filter and Score take the read lock only.
 type view struct {
-	mu         sync.RWMutex
-	slots      map[slotKey]*slot
+	mu sync.RWMutex
+	// pools holds the slots by plinth.dev/pool, then plinth.dev/node label value, by value:
+	// Filter and Score make one lookup by node with a string key into a map the pod's
+	// PreFilter resolved, and follow no pointer, where a map by slotKey hashed and compared
+	// two strings per node (the larger part of the plugin's time in the real scheduler). A
+	// pool's map is never removed once made, so a map resolved in PreFilter stays current.
+	pools      map[string]map[string]slot
 	strategies map[string]policyv1.Strategy
 	// overridable holds the Placements whose PVCs may choose their own strategy
 	// (spec.overrides.allowed has strategy).
@@ -63,7 +68,7 @@ type view struct {
 
 func newView(ttl time.Duration) *view {
 	return &view{
-		slots:       map[slotKey]*slot{},
+		pools:       map[string]map[string]slot{},
 		strategies:  map[string]policyv1.Strategy{},
 		overridable: map[string]bool{},
 		protocols:   map[string]protoKind{},
@@ -86,16 +91,47 @@ func storeKey(st *storev1.Store) slotKey {
 	return k
 }
 
+// poolLocked returns the slots of a pool, making the map if create is set (else nil when
+// the pool has none). Callers hold mu (the write lock when create is set).
+func (c *view) poolLocked(poolKey string, create bool) map[string]slot {
+	m := c.pools[poolKey]
+	if m == nil && create {
+		m = map[string]slot{}
+		c.pools[poolKey] = m
+	}
+	return m
+}
+
+// slotLocked returns the slot of k (zero and false when there is none); callers hold mu.
+func (c *view) slotLocked(k slotKey) (slot, bool) {
+	s, ok := c.pools[k.pool][k.node]
+	return s, ok
+}
+
+// poolSlots returns the slots of a pool for Filter and Score, nil when no Store of the pool
+// was seen yet. The map is read under mu's read lock only.
+func (c *view) poolSlots(poolKey string) map[string]slot {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.pools[poolKey]
+}
+
+// slotsOf returns the slots of d's pool: those PreFilter resolved, else the pool's current
+// map (nil while no Store of it was seen). Callers hold mu's read lock.
+func (c *view) slotsOf(d *poolDemand) map[string]slot {
+	if d.slots != nil {
+		return d.slots
+	}
+	return c.pools[d.poolKey]
+}
+
 // upsertStore records a Store's capacity and releases bookings it now accounts for.
 func (c *view) upsertStore(st *storev1.Store) {
 	k := storeKey(st)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.slots[k]
-	if s == nil {
-		s = &slot{}
-		c.slots[k] = s
-	}
+	m := c.poolLocked(k.pool, true)
+	s := m[k.node]
 	s.hasStore = true
 	s.state = classify(st)
 	if s.state == capOK {
@@ -104,6 +140,7 @@ func (c *view) upsertStore(st *storev1.Store) {
 	} else {
 		s.available, s.provisioned = 0, 0
 	}
+	m[k.node] = s
 	for claim, b := range c.bookings {
 		if b.key == k && b.bound && s.provisioned != b.provisioned {
 			c.releaseLocked(claim)
@@ -115,11 +152,11 @@ func (c *view) deleteStore(st *storev1.Store) {
 	k := storeKey(st)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s := c.slots[k]; s != nil {
+	if s, ok := c.slotLocked(k); ok {
 		if s.reserved == 0 {
-			delete(c.slots, k)
+			delete(c.pools[k.pool], k.node)
 		} else {
-			*s = slot{reserved: s.reserved}
+			c.pools[k.pool][k.node] = slot{reserved: s.reserved}
 		}
 	}
 }
@@ -176,12 +213,10 @@ func (c *view) reserve(pod types.UID, node string, claims []claimDemand) {
 	for _, cl := range claims {
 		c.releaseLocked(cl.claim)
 		k := slotKey{pool: cl.poolKey, node: node}
-		s := c.slots[k]
-		if s == nil {
-			s = &slot{}
-			c.slots[k] = s
-		}
+		m := c.poolLocked(k.pool, true)
+		s := m[k.node]
 		s.reserved = addSat(s.reserved, cl.bytes)
+		m[k.node] = s
 		c.bookings[cl.claim] = &booking{pod: pod, key: k, bytes: cl.bytes, at: now, provisioned: s.provisioned}
 	}
 }
@@ -207,7 +242,7 @@ func (c *view) claimBound(claim string) {
 		return
 	}
 	b.bound = true
-	if s := c.slots[b.key]; s == nil || !s.hasStore || s.provisioned != b.provisioned {
+	if s, ok := c.slotLocked(b.key); !ok || !s.hasStore || s.provisioned != b.provisioned {
 		c.releaseLocked(claim)
 	}
 }
@@ -240,8 +275,8 @@ func (c *view) releaseLocked(claim string) {
 		return
 	}
 	delete(c.bookings, claim)
-	s := c.slots[b.key]
-	if s == nil {
+	s, ok := c.slotLocked(b.key)
+	if !ok {
 		return
 	}
 	s.reserved -= b.bytes
@@ -249,7 +284,9 @@ func (c *view) releaseLocked(claim string) {
 		s.reserved = 0
 	}
 	if !s.hasStore && s.reserved == 0 {
-		delete(c.slots, b.key)
+		delete(c.pools[b.key.pool], b.key.node)
+	} else {
+		c.pools[b.key.pool][b.key.node] = s
 	}
 }
 
@@ -257,8 +294,6 @@ func (c *view) releaseLocked(claim string) {
 func (c *view) reservedOn(poolKey, node string) int64 {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	if s := c.slots[slotKey{poolKey, node}]; s != nil {
-		return s.reserved
-	}
-	return 0
+	s, _ := c.slotLocked(slotKey{poolKey, node})
+	return s.reserved
 }

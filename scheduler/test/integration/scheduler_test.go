@@ -62,6 +62,8 @@ type env struct {
 	ctx context.Context
 	cs  kubernetes.Interface
 	dyn dynamic.Interface
+	// apiserverPID is kube-apiserver's process, whose CPU BenchmarkRealScheduler reads.
+	apiserverPID int
 }
 
 // TestPlinthCapacityWithRealScheduler: one control plane and one scheduler for all cases;
