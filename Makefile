@@ -152,7 +152,7 @@ bench: ## Every benchmark (render and re-render, parsers, agent burst, idle CPU 
 	mkdir -p $(BENCH_OUT)
 	-go test -run '^$$' -bench . -benchmem $$(go list ./... | grep -v '/csi$$' | grep -v '/test/e2e$$' | grep -v '/agents/agent$$' | grep -v '/controllers/policy$$' | grep -v '/controllers/render$$') | tee $(BENCH_OUT)/unit.txt
 	-go test -run '^$$' -bench 'VetAndRender|Render10k' -benchmem -cpu 1 ./controllers/render/ | tee $(BENCH_OUT)/render.txt
-	-go test -run '^$$' -bench Rerender -benchtime 300x -benchmem -cpu 1 ./controllers/render/ | tee $(BENCH_OUT)/rerender.txt
+	-go test -run '^$$' -bench 'Rerender|ReconcileAfterOneChange' -benchtime 300x -benchmem -cpu 1 ./controllers/render/ | tee $(BENCH_OUT)/rerender.txt
 	-PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -run '^$$' -bench ControllerMemory -benchtime 1x -timeout 40m ./controllers/policy/ | tee $(BENCH_OUT)/controller-memory.txt
 	-PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_BENCH_OUT=$(BENCH_OUT) go test -run '^$$' -bench AgentFileVolumes -benchtime 1x -timeout 40m ./agents/agent/ | tee $(BENCH_OUT)/agent.txt
 	-PLINTH_TESTBIN=$(BIN) go test -run '^$$' -bench 'CreateVolume|PVCBound' -benchtime 200x -benchmem -timeout 30m ./csi/ | tee $(BENCH_OUT)/csi.txt

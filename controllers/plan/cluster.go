@@ -37,6 +37,9 @@ type Cluster struct {
 	// Concurrency bounds the dry-runs in flight (default 4): the API server serves them in
 	// parallel, and a no-op reconcile of 1,000 objects is 2,000 reads and dry-runs.
 	Concurrency int
+	// Kept, when set, is the Kept of the Input planned with this Cluster: Cached keeps its
+	// answer per rendered object and live resourceVersion there.
+	Kept *Kept
 }
 
 // Get implements Source.
@@ -67,21 +70,61 @@ func (c *Cluster) Cached(ctx context.Context, u *unstructured.Unstructured) Cach
 	if !ok {
 		return CacheUnknown
 	}
-	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj); err != nil {
+	// A shallow copy of the cached object (its maps and slices are the cache's): it is only
+	// read, and its TypeMeta is its own.
+	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj, client.UnsafeDisableDeepCopy); err != nil {
 		if apierrors.IsNotFound(err) {
 			return CacheAbsent
 		}
 		return CacheUnknown
+	}
+	k, lv := c.Kept.of(u), versionOfLive(obj.GetUID(), obj.GetResourceVersion())
+	if k != nil && k.cache.is(lv) {
+		return k.cacheState
 	}
 	obj.GetObjectKind().SetGroupVersionKind(u.GroupVersionKind()) // typed cache objects carry no TypeMeta
 	live, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
 		return CacheUnknown
 	}
+	st := CacheDiffers
 	if drift.Subset(u.Object, live) {
-		return CacheHolds
+		st = CacheHolds
 	}
-	return CacheDiffers
+	if k != nil {
+		k.cache, k.cacheState = lv, st
+	}
+	return st
+}
+
+// cachedVersion returns the UID and resourceVersion of the informer cache's copy of u's live
+// object; false without a cache, for a kind it does not hold, or an object it does not have.
+func (c *Cluster) cachedVersion(ctx context.Context, u *unstructured.Unstructured) (liveVersion, bool) {
+	obj := c.cachedObject(ctx, u)
+	if obj == nil {
+		return liveVersion{}, false
+	}
+	return versionOfLive(obj.GetUID(), obj.GetResourceVersion()), true
+}
+
+// cachedObject is a shallow copy of the informer cache's copy of u's live object (its maps and
+// slices are the cache's: read it, never modify it), nil when there is none or no cache.
+func (c *Cluster) cachedObject(ctx context.Context, u *unstructured.Unstructured) client.Object {
+	if c.Cache == nil {
+		return nil
+	}
+	o, err := c.Cache.Scheme().New(u.GroupVersionKind())
+	if err != nil {
+		return nil
+	}
+	obj, ok := o.(client.Object)
+	if !ok {
+		return nil
+	}
+	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj, client.UnsafeDisableDeepCopy); err != nil {
+		return nil
+	}
+	return obj
 }
 
 // DryRun implements Source with fluxcd/pkg/ssa's server-side dry-run diff.

@@ -31,6 +31,10 @@ type Input struct {
 	Pools      map[string]*policyv1.StoragePool
 	// Previous is the inventory the last reconcile wrote: the record prune trusts (B38).
 	Previous *inventory.Inventory
+	// Kept, when set, keeps between calls what Make computed of each rendered object (see
+	// Kept); Desired must then hold the same pointer for an object whose render did not
+	// change, and never a modified one. Nil computes everything.
+	Kept *Kept
 }
 
 // Usage is how much uses a StorageClass or a Store.
@@ -248,6 +252,7 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 	if err := p.prune(ctx, in, src); err != nil {
 		return nil, err
 	}
+	in.Kept.sweep()
 	return p, nil
 }
 
@@ -257,7 +262,7 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 func (p *Plan) classify(ctx context.Context, in Input, src Source, entries map[*unstructured.Unstructured]inventory.Entry) ([]*unstructured.Unstructured, error) {
 	var toDiff []*unstructured.Unstructured
 	for _, u := range in.Desired {
-		e, err := inventory.EntryOf(u)
+		e, err := in.Kept.entryOf(u)
 		if err != nil {
 			return nil, err
 		}
@@ -291,13 +296,27 @@ func (p *Plan) classify(ctx context.Context, in Input, src Source, entries map[*
 // classChange returns the ClassChange of rendered class u, or nil when no immutable field
 // changes (or there is no live class).
 func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unstructured, e inventory.Entry) (*ClassChange, error) {
+	k := in.Kept.of(u)
+	if vc, ok := src.(versionCache); ok && k != nil {
+		// The informer cache still holds the live class this render was last compared with
+		// and found no immutable change in: no read. A later write to the class (a delete
+		// and create included) reaches the cache as a new UID or resourceVersion, and its
+		// watch event reconciles again, which reads it.
+		if v, ok := vc.cachedVersion(ctx, u); ok && k.class.is(v) {
+			return nil, nil
+		}
+	}
+	lu, err := src.Get(ctx, u.GroupVersionKind(), u.GetName())
+	if err != nil || lu == nil {
+		return nil, err
+	}
+	lv := versionOfLive(lu.GetUID(), lu.GetResourceVersion())
+	if k != nil && k.class.is(lv) {
+		return nil, nil // this render against this live class showed no immutable change
+	}
 	var want storagev1.StorageClass
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &want); err != nil {
 		return nil, fmt.Errorf("StorageClass %s: %w", u.GetName(), err)
-	}
-	lu, err := src.Get(ctx, u.GroupVersionKind(), want.Name)
-	if err != nil || lu == nil {
-		return nil, err
 	}
 	var live storagev1.StorageClass
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(lu.Object, &live); err != nil {
@@ -306,6 +325,9 @@ func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unst
 	changes := storageclass.Diff(&live, &want)
 	imm := storageclass.Immutable(changes)
 	if len(imm) == 0 {
+		if k != nil {
+			k.class = lv
+		}
 		return nil, nil
 	}
 	placement := want.Labels[policyv1.LabelPlacement]

@@ -67,7 +67,10 @@ type Reconciler struct {
 	// mu, and the render they return is valid until the next reconcile.
 	keptVet  *KeptVetter
 	renderer render.Renderer
-	mu       sync.Mutex
+	// kept keeps, per rendered object the renderer hands out again, what the plan computed
+	// of it: its digest and its comparisons with the live objects (plan.Kept).
+	kept plan.Kept
+	mu   sync.Mutex
 }
 
 // New returns a reconciler that applies through c with fieldManager. The CUE schema is

@@ -31,7 +31,7 @@ func TestSetPoolStatus(t *testing.T) {
 	pool := &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: "p", Generation: 2}}
 	out := &render.Output{Stores: []storev1.Store{store("p.a", "p", nil, false), store("p.b", "p", nil, false), store("q.a", "q", nil, false)}}
 
-	setPoolStatus(pool, out, nil)
+	setPoolStatus(pool, indexPoolStores(out, nil))
 	if *pool.Status.MatchedNodes != 2 || conditions.GetReason(pool, StoresReadyCondition) != ReasonStoresUnknown {
 		t.Fatalf("before agents: %+v", pool.Status)
 	}
@@ -40,7 +40,7 @@ func TestSetPoolStatus(t *testing.T) {
 		store("p.b", "p", &storev1.Capacity{Total: 50, Allocatable: 50, Available: 50}, false),
 		store("q.a", "q", &storev1.Capacity{Total: 1000, Available: 1000}, true), // another pool's
 	}
-	setPoolStatus(pool, out, live)
+	setPoolStatus(pool, indexPoolStores(out, live))
 	c := pool.Status.Capacity
 	if c.Total != 150 || c.Allocatable != 140 || c.Provisioned != 10 || c.Available != 130 || c.ReportingStores != 2 {
 		t.Fatalf("capacity %+v", c)
@@ -49,7 +49,7 @@ func TestSetPoolStatus(t *testing.T) {
 		t.Fatalf("StoresReady: %+v", conditions.Get(pool, StoresReadyCondition))
 	}
 	live[1] = store("p.b", "p", live[1].Status.Capacity, true)
-	setPoolStatus(pool, out, live)
+	setPoolStatus(pool, indexPoolStores(out, live))
 	if !conditions.IsTrue(pool, StoresReadyCondition) {
 		t.Fatalf("StoresReady: %+v", conditions.Get(pool, StoresReadyCondition))
 	}

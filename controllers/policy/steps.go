@@ -135,7 +135,7 @@ func (r *Reconciler) render(_ context.Context, s *scope) (bool, error) {
 // on the policy objects what needs no write to be known: blocked replacements, refused
 // dry-runs, drift.
 func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
-	desired, err := s.rendered.Unstructured()
+	desired, err := r.renderer.Unstructured(s.rendered) // the objects not rendered anew are the kept ones
 	if err != nil {
 		return false, err
 	}
@@ -147,7 +147,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 		return false, err
 	}
 	s.stores = stores.Items
-	in := plan.Input{Desired: desired, Sources: s.rendered.Sources, Previous: s.prev,
+	in := plan.Input{Desired: desired, Sources: s.rendered.Sources, Previous: s.prev, Kept: &r.kept,
 		Placements: map[string]*policyv1.Placement{}, Pools: map[string]*policyv1.StoragePool{}}
 	for i := range s.pol.Placements {
 		in.Placements[s.pol.Placements[i].Name] = &s.pol.Placements[i]
@@ -155,7 +155,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 	for i := range s.pol.Pools {
 		in.Pools[s.pol.Pools[i].Name] = &s.pol.Pools[i]
 	}
-	src := &plan.Cluster{Counter: indexedCounter{r.Client}, Reader: r.APIReader, Cache: r.Client, Manager: r.manager, Concurrency: 8}
+	src := &plan.Cluster{Counter: indexedCounter{r.Client}, Reader: r.APIReader, Cache: r.Client, Manager: r.manager, Concurrency: 8, Kept: &r.kept}
 	if s.plan, err = plan.Make(ctx, in, src); err != nil {
 		return false, err
 	}

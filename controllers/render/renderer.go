@@ -9,6 +9,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -44,6 +45,11 @@ type Renderer struct {
 	// nodePools are the pools that select each node, sorted.
 	nodePools map[string][]string
 	out       Output
+	// last is the Output the last call returned from the kept render (nil after a cold one);
+	// conv holds the unstructured form of its objects converted since they were rendered,
+	// by kind, then name: an object rendered anew (or dropped) leaves conv.
+	last *Output
+	conv map[string]map[string]*unstructured.Unstructured
 }
 
 type keptPool struct {
@@ -64,10 +70,73 @@ type keptPlacement struct {
 // Render renders in (see Render), reusing what the previous call kept.
 func (r *Renderer) Render(in Input) (*Output, error) {
 	if out, ok := r.update(in); ok {
+		r.last = out
 		return out, nil
 	}
 	*r = Renderer{pass: r.pass}
 	return Render(in)
+}
+
+// Unstructured returns out's objects as out.Unstructured does — equal maps, in the order of
+// Objects — converting only the objects rendered anew since the Renderer last converted them;
+// the others are the same *unstructured.Unstructured values as the last call returned. out
+// must be the Output of the last Render call (any other Output is converted whole, nothing
+// kept). The objects are shared with the Renderer: valid, and not to be modified, until an
+// object is rendered anew (the caller may key its own kept state, such as digests, by their
+// pointers). The error is a conversion's.
+func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, error) {
+	if out == nil || out != r.last {
+		return out.Unstructured()
+	}
+	if r.conv == nil {
+		r.conv = map[string]map[string]*unstructured.Unstructured{}
+	}
+	objs := make([]*unstructured.Unstructured, 0, len(out.StorageClasses)+len(out.VolumeSnapshotClasses)+len(out.Agents)+len(out.Stores))
+	var err error
+	add := func(kind, name string, obj runtime.Object) {
+		if err != nil {
+			return
+		}
+		m := r.conv[kind]
+		if m == nil {
+			m = map[string]*unstructured.Unstructured{}
+			r.conv[kind] = m
+		}
+		u := m[name]
+		if u == nil {
+			if u, err = ToUnstructured(obj); err != nil {
+				return
+			}
+			m[name] = u
+		}
+		objs = append(objs, u)
+	}
+	for i := range out.StorageClasses {
+		add("StorageClass", out.StorageClasses[i].Name, &out.StorageClasses[i])
+	}
+	for i := range out.VolumeSnapshotClasses {
+		add(policyv1.SnapshotClassKind, out.VolumeSnapshotClasses[i].GetName(), &out.VolumeSnapshotClasses[i])
+	}
+	for i := range out.Agents {
+		add("Agent", out.Agents[i].Name, &out.Agents[i])
+	}
+	for i := range out.Stores {
+		add("Store", out.Stores[i].Name, &out.Stores[i])
+	}
+	if err != nil {
+		clear(r.conv)
+		return nil, err
+	}
+	return objs, nil
+}
+
+// forget drops the kept conversions of the objects of kind named in names.
+func (r *Renderer) forget(kind string, names ...string) {
+	if m := r.conv[kind]; m != nil {
+		for _, n := range names {
+			delete(m, n)
+		}
+	}
 }
 
 // update brings the kept render up to in; false when in does not render or is outside what
@@ -228,6 +297,13 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	for _, n := range dropAgents {
 		delete(src, "Agent/"+n)
 	}
+	// Every object rendered anew replaces one dropped under its name or takes a new name (a
+	// name in the kept render that is neither dropped nor new would be rendered twice, which
+	// patchSorted refuses): forgetting the dropped names forgets every stale conversion.
+	r.forget("StorageClass", dropClasses...)
+	r.forget(policyv1.SnapshotClassKind, dropSnapClasses...)
+	r.forget("Store", dropStores...)
+	r.forget("Agent", dropAgents...)
 	for i := range addClasses {
 		sc := &addClasses[i]
 		src["StorageClass/"+sc.Name] = sortedUnique([]string{"Placement/" + sc.Labels[policyv1.LabelPlacement],

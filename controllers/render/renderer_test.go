@@ -2,6 +2,7 @@ package render
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -211,6 +213,8 @@ func TestRendererMatchesRender(t *testing.T) {
 			var r Renderer
 			ops := map[string]int{}
 			failed, fellBack := 0, 0
+			kept := map[*unstructured.Unstructured]string{} // converted objects by pointer → their JSON when converted
+			reused, steady := 0, 0
 			for i := 0; i < steps; i++ {
 				op := "initial"
 				if i > 0 {
@@ -235,6 +239,10 @@ func TestRendererMatchesRender(t *testing.T) {
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d (%s): Renderer's output differs from Render's:\n%s", i, op, firstDiff(t, got, want))
 				}
+				if gerr == nil {
+					reused += keptConversionMatches(t, &r, got, want, kept)
+					steady++
+				}
 				if i%25 != 0 {
 					continue // the objects are equal; their bytes now and then (YAML costs more)
 				}
@@ -246,6 +254,10 @@ func TestRendererMatchesRender(t *testing.T) {
 				if !bytes.Equal(gy, wy) {
 					t.Fatalf("step %d (%s): YAML differs", i, op)
 				}
+			}
+			// Most steps touch a few objects: most conversions are kept ones.
+			if reused < steady*3 {
+				t.Errorf("%d conversions reused over %d rendered steps: the kept conversion is not used", reused, steady)
 			}
 			if fellBack != failed {
 				t.Errorf("renderer fell back %d times; the set failed to render %d times", fellBack, failed)
@@ -263,6 +275,43 @@ func TestRendererMatchesRender(t *testing.T) {
 	if failedAll == 0 || failedAll > 4*steps/2 {
 		t.Errorf("%d of %d steps did not render: the sequences should test both paths", failedAll, 4*steps)
 	}
+}
+
+// keptConversionMatches checks that r.Unstructured(got) equals want.Unstructured() object for
+// object, and that a conversion handed out again (the same pointer) still holds what it held
+// when first handed out (kept maps pointers to their JSON then); it returns how many were
+// handed out again.
+func keptConversionMatches(t *testing.T, r *Renderer, got, want *Output, kept map[*unstructured.Unstructured]string) int {
+	t.Helper()
+	gu, err := r.Unstructured(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wu, err := want.Unstructured()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gu) != len(wu) {
+		t.Fatalf("kept conversion: %d objects, cold %d", len(gu), len(wu))
+	}
+	reused := 0
+	for i := range gu {
+		if !reflect.DeepEqual(gu[i].Object, wu[i].Object) {
+			t.Fatalf("kept conversion of %s/%s differs from the cold one:\n got  %v\n want %v", wu[i].GetKind(), wu[i].GetName(), gu[i].Object, wu[i].Object)
+		}
+		b, err := json.Marshal(gu[i].Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if was, ok := kept[gu[i]]; ok {
+			reused++
+			if was != string(b) {
+				t.Fatalf("kept conversion of %s/%s changed under the same pointer", wu[i].GetKind(), wu[i].GetName())
+			}
+		}
+		kept[gu[i]] = string(b)
+	}
+	return reused
 }
 
 // firstDiff names the first part of two outputs that differs.
