@@ -306,8 +306,12 @@ func (dryRunCluster) DryRun(_ context.Context, objs []*unstructured.Unstructured
 
 type noUsage struct{}
 
-func (noUsage) ClassUsage(context.Context, string) (plan.Usage, error) { return plan.Usage{Known: true}, nil }
-func (noUsage) StoreUsage(context.Context, string) (plan.Usage, error) { return plan.Usage{Known: true}, nil }
+func (noUsage) ClassUsage(context.Context, string) (plan.Usage, error) {
+	return plan.Usage{Known: true}, nil
+}
+func (noUsage) StoreUsage(context.Context, string) (plan.Usage, error) {
+	return plan.Usage{Known: true}, nil
+}
 
 // BenchmarkReconcileAfterOneChange measures what the policy controller does after render when
 // one policy object changed among 10,000 over 1,000 nodes (37,673 rendered objects): convert
