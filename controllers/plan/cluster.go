@@ -2,6 +2,7 @@ package plan
 
 import (
 	"context"
+	"errors"
 
 	"github.com/fluxcd/pkg/ssa"
 	"golang.org/x/sync/errgroup"
@@ -59,20 +60,8 @@ func (c *Cluster) Get(ctx context.Context, gvk schema.GroupVersionKind, name str
 // Cached implements Source from the informer cache (Cache); CacheUnknown without one, for a
 // kind the scheme does not know, or on a read error other than not found.
 func (c *Cluster) Cached(ctx context.Context, u *unstructured.Unstructured) CacheState {
-	if c.Cache == nil {
-		return CacheUnknown
-	}
-	o, err := c.Cache.Scheme().New(u.GroupVersionKind())
+	obj, err := c.cachedObject(ctx, u)
 	if err != nil {
-		return CacheUnknown
-	}
-	obj, ok := o.(client.Object)
-	if !ok {
-		return CacheUnknown
-	}
-	// A shallow copy of the cached object (its maps and slices are the cache's): it is only
-	// read, and its TypeMeta is its own.
-	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj, client.UnsafeDisableDeepCopy); err != nil {
 		if apierrors.IsNotFound(err) {
 			return CacheAbsent
 		}
@@ -100,31 +89,36 @@ func (c *Cluster) Cached(ctx context.Context, u *unstructured.Unstructured) Cach
 // cachedVersion returns the UID and resourceVersion of the informer cache's copy of u's live
 // object; false without a cache, for a kind it does not hold, or an object it does not have.
 func (c *Cluster) cachedVersion(ctx context.Context, u *unstructured.Unstructured) (liveVersion, bool) {
-	obj := c.cachedObject(ctx, u)
-	if obj == nil {
+	obj, err := c.cachedObject(ctx, u)
+	if err != nil {
 		return liveVersion{}, false
 	}
 	return versionOfLive(obj.GetUID(), obj.GetResourceVersion()), true
 }
 
+// errNoCache says the informer cache cannot answer for an object: there is none, or the
+// scheme does not know its kind.
+var errNoCache = errors.New("no informer cache for this kind")
+
 // cachedObject is a shallow copy of the informer cache's copy of u's live object (its maps and
-// slices are the cache's: read it, never modify it), nil when there is none or no cache.
-func (c *Cluster) cachedObject(ctx context.Context, u *unstructured.Unstructured) client.Object {
+// slices are the cache's: read it, never modify it; its TypeMeta is its own). The error is the
+// cache's (not found included), or errNoCache.
+func (c *Cluster) cachedObject(ctx context.Context, u *unstructured.Unstructured) (client.Object, error) {
 	if c.Cache == nil {
-		return nil
+		return nil, errNoCache
 	}
 	o, err := c.Cache.Scheme().New(u.GroupVersionKind())
 	if err != nil {
-		return nil
+		return nil, errNoCache
 	}
 	obj, ok := o.(client.Object)
 	if !ok {
-		return nil
+		return nil, errNoCache
 	}
 	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj, client.UnsafeDisableDeepCopy); err != nil {
-		return nil
+		return nil, err
 	}
-	return obj
+	return obj, nil
 }
 
 // DryRun implements Source with fluxcd/pkg/ssa's server-side dry-run diff.
