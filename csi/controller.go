@@ -460,6 +460,12 @@ func (s *controller) storeNode(ctx context.Context, vs *storev1.VolumeState) (st
 // of the agent's default 30 s refreshes (agents/agent DefaultRefreshInterval).
 const agentSilentAfter = 2 * time.Minute
 
+// agentAnswerGrace is how long DeleteVolume waits for the agent before it reads whether the
+// agent can answer at all (its Store and Node, two live reads): the agent writes its own
+// progress after a second of work (agents/agent Options.ProgressAfter), so a volume still there
+// after it is one the agent is slow with, or one no agent is working on.
+const agentAnswerGrace = time.Second
+
 // releaseOfGoneNode removes the agent's finalizer from the VolumeState id, marked for deletion,
 // whose node left the cluster: no agent will ever remove it, and the volume left with the node.
 // A conflict (the object moved meanwhile) is UNAVAILABLE: the provisioner retries.
@@ -573,28 +579,64 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 		return nil, err
 	}
 	defer release()
-	vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id}}
-	if err := s.d.kube.Delete(ctx, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return &csipb.DeleteVolumeResponse{}, nil
-		}
-		return nil, status.Errorf(codes.Unavailable, "delete VolumeState %s: %v", id, err)
-	}
-	// One live read serves the two questions below: is the VolumeState gone already, and if
-	// not, can its agent answer. The subscription comes first, so that the agent's release
-	// cannot slip between the read and the wait.
+	// The subscription comes first, so that the agent's release cannot slip between the read
+	// below and the wait.
 	ch, unsubscribe := s.d.hub.subscribe(id)
 	defer unsubscribe()
+	// cur is the VolumeState as last seen: the informer cache's copy when it holds one (a
+	// volume CreateVolume answered is there: the answer waited for Ready through the cache),
+	// otherwise a live read after the delete, for a volume created a moment ago or by another
+	// replica. nil: gone already.
 	cur := &storev1.VolumeState{}
-	switch err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, cur); {
+	cached := true
+	switch err := s.d.kube.Get(ctx, client.ObjectKey{Name: id}, cur); {
 	case apierrors.IsNotFound(err):
-		cur = nil
+		cached = false
 	case err != nil:
 		return nil, status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
 	}
-	// An agent that cannot answer (its node deleted, or silent) would keep this call waiting for
-	// the whole wait timeout: say so at once; the provisioner retries with backoff.
-	if cur != nil {
+	// A retry while the agent works (the VolumeState marked already) sends no second delete.
+	if !cached || cur.DeletionTimestamp.IsZero() {
+		vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id}}
+		if err := s.d.kube.Delete(ctx, vs); err != nil {
+			if apierrors.IsNotFound(err) {
+				return &csipb.DeleteVolumeResponse{}, nil
+			}
+			return nil, status.Errorf(codes.Unavailable, "delete VolumeState %s: %v", id, err)
+		}
+	}
+	if !cached {
+		switch err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, cur); {
+		case apierrors.IsNotFound(err):
+			cur = nil
+		case err != nil:
+			return nil, status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
+		}
+	}
+	// Gone means the agent removed export and volume and released its finalizer — and the
+	// informer cache knows it too: an agent quicker than a read above would otherwise leave the
+	// volume in ListVolumes (which reads the cache) after this returns.
+	gone := func(vs *storev1.VolumeState) (bool, error) {
+		if vs != nil {
+			return false, nil
+		}
+		err := s.d.kube.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{})
+		return apierrors.IsNotFound(err), nil
+	}
+	// An agent answers most deletions within moments; only one that has not within
+	// agentAnswerGrace is asked about: an agent that cannot answer (its node deleted, or
+	// silent) would keep this call waiting for the whole wait timeout, so say so then; the
+	// provisioner retries with backoff.
+	quick, cancel := context.WithTimeout(ctx, agentAnswerGrace)
+	err = s.d.waitOn(quick, ch, cur, gone)
+	cancel()
+	switch {
+	case err == nil:
+		return &csipb.DeleteVolumeResponse{}, nil
+	case !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+		return nil, waitError("delete volume "+id, err)
+	}
+	if cur != nil { // nil: gone already, the cache a moment behind
 		if why, nodeGone := s.storeAgentAbsent(ctx, cur.Spec.StoreName); why != "" {
 			if nodeGone {
 				if err := s.releaseOfGoneNode(ctx, id, why); err != nil {
@@ -605,16 +647,8 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 			return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 		}
 	}
-	// Gone means the agent removed export and volume and released its finalizer — and the
-	// informer cache knows it too: an agent quicker than the live read above would otherwise
-	// leave the volume in ListVolumes (which reads the cache) after this returns.
-	gone := func(vs *storev1.VolumeState) (bool, error) {
-		if vs != nil {
-			return false, nil
-		}
-		err := s.d.kube.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{})
-		return apierrors.IsNotFound(err), nil
-	}
+	// The states delivered during the grace were consumed there; cur is still a state of the
+	// same object (its UID), and the subscription holds whatever came after.
 	if err := s.d.waitOn(ctx, ch, cur, gone); err != nil {
 		return nil, waitError("delete volume "+id, err)
 	}

@@ -64,8 +64,15 @@ func buildPlinth(t testing.TB, _ string) string {
 // Plinth's controller would render it (StoragePool, Protocol local, Placement, Agent, Store),
 // plus the Node object that kubelet would register, then runs the REAL agent
 // (`plinth agent`, agents/agent) for that node on this host and waits for its capacity report.
-// It returns the StorageClass parameters.
+// It returns the StorageClass parameters. The agent refreshes every 2 s, so that tests see
+// capacity and drift soon; fileBackendNodeRefresh takes the interval.
 func fileBackendNode(t testing.TB, cp *controlplane.ControlPlane, plinth, name string) map[string]string {
+	t.Helper()
+	return fileBackendNodeRefresh(t, cp, plinth, name, 2*time.Second)
+}
+
+// fileBackendNodeRefresh is fileBackendNode with the agent's --refresh-interval given.
+func fileBackendNodeRefresh(t testing.TB, cp *controlplane.ControlPlane, plinth, name string, refresh time.Duration) map[string]string {
 	t.Helper()
 	ctx := t.Context()
 	c := kubeClient(t, cp.Admin.Config)
@@ -93,7 +100,7 @@ func fileBackendNode(t testing.TB, cp *controlplane.ControlPlane, plinth, name s
 		Name:   "plinth-agent-" + name,
 		Binary: plinth,
 		Args: []string{"agent", "--node", node, "--kubeconfig", cp.Admin.Kubeconfig, "--state-dir", filepath.Join(dir, "agent"),
-			"--refresh-interval", "2s", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--host-nqn-file", filepath.Join(dir, "no-hostnqn")},
+			"--refresh-interval", refresh.String(), "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--host-nqn-file", filepath.Join(dir, "no-hostnqn")},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -5,11 +5,12 @@
 package inventory
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -81,11 +82,18 @@ type Inventory struct {
 
 // New returns an inventory holding entries (a later entry with the same ID wins).
 func New(entries ...Entry) *Inventory {
-	inv := &Inventory{entries: make(map[string]Entry, len(entries))}
+	inv := WithCapacity(len(entries))
 	for _, e := range entries {
 		inv.entries[e.ID()] = e
 	}
 	return inv
+}
+
+// WithCapacity returns an empty inventory with room for n entries: filling it with Put does
+// not grow its map on the way (a plan of tens of thousands of objects builds one per
+// reconcile).
+func WithCapacity(n int) *Inventory {
+	return &Inventory{entries: make(map[string]Entry, n)}
 }
 
 // Len is the number of entries.
@@ -109,17 +117,32 @@ func (inv *Inventory) Entries() []Entry {
 	for _, e := range inv.entries {
 		out = append(out, e)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Kind != out[j].Kind {
-			return KindOrder(out[i].Kind) < KindOrder(out[j].Kind) ||
-				KindOrder(out[i].Kind) == KindOrder(out[j].Kind) && out[i].Kind < out[j].Kind
-		}
-		if out[i].Group != out[j].Group {
-			return out[i].Group < out[j].Group
-		}
-		return out[i].Name < out[j].Name
-	})
+	slices.SortFunc(out, compareEntries)
 	return out
+}
+
+// KindCounts is the number of entries of each kind.
+func (inv *Inventory) KindCounts() map[string]int {
+	out := map[string]int{}
+	for _, e := range inv.entries {
+		out[e.Kind]++
+	}
+	return out
+}
+
+// compareEntries orders entries by kind order, kind, group and name (IDs are unique, so no two
+// entries of one inventory compare equal).
+func compareEntries(a, b Entry) int {
+	if a.Kind != b.Kind {
+		if c := cmp.Compare(KindOrder(a.Kind), KindOrder(b.Kind)); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Kind, b.Kind)
+	}
+	if c := strings.Compare(a.Group, b.Group); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // KindOrder is the apply order of the kinds Plinth renders: StorageClass (0), Agent (1),
@@ -141,12 +164,12 @@ func KindOrder(k string) int {
 // Agents before StorageClasses, the reverse of apply order).
 func (inv *Inventory) Stale(next *Inventory) []Entry {
 	var out []Entry
-	all := inv.Entries()
-	for i := len(all) - 1; i >= 0; i-- {
-		if _, ok := next.entries[all[i].ID()]; !ok {
-			out = append(out, all[i])
+	for id, e := range inv.entries {
+		if _, ok := next.entries[id]; !ok {
+			out = append(out, e)
 		}
 	}
+	slices.SortFunc(out, func(a, b Entry) int { return compareEntries(b, a) })
 	return out
 }
 

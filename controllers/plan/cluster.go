@@ -41,6 +41,11 @@ type Cluster struct {
 	// Kept, when set, is the Kept of the Input planned with this Cluster: Cached keeps its
 	// answer per rendered object and live resourceVersion there.
 	Kept *Kept
+
+	// scratch holds one typed object per kind that Cached reads the cache into: a plan reads
+	// tens of thousands of objects and keeps none of them. Cached is not safe for concurrent
+	// use (Make calls it from one goroutine).
+	scratch map[schema.GroupVersionKind]client.Object
 }
 
 // Get implements Source.
@@ -101,19 +106,28 @@ func (c *Cluster) cachedVersion(ctx context.Context, u *unstructured.Unstructure
 var errNoCache = errors.New("no informer cache for this kind")
 
 // cachedObject is a shallow copy of the informer cache's copy of u's live object (its maps and
-// slices are the cache's: read it, never modify it; its TypeMeta is its own). The error is the
-// cache's (not found included), or errNoCache.
+// slices are the cache's: read it, never modify it; its TypeMeta is its own), valid until the
+// next call: it is this Cluster's scratch object of u's kind. The error is the cache's (not
+// found included), or errNoCache.
 func (c *Cluster) cachedObject(ctx context.Context, u *unstructured.Unstructured) (client.Object, error) {
 	if c.Cache == nil {
 		return nil, errNoCache
 	}
-	o, err := c.Cache.Scheme().New(u.GroupVersionKind())
-	if err != nil {
-		return nil, errNoCache
-	}
-	obj, ok := o.(client.Object)
-	if !ok {
-		return nil, errNoCache
+	gvk := u.GroupVersionKind()
+	obj := c.scratch[gvk]
+	if obj == nil {
+		o, err := c.Cache.Scheme().New(gvk)
+		if err != nil {
+			return nil, errNoCache
+		}
+		var ok bool
+		if obj, ok = o.(client.Object); !ok {
+			return nil, errNoCache
+		}
+		if c.scratch == nil {
+			c.scratch = map[schema.GroupVersionKind]client.Object{}
+		}
+		c.scratch[gvk] = obj
 	}
 	if err := c.Cache.Get(ctx, types.NamespacedName{Name: u.GetName()}, obj, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err

@@ -240,8 +240,8 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 	if in.Previous == nil {
 		in.Previous = inventory.New()
 	}
-	p := &Plan{Rendered: inventory.New()}
-	entries := map[*unstructured.Unstructured]inventory.Entry{} // digests are computed once
+	p := &Plan{Rendered: inventory.WithCapacity(len(in.Desired))}
+	entries := make(map[*unstructured.Unstructured]inventory.Entry, len(in.Desired)) // digests are computed once
 	toDiff, err := p.classify(ctx, in, src, entries)
 	if err != nil {
 		return nil, err

@@ -159,7 +159,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 	if s.plan, err = plan.Make(ctx, in, src); err != nil {
 		return false, err
 	}
-	s.next = inventory.New()
+	s.next = inventory.WithCapacity(len(s.plan.Objects))
 	for i := range s.plan.Classes {
 		if cc := &s.plan.Classes[i]; cc.Blocked() != "" {
 			s.each([]string{"Placement/" + cc.Placement}, func(p *policyObject) { p.out.replacementRequired = cc.Blocked() })
@@ -398,9 +398,9 @@ func (r *Reconciler) saveInventory(ctx context.Context, s *scope) (bool, error) 
 	if _, err := r.Inventory.Save(ctx, s.prev, s.next); err != nil {
 		return false, err
 	}
-	applied := map[string]int{"StorageClass": 0, "Agent": 0, "Store": 0}
-	for _, e := range s.next.Entries() {
-		applied[e.Kind]++
+	applied := s.next.KindCounts()
+	for _, k := range []string{"StorageClass", "Agent", "Store"} { // a kind with none reads 0
+		applied[k] += 0
 	}
 	for k, n := range applied {
 		AppliedObjects.WithLabelValues(k).Set(float64(n))
