@@ -398,9 +398,9 @@ func (r *Reconciler) saveInventory(ctx context.Context, s *scope) (bool, error) 
 	if _, err := r.Inventory.Save(ctx, s.prev, s.next); err != nil {
 		return false, err
 	}
-	applied := s.next.KindCounts()
-	for _, k := range []string{"StorageClass", "Agent", "Store"} { // a kind with none reads 0
-		applied[k] += 0
+	applied := map[string]int{"StorageClass": 0, "Agent": 0, "Store": 0}
+	for k, n := range s.next.KindCounts() {
+		applied[k] = n
 	}
 	for k, n := range applied {
 		AppliedObjects.WithLabelValues(k).Set(float64(n))
