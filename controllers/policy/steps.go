@@ -159,7 +159,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 	if s.plan, err = plan.Make(ctx, in, src); err != nil {
 		return false, err
 	}
-	s.next = inventory.WithCapacity(len(s.plan.Objects))
+	s.next = s.plan.Inventory()
 	for i := range s.plan.Classes {
 		if cc := &s.plan.Classes[i]; cc.Blocked() != "" {
 			s.each([]string{"Placement/" + cc.Placement}, func(p *policyObject) { p.out.replacementRequired = cc.Blocked() })
@@ -167,7 +167,6 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 	}
 	for i := range s.plan.Objects {
 		o := &s.plan.Objects[i]
-		s.next.Put(o.Entry)
 		switch {
 		case o.Action == plan.Rejected:
 			s.fail(&ObjectError{Op: "dry-run", Kind: o.Object.GetKind(), Name: o.Object.GetName(), Err: o.DryRunErr}, o.Owners)

@@ -231,12 +231,14 @@ func BenchmarkRerenderOneOf10kPolicies1kNodes(b *testing.B) {
 // liveCache stands in for the controller's informer cache (plan.Cluster.Cache): typed objects
 // by "Kind/name", handed out as controller-runtime's cache reader does — a deep copy, or with
 // client.UnsafeDisableDeepCopy a shallow one; copyAlways copies even then (the reads before
-// plan.Cluster asked for no copy). Only Get and Scheme are called.
+// plan.Cluster asked for no copy). Only Get and Scheme are called. Each write (put) is
+// delivered to events, as the informer's event handler does (policy.SetupWithManager).
 type liveCache struct {
 	client.Client
 	scheme     *kruntime.Scheme
 	objs       map[string]client.Object
 	copyAlways bool
+	events     *plan.Events
 }
 
 func (c *liveCache) Scheme() *kruntime.Scheme { return c.scheme }
@@ -261,7 +263,11 @@ func (c *liveCache) Get(_ context.Context, key client.ObjectKey, out client.Obje
 func (c *liveCache) put(obj client.Object, rv int) {
 	obj.SetUID(types.UID("uid-" + obj.GetName()))
 	obj.SetResourceVersion(strconv.Itoa(rv))
-	c.objs[reflect.TypeOf(obj).Elem().Name()+"/"+obj.GetName()] = obj
+	kind := reflect.TypeOf(obj).Elem().Name()
+	c.objs[kind+"/"+obj.GetName()] = obj
+	if c.events != nil {
+		c.events.Changed(kind, obj.GetName())
+	}
 }
 
 // apiReader stands in for the API server's reads (plan.Cluster.Reader): the live object
@@ -343,7 +349,7 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 	if err := errors.Join(storev1.AddToScheme(scheme), storagev1.AddToScheme(scheme)); err != nil {
 		b.Fatal(err)
 	}
-	live := &liveCache{scheme: scheme, objs: map[string]client.Object{}}
+	live := &liveCache{scheme: scheme, objs: map[string]client.Object{}, events: plan.NewEvents("StorageClass", "Agent", "Store")}
 	kv := policy.NewKeptVetter(v)
 	var r render.Renderer
 	rv := 1
@@ -370,7 +376,7 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 		return in
 	}
 	ctx := context.Background()
-	var kept plan.Kept
+	kept := plan.Kept{Events: live.events}
 	// post is the step measured: conversion, plan, the inventory recorded. It returns the plan
 	// and the next inventory.
 	post := func(out *render.Output, prev *inventory.Inventory, cold bool) (*plan.Plan, *inventory.Inventory) {
@@ -393,10 +399,7 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		next := inventory.WithCapacity(len(pl.Objects))
-		for i := range pl.Objects {
-			next.Put(pl.Objects[i].Entry)
-		}
+		next := pl.Inventory() // as the reconciler's plan step records it
 		_ = prev.Equal(next)
 		_ = next.KindCounts() // the applied-objects metric
 		return pl, next
