@@ -31,8 +31,8 @@ import (
 //     plan and the inventory still records its digest: a drift, a deletion or any other write
 //     to the live object reaches the informer as an event, and the next plan compares it.
 //
-// With Kept, Plan.Rendered is kept too and updated in place by the next Make (valid, and not
-// to be modified, until then).
+// With Kept, Plan.Rendered and Plan.Objects are kept too and reused by the next Make: they are
+// valid, and Rendered is not to be modified, until then.
 //
 // Each Make keeps what it used and drops the rest; a Make that fails drops everything. The
 // zero value is ready; a Kept must not be used by two Makes at once.
@@ -52,12 +52,18 @@ type Kept struct {
 	// added are the objects this Make saw first: their entries enter rendered once the
 	// dropped ones left it (an object rendered anew keeps its name).
 	added []*kept
+	// stamped counts the kept objects this Make saw: all of them means nothing to drop.
+	stamped int
+	// buf holds the Objects of the last plan, bufLen of them.
+	buf    []Object
+	bufLen int
 }
 
 type kept struct {
 	pass uint64
-	// key is "Kind/name"; entry is the inventory entry and hasEntry says it is computed.
-	key      string
+	// key is "Kind/name" and id the inventory ID; entry is the inventory entry and hasEntry
+	// says it is computed.
+	key, id  string
 	entry    inventory.Entry
 	hasEntry bool
 	// cache is the informer cache's live object (UID, resourceVersion) and Cached's answer.
@@ -91,6 +97,7 @@ func (k *Kept) begin() {
 	}
 	k.pass++
 	k.added = k.added[:0]
+	k.stamped = 0
 	k.dirty = nil
 	if k.Events != nil {
 		k.dirty = k.Events.take()
@@ -118,7 +125,10 @@ func (k *Kept) of(u *unstructured.Unstructured) *kept {
 		k.objs[u] = e
 		k.added = append(k.added, e)
 	}
-	e.pass = k.pass
+	if e.pass != k.pass {
+		e.pass = k.pass
+		k.stamped++
+	}
 	return e
 }
 
@@ -131,14 +141,47 @@ func (k *Kept) lookup(u *unstructured.Unstructured) *kept {
 	return k.objs[u]
 }
 
-// trusted reports whether e's unchanged verdict still holds without a read: Events covers its
-// kind and named no live object of its key since the verdict was found.
-func (k *Kept) trusted(e *kept, kind string) bool {
-	if !e.unchanged || !k.Events.Covers(kind) {
+// trusted reports whether e's unchanged verdict still holds without a read: no event named
+// the live object of its key since the verdict was found.
+func (k *Kept) trusted(e *kept) bool {
+	if !e.unchanged {
 		return false
+	}
+	if len(k.dirty) == 0 {
+		return true
 	}
 	_, dirty := k.dirty[e.key]
 	return !dirty
+}
+
+// setUnchanged records that the plan found e (of kind) Unchanged without a dry-run: a verdict
+// the next plan trusts only when Events covers the kind.
+func (k *Kept) setUnchanged(e *kept, kind string) {
+	e.unchanged = k.Events.Covers(kind)
+}
+
+// objects returns the buffer a Make fills with the plan's Objects: the last plan's, reused
+// (its Objects are valid until the next Make), or a new one of room n.
+func (k *Kept) objects(n int) []Object {
+	if k == nil {
+		return make([]Object, 0, n)
+	}
+	if cap(k.buf) < n {
+		k.buf = make([]Object, 0, n+n/8)
+	}
+	return k.buf[:0]
+}
+
+// keepObjects keeps the Objects a Make filled as the next one's buffer, clearing what the
+// last plan left beyond them (no pointers kept into objects no longer rendered).
+func (k *Kept) keepObjects(objs []Object) {
+	if k == nil {
+		return
+	}
+	if len(objs) < k.bufLen && cap(objs) >= k.bufLen {
+		clear(objs[len(objs):k.bufLen])
+	}
+	k.buf, k.bufLen = objs[:0], len(objs)
 }
 
 // sweep ends a Make: what it did not use is dropped, from the kept objects and from the kept
@@ -148,11 +191,13 @@ func (k *Kept) sweep(desired []*unstructured.Unstructured) *inventory.Inventory 
 	if k.rendered == nil {
 		k.rendered = inventory.WithCapacity(len(k.objs))
 	}
-	for u, e := range k.objs {
-		if e.pass != k.pass {
-			delete(k.objs, u)
-			if e.hasEntry {
-				k.rendered.Remove(e.entry.ID())
+	if k.stamped < len(k.objs) { // some were not rendered again
+		for u, e := range k.objs {
+			if e.pass != k.pass {
+				delete(k.objs, u)
+				if e.hasEntry {
+					k.rendered.Remove(e.id)
+				}
 			}
 		}
 	}
@@ -174,7 +219,7 @@ func (k *Kept) sweep(desired []*unstructured.Unstructured) *inventory.Inventory 
 // reset drops everything kept (after a Make that failed half way).
 func (k *Kept) reset() {
 	if k != nil {
-		*k = Kept{Events: k.Events, pass: k.pass}
+		*k = Kept{Events: k.Events, pass: k.pass, events: k.events}
 	}
 }
 
@@ -196,7 +241,7 @@ func (e *kept) entryOf(u *unstructured.Unstructured) (inventory.Entry, error) {
 		return inventory.Entry{}, err
 	}
 	if e != nil {
-		e.entry, e.hasEntry = ent, true
+		e.entry, e.hasEntry, e.id = ent, true, ent.ID()
 	}
 	return ent, nil
 }

@@ -281,6 +281,7 @@ func makePlan(ctx context.Context, in Input, src Source) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	in.Kept.keepObjects(p.Objects)
 	if in.Kept != nil {
 		p.Rendered = in.Kept.sweep(in.Desired)
 	}
@@ -298,24 +299,22 @@ func makePlan(ctx context.Context, in Input, src Source) (*Plan, error) {
 	return p, nil
 }
 
-// item is a rendered object on its way through a plan: its entry, the inventory's entry of
-// the same ID, what is kept of it, and whether its kept verdict makes it Unchanged unread.
+// item is a rendered object that classify could not decide from what is kept: its index in
+// Objects, whether the inventory records its digest, what is kept of it.
 type item struct {
-	u             *unstructured.Unstructured
-	entry, old    inventory.Entry
-	recorded      bool
-	k             *kept
-	keptUnchanged bool
-	// immutable is a StorageClass applied with its live immutable fields (not the render).
-	immutable bool
+	at                 int
+	recorded, sameDiff bool
+	k                  *kept
 }
 
-// classify records every rendered object's entry and takes out the StorageClasses whose
-// immutable fields change: replaced ones leave the apply; blocked ones are applied with the
-// live immutable fields kept. It returns what goes to diff, and how many rendered objects the
-// previous inventory records.
+// classify records every rendered object's entry and its Object, and takes out the
+// StorageClasses whose immutable fields change: replaced ones leave the apply; blocked ones
+// are applied with the live immutable fields kept. An object whose kept verdict holds is
+// Unchanged here; it returns the others, which diff decides, and how many rendered objects
+// the previous inventory records.
 func (p *Plan) classify(ctx context.Context, in Input, src Source) ([]item, int, error) {
-	items := make([]item, 0, len(in.Desired))
+	p.Objects = in.Kept.objects(len(in.Desired))
+	var items []item
 	inPrevious := 0
 	for _, u := range in.Desired {
 		k := in.Kept.of(u)
@@ -326,46 +325,52 @@ func (p *Plan) classify(ctx context.Context, in Input, src Source) ([]item, int,
 		if p.Rendered != nil {
 			p.Rendered.Put(e)
 		}
-		it := item{u: u, entry: e, k: k}
-		it.old, it.recorded = in.Previous.Get(e.ID())
-		if it.recorded {
+		var id, key string
+		if k != nil {
+			id, key = k.id, k.key
+		} else {
+			id, key = e.ID(), u.GetKind()+"/"+u.GetName()
+		}
+		old, recorded := in.Previous.Get(id)
+		if recorded {
 			inPrevious++
 		}
+		same := recorded && old.Digest == e.Digest
 		if k != nil {
 			// The last plan found it Unchanged; no event named its live object since and the
 			// inventory still records its digest: Unchanged again, nothing read.
-			if it.recorded && it.old.Digest == e.Digest && in.Kept.trusted(k, u.GetKind()) {
-				it.keptUnchanged = true
-				items = append(items, it)
+			if same && in.Kept.trusted(k) {
+				p.Objects = append(p.Objects, Object{Object: u, Entry: e, Owners: in.Sources[key], Action: Unchanged})
 				continue
 			}
 			k.unchanged = false
 		}
-		if u.GetKind() != "StorageClass" {
-			items = append(items, it)
-			continue
+		if u.GetKind() == "StorageClass" {
+			cc, err := classChange(ctx, in, src, u, e, k)
+			if err != nil {
+				return nil, 0, err
+			}
+			if cc != nil {
+				p.Classes = append(p.Classes, *cc)
+				if cc.Allowed || !cc.AllowedKnown {
+					continue
+				}
+				ku, err := render.ToUnstructured(storageclass.KeepImmutable(cc.Desired, cc.Live))
+				if err != nil {
+					return nil, 0, err
+				}
+				ke, err := inventory.EntryOf(ku)
+				if err != nil {
+					return nil, 0, err
+				}
+				p.keptImmutable = append(p.keptImmutable, len(p.Objects))
+				items = append(items, item{at: len(p.Objects), recorded: recorded, sameDiff: recorded && old.Digest == ke.Digest})
+				p.Objects = append(p.Objects, Object{Object: ku, Entry: ke, Owners: in.Sources[key], Action: Unchanged, KeptImmutable: true})
+				continue
+			}
 		}
-		cc, err := classChange(ctx, in, src, u, e, k)
-		if err != nil {
-			return nil, 0, err
-		}
-		if cc == nil {
-			items = append(items, it)
-			continue
-		}
-		p.Classes = append(p.Classes, *cc)
-		if cc.Allowed || !cc.AllowedKnown {
-			continue
-		}
-		ku, err := render.ToUnstructured(storageclass.KeepImmutable(cc.Desired, cc.Live))
-		if err != nil {
-			return nil, 0, err
-		}
-		ke, err := inventory.EntryOf(ku)
-		if err != nil {
-			return nil, 0, err
-		}
-		items = append(items, item{u: ku, entry: ke, old: it.old, recorded: it.recorded, immutable: true})
+		items = append(items, item{at: len(p.Objects), recorded: recorded, sameDiff: same, k: k})
+		p.Objects = append(p.Objects, Object{Object: u, Entry: e, Owners: in.Sources[key], Action: Unchanged})
 	}
 	return items, inPrevious, nil
 }
@@ -428,34 +433,18 @@ func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unst
 // inventory does not record and the cache does not hold is a Create (the apply itself is the
 // one request it needs; a refusal is reported as the apply's error). The rest go through the
 // server-side dry-run, where a changed digest is a policy change and an unchanged digest with
-// a live difference is drift. An object classify found Unchanged from its kept verdict is not
-// looked at again.
+// a live difference is drift. items are the objects classify did not decide.
 func (p *Plan) diff(ctx context.Context, in Input, src Source, items []item) error {
-	p.Objects = make([]Object, len(items))
 	var need []*unstructured.Unstructured
 	var at []int
-	for i := range items {
-		it := &items[i]
-		u := it.u
-		key := ""
-		if it.k != nil {
-			key = it.k.key
-		} else {
-			key = u.GetKind() + "/" + u.GetName()
-		}
-		o := &p.Objects[i]
-		o.Object, o.Entry, o.Owners, o.Action = u, it.entry, in.Sources[key], Unchanged
-		if it.keptUnchanged {
-			continue
-		}
-		if it.immutable {
-			o.KeptImmutable = true
-			p.keptImmutable = append(p.keptImmutable, i)
-		}
+	for j := range items {
+		it := &items[j]
+		o := &p.Objects[it.at]
+		u := o.Object
 		switch cached := src.Cached(ctx, u); {
-		case it.recorded && it.old.Digest == it.entry.Digest && cached == CacheHolds:
+		case it.sameDiff && cached == CacheHolds:
 			if it.k != nil && (u.GetKind() != "StorageClass" || it.k.class.uid != "") {
-				it.k.unchanged = true
+				in.Kept.setUnchanged(it.k, u.GetKind())
 			}
 			continue
 		case !it.recorded && cached == CacheAbsent:
@@ -463,7 +452,7 @@ func (p *Plan) diff(ctx context.Context, in Input, src Source, items []item) err
 			continue
 		}
 		need = append(need, u)
-		at = append(at, i)
+		at = append(at, j)
 	}
 	results, err := src.DryRun(ctx, need)
 	if err != nil {
@@ -471,7 +460,7 @@ func (p *Plan) diff(ctx context.Context, in Input, src Source, items []item) err
 	}
 	for j, r := range results {
 		it := &items[at[j]]
-		decide(&p.Objects[at[j]], r, it.recorded && it.old.Digest == it.entry.Digest, in)
+		decide(&p.Objects[it.at], r, it.sameDiff, in)
 	}
 	return nil
 }
