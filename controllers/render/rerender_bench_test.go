@@ -322,18 +322,21 @@ func (noUsage) StoreUsage(context.Context, string) (plan.Usage, error) {
 // BenchmarkReconcileAfterOneChange measures what the policy controller does after render when
 // one policy object changed among 10,000 over 1,000 nodes (37,673 rendered objects): convert
 // the render to unstructured form (Renderer.Unstructured), plan it (plan.Make: digests, the
-// StorageClass immutable-field check, the informer-cache comparison of every object, the
-// stale-object pass) and the inventory the reconciler then records (the next inventory, its
-// comparison with the previous one, its sorted entries for the metrics), against a stand-in
-// for the informer cache and the API server that holds every rendered object as last applied
+// StorageClass immutable-field check, the informer-cache comparison of the objects rendered
+// anew or named by an informer event since the last plan — plan.Kept with plan.Events —, the
+// stale-object pass) and the inventory the reconciler then records (Plan.Inventory, its
+// comparison with the previous one, its kind counts for the metrics), against a stand-in for
+// the informer cache and the API server that holds every rendered object as last applied
 // (liveCache; the GETs of the API server are conversions from it, the dry-run answers
 // "changed"). Each op edits one policy object at random as BenchmarkRerenderOneOf10kPolicies1kNodes
 // does and vets and renders it with the kept state, untimed for the post-render figures; the
-// objects the plan applies are then put into the stand-in with a new resourceVersion, as the
-// watch would, untimed. Reports post-p50-ms / post-p99-ms / post-mean-ms (wall) and
+// objects the plan applies are then put into the stand-in with a new resourceVersion, and
+// each such write delivered to the plan's Events, as the watch and the controller's event
+// handlers would, untimed. Reports post-p50-ms / post-p99-ms / post-mean-ms (wall) and
 // post-cpu-p50-ms / post-cpu-p99-ms (process CPU) of the post-render step with everything
-// kept, applied/op (objects the plan applies, per op: the edit's own), and measured in the
-// same run, coldpost-ms and coldpost-cpu-ms: the median of 5 ops of the same step with nothing
+// kept, render+post-cpu-p50-ms / -p99-ms (the op's vet + render and this step, CPU),
+// applied/op (objects the plan applies, per op: the edit's own), and measured in the same
+// run, coldpost-ms and coldpost-cpu-ms: the median of 5 ops of the same step with nothing
 // kept (Output.Unstructured, plan.Make without Kept, cache reads with a deep copy: the code
 // before) — the peer. Run with -benchtime 300x (at least 200 samples, or no percentiles).
 func BenchmarkReconcileAfterOneChange(b *testing.B) {
