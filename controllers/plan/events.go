@@ -37,6 +37,14 @@ func (e *Events) Changed(kind, name string) {
 	e.mu.Unlock()
 }
 
+// Len is the number of live objects named since the last plan took them (for tests and
+// metrics).
+func (e *Events) Len() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.keys)
+}
+
 // Covers reports whether informer events of kind are fed to e.
 func (e *Events) Covers(kind string) bool { return e != nil && e.kinds[kind] }
 
