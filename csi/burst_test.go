@@ -530,7 +530,8 @@ func startRelay(b *testing.B, target string) *relay {
 }
 
 // apiRequests reads the API server's apiserver_request_total from /metrics, summed by
-// "verb resource[/subresource]" (all groups, scopes and codes together).
+// "verb resource[/subresource]" (all groups and scopes together), with the HTTP code appended
+// when it is not 2xx ("PATCH volumestates/status 409").
 func apiRequests(b *testing.B, cs kubernetes.Interface) map[string]float64 {
 	b.Helper()
 	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
@@ -551,6 +552,9 @@ func apiRequests(b *testing.B, cs kubernetes.Interface) map[string]float64 {
 		key := l["verb"] + " " + l["resource"]
 		if l["subresource"] != "" {
 			key += "/" + l["subresource"]
+		}
+		if c := l["code"]; c != "" && !strings.HasPrefix(c, "2") { // conflicts, not found, … apart
+			key += " " + c
 		}
 		out[key] += m.GetCounter().GetValue()
 	}
