@@ -122,9 +122,10 @@ func BenchmarkPVCBurst(b *testing.B) {
 	}
 }
 
-// burstProfileSeconds is the length of the API server's CPU profile from the first create
+// burstProfileSeconds is the length of the API server's CPU profiles from the first create
 // ($PLINTH_BENCH_OUT/burst-<driver>-apiserver.pprof): inside the create burst, which
-// kube-controller-manager's binding paces at ~4 volumes/s (75 s for 300).
+// kube-controller-manager's binding paces at ~4 volumes/s (75 s for 300); and from the first
+// delete (burst-<driver>-delete-apiserver.pprof).
 const burstProfileSeconds = 30
 
 func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int) {
@@ -224,7 +225,6 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	req0 := apiRequests(b, cs)
 	// the API server's CPU profile of the first burstProfileSeconds of the create burst
 	profiled := controlplane.ProfileAPIServer(b, cs, "burst-"+d.row, burstProfileSeconds)
-	defer profiled()
 	names := make([]string, n)
 	started := make([]time.Time, n)
 	par := func(f func(i int)) {
@@ -289,6 +289,11 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 		b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "VmHWM"), "agent-rss-mb")
 	}
 
+	// and of the first burstProfileSeconds of the delete burst (~10 volumes/s: 30 s for 300),
+	// once the first has ended (a process runs one CPU profile at a time)
+	profiled()
+	profiledDelete := controlplane.ProfileAPIServer(b, cs, "burst-"+d.row+"-delete", burstProfileSeconds)
+	defer profiledDelete()
 	first = time.Now()
 	par(func(i int) {
 		if err := cs.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, names[i], metav1.DeleteOptions{}); err != nil {
@@ -525,7 +530,8 @@ func startRelay(b *testing.B, target string) *relay {
 }
 
 // apiRequests reads the API server's apiserver_request_total from /metrics, summed by
-// "verb resource[/subresource]" (all groups, scopes and codes together).
+// "verb resource[/subresource]" (all groups and scopes together), with the HTTP code appended
+// when it is not 2xx ("PATCH volumestates/status 409").
 func apiRequests(b *testing.B, cs kubernetes.Interface) map[string]float64 {
 	b.Helper()
 	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
@@ -546,6 +552,9 @@ func apiRequests(b *testing.B, cs kubernetes.Interface) map[string]float64 {
 		key := l["verb"] + " " + l["resource"]
 		if l["subresource"] != "" {
 			key += "/" + l["subresource"]
+		}
+		if c := l["code"]; c != "" && !strings.HasPrefix(c, "2") { // conflicts, not found, … apart
+			key += " " + c
 		}
 		out[key] += m.GetCounter().GetValue()
 	}

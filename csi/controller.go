@@ -218,6 +218,10 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	}
 	defer release()
 
+	// Subscribe before any read or write: the agent's answer cannot slip between them and the
+	// wait, and the state read or created is where the wait starts (no second read).
+	ch, unsubscribe := s.d.hub.subscribe(id)
+	defer unsubscribe()
 	// The informer cache answers "new name" without a round trip; a volume the cache has not
 	// seen yet still cannot be created twice: Create then fails with AlreadyExists below.
 	existing := &storev1.VolumeState{}
@@ -225,7 +229,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	switch {
 	case err == nil:
 		if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing); err == nil {
-			return s.existingVolume(ctx, req, existing, mode)
+			return s.existingVolume(ctx, req, existing, mode, ch)
 		} else if !apierrors.IsNotFound(err) {
 			return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", id, err)
 		}
@@ -320,16 +324,13 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if src != nil {
 		vs.Spec.ContentSource = &src.spec
 	}
-	// Subscribe before the create: the agent's answer cannot slip between the create and the
-	// wait, and the created object is the starting state (no read after the write).
-	ch, unsubscribe := s.d.hub.subscribe(id)
-	defer unsubscribe()
+	// The created object is the wait's starting state (no read after the write).
 	if err := s.d.kube.Create(ctx, vs); err != nil {
 		if apierrors.IsAlreadyExists(err) { // another controller replica won the race
 			if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing); err != nil {
 				return nil, status.Errorf(codes.Aborted, "VolumeState %s: %v", id, err)
 			}
-			return s.existingVolume(ctx, req, existing, mode)
+			return s.existingVolume(ctx, req, existing, mode, ch)
 		}
 		return nil, status.Errorf(codes.Internal, "create VolumeState %s: %v", id, err)
 	}
@@ -338,9 +339,10 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	})
 }
 
-// existingVolume answers a CreateVolume whose name already has a VolumeState: compatible →
-// the same volume (after waiting for it), incompatible → ALREADY_EXISTS (field case B03).
-func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolumeRequest, vs *storev1.VolumeState, mode string) (*csipb.CreateVolumeResponse, error) {
+// existingVolume answers a CreateVolume whose name already has a VolumeState vs (read live
+// after ch, the volume's subscription, was taken): compatible → the same volume (after waiting
+// for it from vs on), incompatible → ALREADY_EXISTS (field case B03).
+func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolumeRequest, vs *storev1.VolumeState, mode string, ch <-chan *storev1.VolumeState) (*csipb.CreateVolumeResponse, error) {
 	if vs.DeletionTimestamp != nil {
 		return nil, status.Errorf(codes.Aborted, "volume %s is being deleted", vs.Name)
 	}
@@ -370,18 +372,14 @@ func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolume
 			return nil, status.Errorf(codes.AlreadyExists, "volume %q exists on node %q, outside the requested topology", req.GetName(), node)
 		}
 	}
-	return s.waitCreated(ctx, vs.Name)
-}
-
-// waitCreated waits for the agent and answers CreateVolume. A volume the agent found no room
-// for is deleted (so a retry may choose another store) and reported RESOURCE_EXHAUSTED (B08).
-func (s *controller) waitCreated(ctx context.Context, id string) (*csipb.CreateVolumeResponse, error) {
-	return s.answerCreated(ctx, id, func(done func(*storev1.VolumeState) (bool, error)) error {
-		return s.d.waitVolume(ctx, id, done)
+	return s.answerCreated(ctx, vs.Name, func(done func(*storev1.VolumeState) (bool, error)) error {
+		return s.d.waitOn(ctx, ch, vs, done)
 	})
 }
 
-// answerCreated is waitCreated with the wait given (waitVolume, or waitOn a subscription).
+// answerCreated waits for the agent with wait (waitOn the volume's subscription) and answers
+// CreateVolume. A volume the agent found no room for is deleted (so a retry may choose another
+// store) and reported RESOURCE_EXHAUSTED (B08).
 func (s *controller) answerCreated(ctx context.Context, id string, wait func(done func(*storev1.VolumeState) (bool, error)) error) (*csipb.CreateVolumeResponse, error) {
 	var ready *storev1.VolumeState
 	err := wait(func(vs *storev1.VolumeState) (bool, error) {

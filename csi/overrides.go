@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/internal/overrides"
@@ -29,8 +30,18 @@ func pvcOverrides(ctx context.Context, r client.Reader, params map[string]string
 	if name == "" || ns == "" {
 		return nil, nil
 	}
-	var pvc corev1.PersistentVolumeClaim
-	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pvc); err != nil {
+	// Only the annotations count: the PVC's metadata, read from the API server's watch cache
+	// (resourceVersion "0": no etcd round trip, the cheapest read of the API server). The
+	// provisioner found the PVC in that cache, so it holds it; when it does not (an API server
+	// behind the one the provisioner watches), the read goes to etcd before NotFound counts.
+	key := client.ObjectKey{Namespace: ns, Name: name}
+	pvc := &metav1.PartialObjectMetadata{}
+	pvc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"))
+	err := r.Get(ctx, key, pvc, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}})
+	if apierrors.IsNotFound(err) {
+		err = r.Get(ctx, key, pvc)
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) { // deleted while provisioning: the sidecar gives up too
 			return nil, status.Errorf(codes.InvalidArgument, "PVC %s/%s named by the request does not exist", ns, name)
 		}
