@@ -1,0 +1,4 @@
+package policy
+
+// ApplyValidation is the field validation directive of the controller's server-side applies.
+var ApplyValidation = applyValidation
