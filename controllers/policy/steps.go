@@ -262,8 +262,13 @@ func (r *Reconciler) apply(ctx context.Context, s *scope) (bool, error) {
 		for i := lo; i < hi; i++ {
 			g.Go(func() error {
 				u := todo[i].Object.DeepCopy() // the response lands in u; the plan keeps the render
-				//nolint:staticcheck // an apply patch of an unstructured object, as fluxcd/pkg/ssa sends it
-				errs[i] = r.Client.Patch(gctx, u, client.Apply, client.ForceOwnership, client.FieldOwner(r.FieldManager), applyValidation)
+				body, err := applyBody(u.Object)
+				if err != nil {
+					errs[i] = err
+					return nil
+				}
+				// the apply fluxcd/pkg/ssa sends, its body in block-style YAML (applyBody)
+				errs[i] = r.Client.Patch(gctx, u, client.RawPatch(types.ApplyYAMLPatchType, body), client.ForceOwnership, client.FieldOwner(r.FieldManager), applyValidation)
 				return nil
 			})
 		}
