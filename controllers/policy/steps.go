@@ -214,9 +214,10 @@ const applyConcurrency = 8
 // fieldValidation parameter the server runs Warn: after decoding the apply patch it decodes it
 // again strictly (sigs.k8s.io/yaml UnmarshalStrict into a map), which can only find duplicate
 // keys — a field unknown to the schema fails the apply itself, whatever the directive (the
-// field manager's typed conversion). The body is encoding/json's output of one map, which
+// field manager's typed conversion). The body is applyBody's encoding of one Go map, which
 // has no duplicate keys, so the second decode finds nothing and costs the API server a
-// YAML-to-JSON conversion and a JSON decode of every apply.
+// YAML-to-JSON conversion and a JSON decode of every apply (4-5 % of its CPU profile during
+// the fleet's first apply).
 const applyValidation = client.FieldValidation(metav1.FieldValidationIgnore)
 
 // applyStage is the stage in which objects of kind are applied: StorageClasses first, then
