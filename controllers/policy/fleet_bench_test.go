@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,8 +105,20 @@ func runFleetPair(b *testing.B, fe *fleetEnv, n int, limits []string) {
 	})
 	b.Run("plinth", func(b *testing.B) {
 		b.ReportAllocs()
-		runPlinthFleet(b, fe, pool, proto, pl, limits, n)
+		runPlinthFleet(b, fe, pool, proto, pl, limits, n, buildPlinth(b))
 	})
+	// A/B of Plinth's own changes beside the same peer run: each binary of
+	// PLINTH_BENCH_AB_BINARIES (comma-separated paths) runs after, in turn, as "plinth-ab<i>".
+	for i, bin := range strings.Split(os.Getenv("PLINTH_BENCH_AB_BINARIES"), ",") {
+		if bin == "" {
+			continue
+		}
+		b.Run(fmt.Sprintf("plinth-ab%d", i), func(b *testing.B) {
+			b.ReportAllocs()
+			b.Logf("binary %s", bin)
+			runPlinthFleet(b, fe, pool, proto, pl, limits, n, bin)
+		})
+	}
 }
 
 // fleetEnv is the benchmark's own control plane and its admin clients.
@@ -591,9 +605,8 @@ func fluxReady(c client.Client, u *unstructured.Unstructured, field string) erro
 // apply), a reconcile with nothing changed (an annotation on the StoragePool: the controller
 // reconciles on annotation changes; nothing it renders changes), then the policies deleted
 // and the objects pruned.
-func runPlinthFleet(b *testing.B, fe *fleetEnv, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement, limits []string, n int) {
+func runPlinthFleet(b *testing.B, fe *fleetEnv, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement, limits []string, n int, plinth string) {
 	c, cs := fe.c, fe.cs
-	plinth := buildPlinth(b)
 	ports := freePorts(b, 2)
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0])
 	pc, err := fe.cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "fleet-plinth-controller", Binary: plinth,
@@ -614,7 +627,7 @@ func runPlinthFleet(b *testing.B, fe *fleetEnv, p *policyv1.StoragePool, proto *
 	p, proto, pl = p.DeepCopy(), proto.DeepCopy(), pl.DeepCopy()
 	b.ResetTimer()
 	start := time.Now()
-	profiled := controlplane.ProfileAPIServer(b, cs, "fleet-plinth", fleetProfileSeconds)
+	profiled := controlplane.ProfileAPIServer(b, cs, "fleet-"+path.Base(b.Name()), fleetProfileSeconds) // fleet-plinth, fleet-plinth-ab<i>
 	createPoliciesReady(b, c, p, proto, pl)
 	r.first = time.Since(start)
 	b.StopTimer()
