@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"maps"
 	"strings"
 	"testing"
 
@@ -168,39 +167,5 @@ func TestConfigMapRefusesBadGzip(t *testing.T) {
 	_, err := decodeConfigMap(&corev1.ConfigMap{BinaryData: map[string][]byte{BinaryDataKey: []byte("not gzip")}})
 	if err == nil || !strings.Contains(err.Error(), BinaryDataKey) {
 		t.Fatalf("error %v, want one naming %s", err, BinaryDataKey)
-	}
-}
-
-// TestCloneAndKindCounts: the kind counts follow Put (a replaced entry counts once) and Remove
-// (of a present entry only); a Clone holds the same entries and counts and changes apart from
-// its source.
-func TestCloneAndKindCounts(t *testing.T) {
-	sc := Entry{Group: "storage.k8s.io", Version: "v1", Kind: "StorageClass", Name: "fast", Digest: "a"}
-	st := Entry{Group: "storage.plinth.dev", Version: "v1alpha1", Kind: "Store", Name: "p.n1", Digest: "b"}
-	st2 := Entry{Group: "storage.plinth.dev", Version: "v1alpha1", Kind: "Store", Name: "p.n2", Digest: "c"}
-	inv := New(sc, st, st2)
-	changed := st
-	changed.Digest = "d"
-	inv.Put(changed)
-	inv.Remove("storage.plinth.dev_Store_absent")
-	if got := inv.KindCounts(); !maps.Equal(got, map[string]int{"StorageClass": 1, "Store": 2}) {
-		t.Fatalf("KindCounts = %v", got)
-	}
-	c := inv.Clone()
-	if !c.Equal(inv) || !maps.Equal(c.KindCounts(), inv.KindCounts()) {
-		t.Fatalf("clone differs: %s / %s", c.Encode(), inv.Encode())
-	}
-	c.Remove(sc.ID())
-	c.Put(Entry{Group: "storage.plinth.dev", Version: "v1alpha1", Kind: "Agent", Name: "n1"})
-	if got := c.KindCounts(); !maps.Equal(got, map[string]int{"Agent": 1, "Store": 2}) {
-		t.Fatalf("clone's KindCounts = %v", got)
-	}
-	if got := inv.KindCounts(); !maps.Equal(got, map[string]int{"StorageClass": 1, "Store": 2}) || inv.Len() != 3 {
-		t.Fatalf("the source changed with its clone: %v, %d entries", got, inv.Len())
-	}
-	counts := inv.KindCounts()
-	counts["Store"] = 99
-	if inv.KindCounts()["Store"] != 2 {
-		t.Fatal("KindCounts hands out the inventory's own map")
 	}
 }

@@ -72,7 +72,7 @@ func (c *Cluster) Cached(ctx context.Context, u *unstructured.Unstructured) Cach
 		}
 		return CacheUnknown
 	}
-	k, lv := c.Kept.lookup(u), versionOfLive(obj.GetUID(), obj.GetResourceVersion())
+	k, lv := c.Kept.of(u), versionOfLive(obj.GetUID(), obj.GetResourceVersion())
 	if k != nil && k.cache.is(lv) {
 		return k.cacheState
 	}

@@ -220,29 +220,6 @@ type Plan struct {
 	Prunes []Prune
 	// Rendered is the inventory of every rendered object, before anything is done.
 	Rendered *inventory.Inventory
-
-	// keptImmutable are the indexes in Objects of the StorageClasses applied with their live
-	// immutable fields.
-	keptImmutable []int
-}
-
-// Inventory returns the inventory of Objects' entries — what a reconcile records before its
-// replacements and prunes add theirs —, equal to one built by putting each object's Entry:
-// Rendered without the StorageClasses that leave the apply (replaced, or their replacement
-// undecided), with the entry of each class applied with its live immutable fields. It is a
-// new Inventory, copied from Rendered whole (no entry hashed again) and changed where classes
-// differ.
-func (p *Plan) Inventory() *inventory.Inventory {
-	inv := p.Rendered.Clone()
-	for i := range p.Classes {
-		if c := &p.Classes[i]; c.Allowed || !c.AllowedKnown {
-			inv.Remove(c.Entry.ID())
-		}
-	}
-	for _, i := range p.keptImmutable {
-		inv.Put(p.Objects[i].Entry)
-	}
-	return inv
 }
 
 // Replacements are the classes replaced now.
@@ -263,121 +240,63 @@ func Make(ctx context.Context, in Input, src Source) (*Plan, error) {
 	if in.Previous == nil {
 		in.Previous = inventory.New()
 	}
-	in.Kept.begin()
-	p, err := makePlan(ctx, in, src)
-	if err != nil {
-		in.Kept.reset()
-		return nil, err
-	}
-	return p, nil
-}
-
-func makePlan(ctx context.Context, in Input, src Source) (*Plan, error) {
-	p := &Plan{}
-	if in.Kept == nil {
-		p.Rendered = inventory.WithCapacity(len(in.Desired))
-	}
-	items, inPrevious, err := p.classify(ctx, in, src)
+	p := &Plan{Rendered: inventory.WithCapacity(len(in.Desired))}
+	entries := make(map[*unstructured.Unstructured]inventory.Entry, len(in.Desired)) // digests are computed once
+	toDiff, err := p.classify(ctx, in, src, entries)
 	if err != nil {
 		return nil, err
 	}
-	in.Kept.keepObjects(p.Objects)
-	if in.Kept != nil {
-		p.Rendered = in.Kept.sweep(in.Desired)
-	}
-	if err := p.diff(ctx, in, src, items); err != nil {
+	if err := p.diff(ctx, in, src, toDiff, entries); err != nil {
 		return nil, err
-	}
-	// Every inventoried object is rendered again (the usual case): nothing is stale, and the
-	// inventory need not be walked to say so.
-	if inPrevious == in.Previous.Len() && p.Rendered.Len() == len(in.Desired) {
-		return p, nil
 	}
 	if err := p.prune(ctx, in, src); err != nil {
 		return nil, err
 	}
+	in.Kept.sweep()
 	return p, nil
 }
 
-// item is a rendered object that classify could not decide from what is kept: its index in
-// Objects, whether the inventory records its digest, what is kept of it.
-type item struct {
-	at                 int
-	recorded, sameDiff bool
-	k                  *kept
-}
-
-// classify records every rendered object's entry and its Object, and takes out the
-// StorageClasses whose immutable fields change: replaced ones leave the apply; blocked ones
-// are applied with the live immutable fields kept. An object whose kept verdict holds is
-// Unchanged here; it returns the others, which diff decides, and how many rendered objects
-// the previous inventory records.
-func (p *Plan) classify(ctx context.Context, in Input, src Source) ([]item, int, error) {
-	p.Objects = in.Kept.objects(len(in.Desired))
-	var items []item
-	inPrevious := 0
+// classify records every rendered object's entry and takes out the StorageClasses whose
+// immutable fields change: replaced ones leave the apply; blocked ones are applied with the
+// live immutable fields kept. It returns what goes through the dry-run.
+func (p *Plan) classify(ctx context.Context, in Input, src Source, entries map[*unstructured.Unstructured]inventory.Entry) ([]*unstructured.Unstructured, error) {
+	var toDiff []*unstructured.Unstructured
 	for _, u := range in.Desired {
-		k := in.Kept.of(u)
-		e, err := k.entryOf(u)
+		e, err := in.Kept.entryOf(u)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
-		if p.Rendered != nil {
-			p.Rendered.Put(e)
+		entries[u] = e
+		p.Rendered.Put(e)
+		if u.GetKind() != "StorageClass" {
+			toDiff = append(toDiff, u)
+			continue
 		}
-		var id, key string
-		if k != nil {
-			id, key = k.id, k.key
-		} else {
-			id, key = e.ID(), u.GetKind()+"/"+u.GetName()
+		cc, err := classChange(ctx, in, src, u, e)
+		if err != nil {
+			return nil, err
 		}
-		old, recorded := in.Previous.Get(id)
-		if recorded {
-			inPrevious++
+		if cc == nil {
+			toDiff = append(toDiff, u)
+			continue
 		}
-		same := recorded && old.Digest == e.Digest
-		if k != nil {
-			// The last plan found it Unchanged; no event named its live object since and the
-			// inventory still records its digest: Unchanged again, nothing read.
-			if same && in.Kept.trusted(k) {
-				p.Objects = append(p.Objects, Object{Object: u, Entry: e, Owners: in.Sources[key], Action: Unchanged})
-				continue
-			}
-			k.unchanged = false
+		p.Classes = append(p.Classes, *cc)
+		if cc.Allowed || !cc.AllowedKnown {
+			continue
 		}
-		if u.GetKind() == "StorageClass" {
-			cc, err := classChange(ctx, in, src, u, e, k)
-			if err != nil {
-				return nil, 0, err
-			}
-			if cc != nil {
-				p.Classes = append(p.Classes, *cc)
-				if cc.Allowed || !cc.AllowedKnown {
-					continue
-				}
-				ku, err := render.ToUnstructured(storageclass.KeepImmutable(cc.Desired, cc.Live))
-				if err != nil {
-					return nil, 0, err
-				}
-				ke, err := inventory.EntryOf(ku)
-				if err != nil {
-					return nil, 0, err
-				}
-				p.keptImmutable = append(p.keptImmutable, len(p.Objects))
-				items = append(items, item{at: len(p.Objects), recorded: recorded, sameDiff: recorded && old.Digest == ke.Digest})
-				p.Objects = append(p.Objects, Object{Object: ku, Entry: ke, Owners: in.Sources[key], Action: Unchanged, KeptImmutable: true})
-				continue
-			}
+		ku, err := render.ToUnstructured(storageclass.KeepImmutable(cc.Desired, cc.Live))
+		if err != nil {
+			return nil, err
 		}
-		items = append(items, item{at: len(p.Objects), recorded: recorded, sameDiff: same, k: k})
-		p.Objects = append(p.Objects, Object{Object: u, Entry: e, Owners: in.Sources[key], Action: Unchanged})
+		toDiff = append(toDiff, ku)
 	}
-	return items, inPrevious, nil
+	return toDiff, nil
 }
 
 // classChange returns the ClassChange of rendered class u, or nil when no immutable field
 // changes (or there is no live class).
-func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unstructured, e inventory.Entry, k *kept) (*ClassChange, error) {
+func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unstructured, e inventory.Entry) (*ClassChange, error) {
+	k := in.Kept.of(u)
 	if vc, ok := src.(versionCache); ok && k != nil {
 		// The informer cache still holds the live class this render was last compared with
 		// and found no immutable change in: no read. A later write to the class (a delete
@@ -433,36 +352,52 @@ func classChange(ctx context.Context, in Input, src Source, u *unstructured.Unst
 // inventory does not record and the cache does not hold is a Create (the apply itself is the
 // one request it needs; a refusal is reported as the apply's error). The rest go through the
 // server-side dry-run, where a changed digest is a policy change and an unchanged digest with
-// a live difference is drift. items are the objects classify did not decide.
-func (p *Plan) diff(ctx context.Context, in Input, src Source, items []item) error {
+// a live difference is drift.
+func (p *Plan) diff(ctx context.Context, in Input, src Source, objs []*unstructured.Unstructured, entries map[*unstructured.Unstructured]inventory.Entry) error {
+	p.Objects = make([]Object, len(objs))
 	var need []*unstructured.Unstructured
 	var at []int
-	for j := range items {
-		it := &items[j]
-		o := &p.Objects[it.at]
-		u := o.Object
-		switch cached := src.Cached(ctx, u); {
-		case it.sameDiff && cached == CacheHolds:
-			if it.k != nil && (u.GetKind() != "StorageClass" || it.k.class.uid != "") {
-				in.Kept.setUnchanged(it.k, u.GetKind())
+	for i, u := range objs {
+		e, ok := entries[u]
+		if !ok { // a StorageClass applied with its live immutable fields kept
+			var err error
+			if e, err = inventory.EntryOf(u); err != nil {
+				return err
 			}
+		}
+		o := Object{Object: u, Entry: e, Owners: in.Sources[u.GetKind()+"/"+u.GetName()], Action: Unchanged,
+			KeptImmutable: u.GetKind() == "StorageClass" && isKept(p.Classes, u.GetName())}
+		p.Objects[i] = o
+		old, recorded := in.Previous.Get(e.ID())
+		switch cached := src.Cached(ctx, u); {
+		case recorded && old.Digest == e.Digest && cached == CacheHolds:
 			continue
-		case !it.recorded && cached == CacheAbsent:
-			o.Action = Create
+		case !recorded && cached == CacheAbsent:
+			p.Objects[i].Action = Create
 			continue
 		}
 		need = append(need, u)
-		at = append(at, j)
+		at = append(at, i)
 	}
 	results, err := src.DryRun(ctx, need)
 	if err != nil {
 		return err
 	}
 	for j, r := range results {
-		it := &items[at[j]]
-		decide(&p.Objects[it.at], r, it.sameDiff, in)
+		o := &p.Objects[at[j]]
+		old, known := in.Previous.Get(o.Entry.ID())
+		decide(o, r, known && old.Digest == o.Entry.Digest, in)
 	}
 	return nil
+}
+
+func isKept(classes []ClassChange, name string) bool {
+	for i := range classes {
+		if classes[i].Desired.Name == name && !classes[i].Allowed && classes[i].AllowedKnown {
+			return true
+		}
+	}
+	return false
 }
 
 // decide sets o's action from its dry-run r; sameDigest says the inventory records the

@@ -68,9 +68,7 @@ type Reconciler struct {
 	keptVet  *KeptVetter
 	renderer render.Renderer
 	// kept keeps, per rendered object the renderer hands out again, what the plan computed
-	// of it: its digest and its comparisons with the live objects (plan.Kept); its Events,
-	// fed by the watches SetupWithManager registers, name the live objects that changed
-	// since the last plan: only those, and the objects rendered anew, are compared again.
+	// of it: its digest and its comparisons with the live objects (plan.Kept).
 	kept plan.Kept
 	mu   sync.Mutex
 }

@@ -6,7 +6,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -16,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/plinth-storage/plinth/controllers/plan"
 	"github.com/plinth-storage/plinth/controllers/render"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -70,14 +68,11 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=argoproj.io,resources=applications,verbs=get
 
 // SetupWithManager registers the indexes and the controller: every watched event enqueues
-// the one policy-set request, so bursts collapse into one reconcile. Every event of the
-// rendered kinds the cache holds (StorageClass, Agent, Store) is also recorded for the plan
-// (plan.Events), so a reconcile compares only the live objects that changed since the last.
+// the one policy-set request, so bursts collapse into one reconcile.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if err := IndexFields(ctx, mgr); err != nil {
 		return err
 	}
-	r.kept.Events = plan.NewEvents("StorageClass", "Agent", "Store")
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: RequestName}}}
 	})
@@ -85,6 +80,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	// deletion; not our own status writes.
 	policyChanged := builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
 		predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}, finalizersChanged{}))
+	owned := builder.WithPredicates(managedByPlinth{})
 	createDelete := builder.WithPredicates(predicate.Funcs{
 		UpdateFunc: func(event.UpdateEvent) bool { return false },
 	})
@@ -95,66 +91,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		Watches(&policyv1.Protocol{}, one, policyChanged).
 		Watches(&policyv1.Placement{}, one, policyChanged).
 		Watches(&corev1.Node{}, one, builder.WithPredicates(predicate.Or(predicate.LabelChangedPredicate{}, createDeleteOnly()))).
-		Watches(&storagev1.StorageClass{}, r.recordEvents("StorageClass", one, managedByPlinth{})).
-		Watches(&storev1.Agent{}, r.recordEvents("Agent", one, managedByPlinth{}, predicate.GenerationChangedPredicate{})).
-		Watches(&storev1.Store{}, r.recordEvents("Store", one, managedByPlinth{})).
+		Watches(&storagev1.StorageClass{}, one, owned).
+		Watches(&storev1.Agent{}, one, builder.WithPredicates(managedByPlinth{}, predicate.GenerationChangedPredicate{})).
+		Watches(&storev1.Store{}, one, owned).
 		Watches(&corev1.PersistentVolumeClaim{}, one, createDelete).
 		Watches(&storev1.VolumeState{}, one, createDelete).
 		Complete(r)
-}
-
-// recordEvents returns a handler that records every event of kind in the plan's Events —
-// unfiltered: an edit the predicates keep out of the queue (an Agent's labels) still changes
-// what the next plan must compare — and then, when every predicate passes it, hands it to
-// next. Recording comes first so the reconcile the event enqueues plans with it.
-func (r *Reconciler) recordEvents(kind string, next handler.EventHandler, preds ...predicate.Predicate) handler.EventHandler {
-	ev := r.kept.Events
-	return handler.Funcs{
-		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			if e.Object != nil {
-				ev.Changed(kind, e.Object.GetName())
-			}
-			for _, p := range preds {
-				if !p.Create(e) {
-					return
-				}
-			}
-			next.Create(ctx, e, q)
-		},
-		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			if e.ObjectNew != nil {
-				ev.Changed(kind, e.ObjectNew.GetName())
-			}
-			for _, p := range preds {
-				if !p.Update(e) {
-					return
-				}
-			}
-			next.Update(ctx, e, q)
-		},
-		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			if e.Object != nil {
-				ev.Changed(kind, e.Object.GetName())
-			}
-			for _, p := range preds {
-				if !p.Delete(e) {
-					return
-				}
-			}
-			next.Delete(ctx, e, q)
-		},
-		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			if e.Object != nil {
-				ev.Changed(kind, e.Object.GetName())
-			}
-			for _, p := range preds {
-				if !p.Generic(e) {
-					return
-				}
-			}
-			next.Generic(ctx, e, q)
-		},
-	}
 }
 
 func createDeleteOnly() predicate.Predicate {

@@ -160,7 +160,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 	if s.plan, err = plan.Make(ctx, in, src); err != nil {
 		return false, err
 	}
-	s.next = s.plan.Inventory()
+	s.next = inventory.WithCapacity(len(s.plan.Objects))
 	for i := range s.plan.Classes {
 		if cc := &s.plan.Classes[i]; cc.Blocked() != "" {
 			s.each([]string{"Placement/" + cc.Placement}, func(p *policyObject) { p.out.replacementRequired = cc.Blocked() })
@@ -168,6 +168,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 	}
 	for i := range s.plan.Objects {
 		o := &s.plan.Objects[i]
+		s.next.Put(o.Entry)
 		switch {
 		case o.Action == plan.Rejected:
 			s.fail(&ObjectError{Op: "dry-run", Kind: o.Object.GetKind(), Name: o.Object.GetName(), Err: o.DryRunErr}, o.Owners)
@@ -184,14 +185,15 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (bool, error) {
 // undrain clears the draining mark of a rendered Store: it is rendered again (its node got
 // its label back).
 func (r *Reconciler) undrain(ctx context.Context, s *scope) (bool, error) {
+	rendered := map[string]bool{}
+	for i := range s.plan.Objects {
+		if o := s.plan.Objects[i].Object; o.GetKind() == "Store" {
+			rendered[o.GetName()] = true
+		}
+	}
 	for i := range s.stores {
 		st := &s.stores[i]
-		if st.Annotations[AnnotationDraining] == "" {
-			continue
-		}
-		// Every rendered Store is in the plan's Objects (only StorageClasses leave them) and
-		// in the render's Sources: looked up there, not collected from tens of thousands.
-		if _, rendered := s.rendered.Sources["Store/"+st.Name]; !rendered {
+		if !rendered[st.Name] || st.Annotations[AnnotationDraining] == "" {
 			continue
 		}
 		p := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, AnnotationDraining))

@@ -50,10 +50,6 @@ type Renderer struct {
 	// by kind, then name: an object rendered anew (or dropped) leaves conv.
 	last *Output
 	conv map[string]map[string]*unstructured.Unstructured
-	// segs are what Unstructured last returned, by kind; stale names, by kind, the objects
-	// forgotten since (see convertKind).
-	segs  map[string]*segment
-	stale map[string][]string
 }
 
 type keptPool struct {
@@ -87,11 +83,7 @@ func (r *Renderer) Render(in Input) (*Output, error) {
 // must be the Output of the last Render call (any other Output is converted whole, nothing
 // kept). The objects are shared with the Renderer: valid, and not to be modified, until an
 // object is rendered anew (the caller may key its own kept state, such as digests, by their
-// pointers); the slice is the caller's. The error is a conversion's.
-//
-// A kind whose objects were replaced in place since the last call (the same names: Render
-// patches its sorted slice where it stands) costs the objects rendered anew, found by name;
-// any other change of a kind's set looks every object of that kind up by name.
+// pointers). The error is a conversion's.
 func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, error) {
 	if out == nil || out != r.last {
 		return out.Unstructured()
@@ -101,104 +93,49 @@ func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, erro
 	}
 	objs := make([]*unstructured.Unstructured, 0, len(out.StorageClasses)+len(out.VolumeSnapshotClasses)+len(out.Agents)+len(out.Stores))
 	var err error
-	objs, err = convertKind(r, objs, "StorageClass", out.StorageClasses, func(sc *storagev1.StorageClass) string { return sc.Name },
-		func(sc *storagev1.StorageClass) runtime.Object { return sc })
-	if err == nil {
-		objs, err = convertKind(r, objs, policyv1.SnapshotClassKind, out.VolumeSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() },
-			func(u *unstructured.Unstructured) runtime.Object { return u })
+	add := func(kind, name string, obj runtime.Object) {
+		if err != nil {
+			return
+		}
+		m := r.conv[kind]
+		if m == nil {
+			m = map[string]*unstructured.Unstructured{}
+			r.conv[kind] = m
+		}
+		u := m[name]
+		if u == nil {
+			if u, err = ToUnstructured(obj); err != nil {
+				return
+			}
+			m[name] = u
+		}
+		objs = append(objs, u)
 	}
-	if err == nil {
-		objs, err = convertKind(r, objs, "Agent", out.Agents, func(a *storev1.Agent) string { return a.Name },
-			func(a *storev1.Agent) runtime.Object { return a })
+	for i := range out.StorageClasses {
+		add("StorageClass", out.StorageClasses[i].Name, &out.StorageClasses[i])
 	}
-	if err == nil {
-		objs, err = convertKind(r, objs, "Store", out.Stores, func(st *storev1.Store) string { return st.Name },
-			func(st *storev1.Store) runtime.Object { return st })
+	for i := range out.VolumeSnapshotClasses {
+		add(policyv1.SnapshotClassKind, out.VolumeSnapshotClasses[i].GetName(), &out.VolumeSnapshotClasses[i])
+	}
+	for i := range out.Agents {
+		add("Agent", out.Agents[i].Name, &out.Agents[i])
+	}
+	for i := range out.Stores {
+		add("Store", out.Stores[i].Name, &out.Stores[i])
 	}
 	if err != nil {
 		clear(r.conv)
-		clear(r.segs)
 		return nil, err
 	}
-	clear(r.stale)
 	return objs, nil
 }
 
-// segment is what Unstructured last returned for one kind: the Output slice it converted (its
-// first element's address and its length) and its objects.
-type segment struct {
-	first any
-	objs  []*unstructured.Unstructured
-}
-
-// convertKind appends the objects of items, of kind, to objs. When items is the slice the last
-// call converted (same array, same length), only the objects named in r.stale — the ones
-// rendered anew in place — are converted again; otherwise each object is looked up by name.
-func convertKind[T any](r *Renderer, objs []*unstructured.Unstructured, kind string, items []T, name func(*T) string, obj func(*T) runtime.Object) ([]*unstructured.Unstructured, error) {
-	if r.segs == nil {
-		r.segs = map[string]*segment{}
-	}
-	m := r.conv[kind]
-	if m == nil {
-		m = map[string]*unstructured.Unstructured{}
-		r.conv[kind] = m
-	}
-	convert := func(it *T) (*unstructured.Unstructured, error) {
-		n := name(it)
-		if u := m[n]; u != nil {
-			return u, nil
-		}
-		u, err := ToUnstructured(obj(it))
-		if err != nil {
-			return nil, err
-		}
-		m[n] = u
-		return u, nil
-	}
-	seg := r.segs[kind]
-	if len(items) == 0 {
-		delete(r.segs, kind)
-		return objs, nil
-	}
-	if seg != nil && seg.first == any(&items[0]) && len(seg.objs) == len(items) {
-		for _, n := range r.stale[kind] {
-			i := sort.Search(len(items), func(i int) bool { return name(&items[i]) >= n })
-			if i == len(items) || name(&items[i]) != n {
-				continue // dropped, not rendered again (then the slice is a new one)
-			}
-			u, err := convert(&items[i])
-			if err != nil {
-				return nil, err
-			}
-			seg.objs[i] = u
-		}
-		return append(objs, seg.objs...), nil
-	}
-	seg = &segment{first: any(&items[0]), objs: make([]*unstructured.Unstructured, len(items))}
-	for i := range items {
-		u, err := convert(&items[i])
-		if err != nil {
-			return nil, err
-		}
-		seg.objs[i] = u
-	}
-	r.segs[kind] = seg
-	return append(objs, seg.objs...), nil
-}
-
-// forget drops the kept conversions of the objects of kind named in names, and marks them for
-// the next Unstructured.
+// forget drops the kept conversions of the objects of kind named in names.
 func (r *Renderer) forget(kind string, names ...string) {
 	if m := r.conv[kind]; m != nil {
 		for _, n := range names {
 			delete(m, n)
 		}
-	}
-	if len(names) > 0 {
-		if r.stale == nil {
-			r.stale = map[string][]string{}
-		}
-		r.stale[kind] = append(r.stale[kind], names...)
 	}
 }
 

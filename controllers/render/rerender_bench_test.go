@@ -231,14 +231,12 @@ func BenchmarkRerenderOneOf10kPolicies1kNodes(b *testing.B) {
 // liveCache stands in for the controller's informer cache (plan.Cluster.Cache): typed objects
 // by "Kind/name", handed out as controller-runtime's cache reader does — a deep copy, or with
 // client.UnsafeDisableDeepCopy a shallow one; copyAlways copies even then (the reads before
-// plan.Cluster asked for no copy). Only Get and Scheme are called. Each write (put) is
-// delivered to events, as the informer's event handler does (policy.SetupWithManager).
+// plan.Cluster asked for no copy). Only Get and Scheme are called.
 type liveCache struct {
 	client.Client
 	scheme     *kruntime.Scheme
 	objs       map[string]client.Object
 	copyAlways bool
-	events     *plan.Events
 }
 
 func (c *liveCache) Scheme() *kruntime.Scheme { return c.scheme }
@@ -263,11 +261,7 @@ func (c *liveCache) Get(_ context.Context, key client.ObjectKey, out client.Obje
 func (c *liveCache) put(obj client.Object, rv int) {
 	obj.SetUID(types.UID("uid-" + obj.GetName()))
 	obj.SetResourceVersion(strconv.Itoa(rv))
-	kind := reflect.TypeOf(obj).Elem().Name()
-	c.objs[kind+"/"+obj.GetName()] = obj
-	if c.events != nil {
-		c.events.Changed(kind, obj.GetName())
-	}
+	c.objs[reflect.TypeOf(obj).Elem().Name()+"/"+obj.GetName()] = obj
 }
 
 // apiReader stands in for the API server's reads (plan.Cluster.Reader): the live object
@@ -322,21 +316,18 @@ func (noUsage) StoreUsage(context.Context, string) (plan.Usage, error) {
 // BenchmarkReconcileAfterOneChange measures what the policy controller does after render when
 // one policy object changed among 10,000 over 1,000 nodes (37,673 rendered objects): convert
 // the render to unstructured form (Renderer.Unstructured), plan it (plan.Make: digests, the
-// StorageClass immutable-field check, the informer-cache comparison of the objects rendered
-// anew or named by an informer event since the last plan — plan.Kept with plan.Events —, the
-// stale-object pass) and the inventory the reconciler then records (Plan.Inventory, its
-// comparison with the previous one, its kind counts for the metrics), against a stand-in for
-// the informer cache and the API server that holds every rendered object as last applied
+// StorageClass immutable-field check, the informer-cache comparison of every object, the
+// stale-object pass) and the inventory the reconciler then records (the next inventory, its
+// comparison with the previous one, its sorted entries for the metrics), against a stand-in
+// for the informer cache and the API server that holds every rendered object as last applied
 // (liveCache; the GETs of the API server are conversions from it, the dry-run answers
 // "changed"). Each op edits one policy object at random as BenchmarkRerenderOneOf10kPolicies1kNodes
 // does and vets and renders it with the kept state, untimed for the post-render figures; the
-// objects the plan applies are then put into the stand-in with a new resourceVersion, and
-// each such write delivered to the plan's Events, as the watch and the controller's event
-// handlers would, untimed. Reports post-p50-ms / post-p99-ms / post-mean-ms (wall) and
+// objects the plan applies are then put into the stand-in with a new resourceVersion, as the
+// watch would, untimed. Reports post-p50-ms / post-p99-ms / post-mean-ms (wall) and
 // post-cpu-p50-ms / post-cpu-p99-ms (process CPU) of the post-render step with everything
-// kept, render+post-cpu-p50-ms / -p99-ms (the op's vet + render and this step, CPU),
-// applied/op (objects the plan applies, per op: the edit's own), and measured in the same
-// run, coldpost-ms and coldpost-cpu-ms: the median of 5 ops of the same step with nothing
+// kept, applied/op (objects the plan applies, per op: the edit's own), and measured in the
+// same run, coldpost-ms and coldpost-cpu-ms: the median of 5 ops of the same step with nothing
 // kept (Output.Unstructured, plan.Make without Kept, cache reads with a deep copy: the code
 // before) — the peer. Run with -benchtime 300x (at least 200 samples, or no percentiles).
 func BenchmarkReconcileAfterOneChange(b *testing.B) {
@@ -352,14 +343,12 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 	if err := errors.Join(storev1.AddToScheme(scheme), storagev1.AddToScheme(scheme)); err != nil {
 		b.Fatal(err)
 	}
-	live := &liveCache{scheme: scheme, objs: map[string]client.Object{}, events: plan.NewEvents("StorageClass", "Agent", "Store")}
+	live := &liveCache{scheme: scheme, objs: map[string]client.Object{}}
 	kv := policy.NewKeptVetter(v)
 	var r render.Renderer
 	rv := 1
-	var vetted *vet.Policies // the verdicts of the last vetRender, as the reconciler's plan step has them
 	vetRender := func() *render.Output {
 		p, problems := kv.VetObjects(pools, protos, places)
-		vetted = p
 		if len(problems) > 0 {
 			b.Fatalf("fleet has problems: %v", problems[0])
 		}
@@ -381,11 +370,11 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 		return in
 	}
 	ctx := context.Background()
-	kept := plan.Kept{Events: live.events}
+	var kept plan.Kept
 	// post is the step measured: conversion, plan, the inventory recorded. It returns the plan
 	// and the next inventory.
 	post := func(out *render.Output, prev *inventory.Inventory, cold bool) (*plan.Plan, *inventory.Inventory) {
-		p := vetted
+		p, _ := kv.VetObjects(pools, protos, places) // kept: no work, the verdicts of this op
 		var desired []*unstructured.Unstructured
 		var err error
 		k := &kept
@@ -404,7 +393,10 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		next := pl.Inventory() // as the reconciler's plan step records it
+		next := inventory.WithCapacity(len(pl.Objects))
+		for i := range pl.Objects {
+			next.Put(pl.Objects[i].Entry)
+		}
 		_ = prev.Equal(next)
 		_ = next.KindCounts() // the applied-objects metric
 		return pl, next
@@ -482,22 +474,18 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 
 	samples := make([]time.Duration, 0, b.N)
 	cpuSamples := make([]time.Duration, 0, b.N)
-	bothCPU := make([]time.Duration, 0, b.N) // vet + render + this step, CPU, per op
 	appliedN := 0
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		edit(rng)
-		rc := cpuNow(b)
 		out = vetRender()
-		renderCPU := cpuNow(b) - rc
 		b.StartTimer()
 		t, c := time.Now(), cpuNow(b)
 		pl, prev = post(out, prev, false)
 		samples = append(samples, time.Since(t))
 		cpuSamples = append(cpuSamples, cpuNow(b)-c)
-		bothCPU = append(bothCPU, renderCPU+cpuSamples[len(cpuSamples)-1])
 		b.StopTimer()
 		appliedN += applied(pl, out)
 		b.StartTimer()
@@ -518,8 +506,6 @@ func BenchmarkReconcileAfterOneChange(b *testing.B) {
 		b.ReportMetric(ms(sum/time.Duration(len(samples))), "post-mean-ms")
 		b.ReportMetric(ms(quantile(cpuSamples, 0.5)), "post-cpu-p50-ms")
 		b.ReportMetric(ms(quantile(cpuSamples, 0.99)), "post-cpu-p99-ms")
-		b.ReportMetric(ms(quantile(bothCPU, 0.5)), "render+post-cpu-p50-ms")
-		b.ReportMetric(ms(quantile(bothCPU, 0.99)), "render+post-cpu-p99-ms")
 	}
 	b.ReportMetric(float64(appliedN)/float64(b.N), "applied/op")
 	b.ReportMetric(ms(quantile(coldWall, 0.5)), "coldpost-ms")
