@@ -334,9 +334,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		}
 		return nil, status.Errorf(codes.Internal, "create VolumeState %s: %v", id, err)
 	}
-	return s.answerCreated(ctx, id, func(done func(*storev1.VolumeState) (bool, error)) error {
-		return s.d.waitOn(ctx, ch, vs, done)
-	})
+	return s.answerCreated(ctx, ch, vs)
 }
 
 // existingVolume answers a CreateVolume whose name already has a VolumeState vs (read live
@@ -372,17 +370,17 @@ func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolume
 			return nil, status.Errorf(codes.AlreadyExists, "volume %q exists on node %q, outside the requested topology", req.GetName(), node)
 		}
 	}
-	return s.answerCreated(ctx, vs.Name, func(done func(*storev1.VolumeState) (bool, error)) error {
-		return s.d.waitOn(ctx, ch, vs, done)
-	})
+	return s.answerCreated(ctx, ch, vs)
 }
 
-// answerCreated waits for the agent with wait (waitOn the volume's subscription) and answers
-// CreateVolume. A volume the agent found no room for is deleted (so a retry may choose another
-// store) and reported RESOURCE_EXHAUSTED (B08).
-func (s *controller) answerCreated(ctx context.Context, id string, wait func(done func(*storev1.VolumeState) (bool, error)) error) (*csipb.CreateVolumeResponse, error) {
+// answerCreated waits for the agent on ch, the volume's subscription, from the state start on
+// (created or read live after ch was taken), and answers CreateVolume. A volume the agent found
+// no room for is deleted (so a retry may choose another store) and reported RESOURCE_EXHAUSTED
+// (B08).
+func (s *controller) answerCreated(ctx context.Context, ch <-chan *storev1.VolumeState, start *storev1.VolumeState) (*csipb.CreateVolumeResponse, error) {
+	id := start.Name
 	var ready *storev1.VolumeState
-	err := wait(func(vs *storev1.VolumeState) (bool, error) {
+	err := s.d.waitOn(ctx, ch, start, func(vs *storev1.VolumeState) (bool, error) {
 		ok, err := readyOrFailed(vs)
 		if ok {
 			ready = vs

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 )
 
 // applyBody encodes an unstructured object (maps, slices and the JSON scalars that
@@ -37,7 +36,7 @@ func yamlMap(b *bytes.Buffer, m map[string]any, indent int) error {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		b.WriteString(strings.Repeat(" ", indent))
+		writeIndent(b, indent)
 		yamlString(b, k)
 		b.WriteByte(':')
 		if err := yamlValue(b, m[k], indent); err != nil {
@@ -65,7 +64,7 @@ func yamlValue(b *bytes.Buffer, v any, indent int) error {
 		}
 		b.WriteByte('\n')
 		for i, e := range t {
-			b.WriteString(strings.Repeat(" ", indent+2))
+			writeIndent(b, indent+2)
 			b.WriteByte('-')
 			if err := yamlValue(b, e, indent+2); err != nil {
 				return fmt.Errorf("[%d]: %w", i, err)
@@ -98,6 +97,13 @@ func yamlValue(b *bytes.Buffer, v any, indent int) error {
 	}
 	b.WriteByte('\n')
 	return nil
+}
+
+// writeIndent writes n spaces without allocating them (one call per line of every apply).
+func writeIndent(b *bytes.Buffer, n int) {
+	for range n {
+		b.WriteByte(' ')
+	}
 }
 
 func yamlString(b *bytes.Buffer, s string) {
