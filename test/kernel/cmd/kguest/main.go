@@ -97,7 +97,7 @@ func run() int {
 	fmt.Printf("TIMING guest-boot %.1fs (pid %d)\n", g.BootTime.Seconds(), g.PID())
 
 	failed := 0
-	var summary []string
+	var summary, digest []string
 	for _, arg := range flag.Args() {
 		// BINARY[=PKGDIR]: with PKGDIR, its testdata/ is copied along and the
 		// binary runs in the copy's folder, as go test runs it in the package.
@@ -135,6 +135,17 @@ func run() int {
 		if err != nil && ctx.Err() != nil {
 			break
 		}
+		if status != "ok" {
+			var diag []byte
+			if err == nil {
+				dctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+				dres, _ := g.Run(dctx, guestDiagnostics, os.Stdout)
+				cancel()
+				diag = dres.Output
+			}
+			digest = append(digest, "--- "+name+" ---")
+			digest = append(digest, failureDigest(string(res.Output), string(diag))...)
+		}
 	}
 	if *shell != "" {
 		res, err := g.Run(ctx, *shell, os.Stdout)
@@ -147,6 +158,12 @@ func run() int {
 	fmt.Printf("TIMING kernel-suite %.1fs (boot %.1fs)\n", time.Since(start).Seconds(), g.BootTime.Seconds())
 	for _, s := range summary {
 		fmt.Println(s)
+	}
+	if len(digest) > 0 {
+		fmt.Println("kguest: what failed (the lines above, digested):")
+		for _, l := range digest {
+			fmt.Println("  " + l)
+		}
 	}
 	if failed > 0 {
 		fmt.Printf("kguest: %d test binaries failed\n", failed)

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/plinth-storage/plinth/test/kernel/guest"
+)
+
+// guestDiagnostics runs in the guest after a test binary failed. A test that
+// times out leaves the command it waited for behind (a process blocked in the
+// kernel outlives the test binary's exit), so this lists every user process
+// with its state and kernel stack, asks the kernel to log its blocked tasks
+// (sysrq w), and prints the kernel log's tail.
+const guestDiagnostics = `echo "kguest-diag: user processes (pid state cmdline, kernel stack)"
+for p in /proc/[0-9]*; do
+	c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null)
+	[ -n "$c" ] || continue
+	s=$(sed -n 's/^State:[[:space:]]*//p' $p/status 2>/dev/null)
+	echo "kguest-diag: ${p#/proc/} $s $c"
+	sed 's/^/kguest-diag:     /' $p/stack 2>/dev/null
+done
+echo w > /proc/sysrq-trigger 2>/dev/null
+dmesg | tail -n 60 | sed 's/^/kguest-diag: dmesg /'
+exit 0`
+
+// maxDigestLines bounds what failureDigest keeps of one binary's output.
+const maxDigestLines = 100
+
+// failureDigest picks out of a failed test binary's output (go test -test.v)
+// and of the guest diagnostics the lines that say what failed: each
+// "--- FAIL" line; for a panic (a -test.timeout expiry included), the 20
+// test log lines before it and the panic's header up to its first goroutine
+// trace (the tests still running, with their durations); the guest's user
+// processes with their kernel stacks; and the kernel's blocked-task report. The CI log shows only the tail of a
+// run, where a goroutine dump would otherwise hide the cause; the summary
+// prints this digest after the table. At most maxDigestLines lines.
+func failureDigest(testOutput, diagnostics string) []string {
+	lines := strings.Split(strings.TrimRight(testOutput, "\n"), "\n")
+	var out []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "--- FAIL") {
+			out = append(out, l)
+		}
+	}
+	for i, l := range lines {
+		if !strings.HasPrefix(l, "panic: ") {
+			continue
+		}
+		from := max(0, i-20)
+		for _, b := range lines[from:i] {
+			if strings.HasPrefix(b, "--- FAIL") {
+				continue // already kept
+			}
+			out = append(out, b)
+		}
+		for _, h := range lines[i:] {
+			if strings.HasPrefix(h, "goroutine ") {
+				break
+			}
+			out = append(out, h)
+		}
+		break
+	}
+	blocked, plumbing := false, false
+	for _, d := range strings.Split(diagnostics, "\n") {
+		rest, ok := strings.CutPrefix(d, "kguest-diag: ")
+		if !ok {
+			continue
+		}
+		msg, isLog := strings.CutPrefix(rest, "dmesg ")
+		if !isLog {
+			// Processes and their stacks, but not the guest's own shells
+			// (init and the runner of this script), always waiting for a child.
+			if f := strings.Fields(rest); len(f) > 0 && f[0] != "" && f[0][0] >= '0' && f[0][0] <= '9' {
+				plumbing = strings.Contains(rest, ") /bin/sh /init") || strings.Contains(rest, ") sh "+guest.SharePath+"/cmd/")
+			}
+			if !plumbing {
+				out = append(out, d)
+			}
+			continue
+		}
+		// Of the kernel log, the blocked-task report (sysrq w) and hung-task warnings.
+		blocked = blocked || strings.Contains(msg, "Show Blocked State")
+		if blocked || strings.Contains(msg, "blocked for more than") {
+			out = append(out, d)
+		}
+	}
+	if len(out) > maxDigestLines {
+		out = append(out[:maxDigestLines:maxDigestLines], "… (digest cut; the whole output is above)")
+	}
+	return out
+}
