@@ -9,8 +9,9 @@ import (
 // guestDiagnostics runs in the guest after a test binary failed. A test that
 // times out leaves the command it waited for behind (a process blocked in the
 // kernel outlives the test binary's exit), so this lists every user process
-// with its state and kernel stack, asks the kernel to log its blocked tasks
-// (sysrq w), and prints the kernel log's tail.
+// with its state and kernel stack, prints the memory left (tmpfs and ZFS's ARC
+// share the guest's RAM), asks the kernel to log its blocked tasks (sysrq w),
+// and prints the kernel log's tail.
 const guestDiagnostics = `echo "kguest-diag: user processes (pid state cmdline, kernel stack)"
 for p in /proc/[0-9]*; do
 	c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null)
@@ -19,6 +20,7 @@ for p in /proc/[0-9]*; do
 	echo "kguest-diag: ${p#/proc/} $s $c"
 	sed 's/^/kguest-diag:     /' $p/stack 2>/dev/null
 done
+grep -E '^(MemTotal|MemAvailable|Shmem|Dirty|Writeback):' /proc/meminfo | sed 's/^/kguest-diag: meminfo /'
 echo w > /proc/sysrq-trigger 2>/dev/null
 dmesg | tail -n 60 | sed 's/^/kguest-diag: dmesg /'
 exit 0`
@@ -71,7 +73,7 @@ func failureDigest(testOutput, diagnostics string) []string {
 		if !isLog {
 			// Processes and their stacks, but not the guest's own shells
 			// (init and the runner of this script), always waiting for a child.
-			if f := strings.Fields(rest); len(f) > 0 && f[0] != "" && f[0][0] >= '0' && f[0][0] <= '9' {
+			if !strings.HasPrefix(rest, " ") { // not a stack line: a process or another report
 				plumbing = strings.Contains(rest, ") /bin/sh /init") || strings.Contains(rest, ") sh "+guest.SharePath+"/cmd/")
 			}
 			if !plumbing {

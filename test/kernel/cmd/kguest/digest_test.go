@@ -22,6 +22,9 @@ func TestFailureDigestTimeout(t *testing.T) {
 		"kguest-diag:     [<0>] do_wait+0x114/0x320",
 		"kguest-diag: 812 D (disk sleep) zfs destroy plinthz/k8s/volumes/a",
 		"kguest-diag:     [<0>] zvol_remove_minors_impl+0x1c/0x90 [zfs]",
+		"kguest-diag: 900 S (sleeping) sh /mnt/host/cmd/000003.sh ",
+		"kguest-diag:     [<0>] do_wait+0x114/0x320",
+		"kguest-diag: meminfo MemAvailable:     51200 kB",
 		"kguest-diag: dmesg [   10.0] virtio_blk virtio1: [vda] 4194304 512-byte logical blocks",
 		"kguest-diag: dmesg [ 1000.1] sysrq: Show Blocked State",
 		"kguest-diag: dmesg [ 1000.1] task:zfs             state:D stack:0     pid:812",
@@ -36,6 +39,7 @@ func TestFailureDigestTimeout(t *testing.T) {
 		"kguest-diag: user processes (pid state cmdline, kernel stack)",
 		"kguest-diag: 812 D (disk sleep) zfs destroy plinthz/k8s/volumes/a",
 		"kguest-diag:     [<0>] zvol_remove_minors_impl+0x1c/0x90 [zfs]",
+		"kguest-diag: meminfo MemAvailable:     51200 kB",
 		"kguest-diag: dmesg [ 1000.1] sysrq: Show Blocked State",
 		"kguest-diag: dmesg [ 1000.1] task:zfs             state:D stack:0     pid:812")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
