@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/plinth-storage/plinth/test/kernel/guest"
@@ -25,44 +26,20 @@ echo w > /proc/sysrq-trigger 2>/dev/null
 dmesg | tail -n 60 | sed 's/^/kguest-diag: dmesg /'
 exit 0`
 
-// maxDigestLines bounds what failureDigest keeps of one binary's output.
-const maxDigestLines = 100
+// maxDiagnosticLines bounds what failureDigest keeps of the guest diagnostics.
+const maxDiagnosticLines = 40
 
-// failureDigest picks out of a failed test binary's output (go test -test.v)
-// and of the guest diagnostics the lines that say what failed: each
-// "--- FAIL" line; for a panic (a -test.timeout expiry included), the 20
-// test log lines before it and the panic's header up to its first goroutine
-// trace (the tests still running, with their durations); the guest's user
-// processes with their kernel stacks; and the kernel's blocked-task report. The CI log shows only the tail of a
-// run, where a goroutine dump would otherwise hide the cause; the summary
-// prints this digest after the table. At most maxDigestLines lines.
+// failureDigest picks out of the guest diagnostics and of a failed test
+// binary's output (go test -test.v) the lines that say what failed, in this
+// order: the guest's user processes with their kernel stacks, its memory and
+// the kernel's blocked-task report (at most maxDiagnosticLines); for a panic
+// (a -test.timeout expiry included), the 20 test log lines before it and its
+// header up to the first goroutine trace (the tests still running, with their
+// durations); each "--- FAIL" line. The CI log shows only the tail of a run,
+// where a goroutine dump would otherwise hide the cause, so the most telling
+// lines come last; kguest prints the digest just before its summary table.
 func failureDigest(testOutput, diagnostics string) []string {
-	lines := strings.Split(strings.TrimRight(testOutput, "\n"), "\n")
 	var out []string
-	for _, l := range lines {
-		if strings.HasPrefix(l, "--- FAIL") {
-			out = append(out, l)
-		}
-	}
-	for i, l := range lines {
-		if !strings.HasPrefix(l, "panic: ") {
-			continue
-		}
-		from := max(0, i-20)
-		for _, b := range lines[from:i] {
-			if strings.HasPrefix(b, "--- FAIL") {
-				continue // already kept
-			}
-			out = append(out, b)
-		}
-		for _, h := range lines[i:] {
-			if strings.HasPrefix(h, "goroutine ") {
-				break
-			}
-			out = append(out, h)
-		}
-		break
-	}
 	blocked, plumbing := false, false
 	for _, d := range strings.Split(diagnostics, "\n") {
 		rest, ok := strings.CutPrefix(d, "kguest-diag: ")
@@ -87,8 +64,35 @@ func failureDigest(testOutput, diagnostics string) []string {
 			out = append(out, d)
 		}
 	}
-	if len(out) > maxDigestLines {
-		out = append(out[:maxDigestLines:maxDigestLines], "… (digest cut; the whole output is above)")
+	if len(out) > maxDiagnosticLines {
+		out = append(out[:maxDiagnosticLines:maxDiagnosticLines], "kguest-diag: … (cut; the whole report is above)")
 	}
-	return out
+	lines := strings.Split(strings.TrimRight(testOutput, "\n"), "\n")
+	for i, l := range lines {
+		if !strings.HasPrefix(l, "panic: ") {
+			continue
+		}
+		for _, b := range lines[max(0, i-20):i] {
+			if !strings.HasPrefix(b, "--- FAIL") { // kept below
+				out = append(out, b)
+			}
+		}
+		for _, h := range lines[i:] {
+			if strings.HasPrefix(h, "goroutine ") {
+				break
+			}
+			out = append(out, h)
+		}
+		break
+	}
+	var fails []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "--- FAIL") {
+			fails = append(fails, l)
+		}
+	}
+	if len(fails) > 30 {
+		fails = append([]string{fmt.Sprintf("… %d more FAIL lines above", len(fails)-30)}, fails[len(fails)-30:]...)
+	}
+	return append(out, fails...)
 }

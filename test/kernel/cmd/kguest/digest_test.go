@@ -31,17 +31,18 @@ func TestFailureDigestTimeout(t *testing.T) {
 		"not a diagnostic line",
 	}, "\n")
 	got := failureDigest(b.String(), diag)
-	want := []string{}
-	for i := 10; i < 30; i++ {
-		want = append(want, fmt.Sprintf("    guest_test.go:79: TIMING   cmd zfs    list %d ms", i))
-	}
-	want = append(want, "panic: test timed out after 15m0s", "\trunning tests:", "\t\tTestGuestB (14m58s)", "",
+	want := []string{
 		"kguest-diag: user processes (pid state cmdline, kernel stack)",
 		"kguest-diag: 812 D (disk sleep) zfs destroy plinthz/k8s/volumes/a",
 		"kguest-diag:     [<0>] zvol_remove_minors_impl+0x1c/0x90 [zfs]",
 		"kguest-diag: meminfo MemAvailable:     51200 kB",
 		"kguest-diag: dmesg [ 1000.1] sysrq: Show Blocked State",
-		"kguest-diag: dmesg [ 1000.1] task:zfs             state:D stack:0     pid:812")
+		"kguest-diag: dmesg [ 1000.1] task:zfs             state:D stack:0     pid:812",
+	}
+	for i := 10; i < 30; i++ {
+		want = append(want, fmt.Sprintf("    guest_test.go:79: TIMING   cmd zfs    list %d ms", i))
+	}
+	want = append(want, "panic: test timed out after 15m0s", "\trunning tests:", "\t\tTestGuestB (14m58s)", "")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("digest:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -57,7 +58,15 @@ func TestFailureDigestFailedTests(t *testing.T) {
 	for i := range 500 {
 		fmt.Fprintf(&long, "--- FAIL: T%d (0.00s)\n", i)
 	}
-	if got := failureDigest(long.String(), ""); len(got) != maxDigestLines+1 || !strings.HasPrefix(got[maxDigestLines], "…") {
-		t.Errorf("digest of 500 failures: %d lines, last %q", len(got), got[len(got)-1])
+	got = failureDigest(long.String(), "")
+	if len(got) != 31 || got[0] != "… 470 more FAIL lines above" || got[30] != "--- FAIL: T499 (0.00s)" {
+		t.Errorf("digest of 500 failures: %d lines, first %q, last %q", len(got), got[0], got[len(got)-1])
+	}
+	var diag strings.Builder
+	for i := range 100 {
+		fmt.Fprintf(&diag, "kguest-diag: %d R (running) spin\n", 1000+i)
+	}
+	if got := failureDigest("", diag.String()); len(got) != maxDiagnosticLines+1 || !strings.HasPrefix(got[maxDiagnosticLines], "kguest-diag: …") {
+		t.Errorf("digest of 100 processes: %d lines, last %q", len(got), got[len(got)-1])
 	}
 }

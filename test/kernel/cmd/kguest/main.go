@@ -1,6 +1,8 @@
 // Command kguest boots the kernel-test guest once and runs Go test binaries
 // in it one after another (test/kernel/run.sh uses it). Each binary runs with
-// PLINTH_KERNEL_TEST=1 and -test.v; its output streams to stdout. The exit
+// PLINTH_KERNEL_TEST=1 and -test.v; its output streams to stdout. After a
+// binary fails, the guest's processes, memory and blocked tasks are reported,
+// and a digest of what failed is printed before the closing summary. The exit
 // code is 0 only when every binary passed.
 //
 //	kguest [-disks 2G,4G,4G,1G] [-timeout 30m] [-mem MiB] [-sh SCRIPT] BINARY[=PKGDIR]...
@@ -156,14 +158,15 @@ func run() int {
 	}
 	g.Stop()
 	fmt.Printf("TIMING kernel-suite %.1fs (boot %.1fs)\n", time.Since(start).Seconds(), g.BootTime.Seconds())
-	for _, s := range summary {
-		fmt.Println(s)
-	}
+	// The digest comes before the table: CI shows the log's tail.
 	if len(digest) > 0 {
 		fmt.Println("kguest: what failed (the lines above, digested):")
 		for _, l := range digest {
 			fmt.Println("  " + l)
 		}
+	}
+	for _, s := range summary {
+		fmt.Println(s)
 	}
 	if failed > 0 {
 		fmt.Printf("kguest: %d test binaries failed\n", failed)
