@@ -73,7 +73,9 @@ func failureDigest(testOutput, diagnostics string) []string {
 			continue
 		}
 		for _, b := range lines[max(0, i-20):i] {
-			if !strings.HasPrefix(b, "--- FAIL") { // kept below
+			// FAIL lines are kept below; a SKIP line printed twice would be
+			// counted twice by test/tools/skipcheck, which reads this output.
+			if !strings.HasPrefix(strings.TrimSpace(b), "--- FAIL") && !strings.HasPrefix(strings.TrimSpace(b), "--- SKIP") {
 				out = append(out, b)
 			}
 		}
