@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,7 +52,10 @@ import (
 
 // burstDriver is one CSI driver under test.
 type burstDriver struct {
-	row    string // name in the results
+	row string // name in the results
+	// tag ("" in the first round, "-r<k>" after) makes the round's names its own: namespace,
+	// StorageClass, provisioner process, raw-sample and profile files.
+	tag    string
 	driver string // CSI driver name (the provisioner's)
 	params map[string]string
 	// idle names the control-plane process whose CPU is measured while it holds the burst's
@@ -72,8 +76,9 @@ type burstDriver struct {
 // peak RSS of the driver's CSI controller process through the whole burst, create and delete
 // (csi-rss-mib: VmHWM once the last PV is gone; Plinth and a peer, not the in-process floor),
 // and for Plinth the peak RSS of the agent holding the N volumes (agent-rss-mb). Raw
-// samples go to $PLINTH_BENCH_OUT/burst-<driver>-<metric>.txt when set. One run per driver
-// (b.N is ignored: run it with -benchtime 1x).
+// samples go to $PLINTH_BENCH_OUT/burst-<driver>[-r<k>]-<metric>.txt when set. One run per
+// driver and round (PLINTH_BENCH_BURST_ROUNDS, default 1; b.N is ignored: run it with
+// -benchtime 1x).
 func BenchmarkPVCBurst(b *testing.B) {
 	n := 300
 	if v := os.Getenv("PLINTH_BENCH_PVCS"); v != "" {
@@ -82,23 +87,55 @@ func BenchmarkPVCBurst(b *testing.B) {
 			b.Fatalf("PLINTH_BENCH_PVCS=%q: want a positive integer", v)
 		}
 	}
+	// The API server's CPU per volume moves by ±10 % from one run of the same driver to the
+	// next on a 2-core machine: PLINTH_BENCH_BURST_ROUNDS runs every driver that many times,
+	// in ABBA order (the second round in reverse, and so on), each round under a name of its
+	// own (go test names the repeats "floor#01", …); hack/benchtable reports the medians.
+	rounds := controlplane.BenchKnob(b, "PLINTH_BENCH_BURST_ROUNDS", 1, 1)
 	controlplane.RequireBinaries(b, controlplane.BinCSIProvisioner)
 	cp := sharedControlPlane(b)
+	for r := range rounds {
+		drivers := burstDrivers(cp, r)
+		order := make([]int, len(drivers)) // the drivers stay where they are: start fills in their params by index
+		for i := range order {
+			order[i] = i
+		}
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, i := range order {
+			d := &drivers[i]
+			b.Run(d.row, func(b *testing.B) {
+				b.ReportAllocs()
+				runBurst(b, cp, d, n)
+			})
+		}
+	}
+}
+
+// burstDrivers returns the drivers of round r (0 first). Each round has its own namespace,
+// StorageClass, provisioner and, for Plinth, its own node, pool and agent: a round leaves
+// nothing the next one reuses.
+func burstDrivers(cp *controlplane.ControlPlane, r int) []burstDriver {
+	tag := ""
+	if r > 0 {
+		tag = fmt.Sprintf("-r%d", r)
+	}
 	drivers := []burstDriver{
-		{row: "floor", driver: "floor.noop.csi.plinth.dev", start: startNoopController},
-		{row: "plinth", driver: policyv1.DriverName, idle: "plinth-agent-burst",
+		{row: "floor", tag: tag, driver: "floor.noop.csi.plinth.dev", start: startNoopController},
+		{row: "plinth", tag: tag, driver: policyv1.DriverName, idle: "plinth-agent-burst" + tag,
 			pid: func(b *testing.B) int { return processPID(b, cp, "plinth-csi-controller") }},
 	}
 	drivers[1].start = func(b *testing.B) string {
 		plinth := buildPlinth(b, "")
 		// the agent as a cluster runs it: its heartbeats and Store refreshes at the default
 		// interval count in the API server's CPU per volume, as they would in production
-		drivers[1].params = fileBackendNodeRefresh(b, cp, plinth, "burst", agent.DefaultRefreshInterval)
-		burstNodeTopology(b, cp, "burst-node")
+		drivers[1].params = fileBackendNodeRefresh(b, cp, plinth, "burst"+tag, agent.DefaultRefreshInterval)
+		burstNodeTopology(b, cp, "burst"+tag+"-node")
 		return startCSIProcess(b, cp, plinth, "controller", "")
 	}
 	if cmd := os.Getenv("PLINTH_BENCH_CSI_CMD"); cmd != "" {
-		d := burstDriver{row: "peer", driver: os.Getenv("PLINTH_BENCH_CSI_DRIVER"), params: map[string]string{}}
+		d := burstDriver{row: "peer", tag: tag, driver: os.Getenv("PLINTH_BENCH_CSI_DRIVER"), params: map[string]string{}}
 		for _, kv := range strings.Split(os.Getenv("PLINTH_BENCH_CSI_PARAMS"), ",") {
 			if k, v, ok := strings.Cut(kv, "="); ok {
 				d.params[k] = v
@@ -113,13 +150,7 @@ func BenchmarkPVCBurst(b *testing.B) {
 		d.pid = func(*testing.B) int { return pid }
 		drivers = append(drivers, d)
 	}
-	for i := range drivers {
-		d := &drivers[i] // start may fill in params
-		b.Run(d.row, func(b *testing.B) {
-			b.ReportAllocs()
-			runBurst(b, cp, d, n)
-		})
-	}
+	return drivers
 }
 
 // burstProfileSeconds is the length of the API server's CPU profiles from the first create
@@ -136,7 +167,8 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	}
 	sock := d.start(b)
 	relay := startRelay(b, sock)
-	ns, class := "burst-"+d.row, "burst-"+d.row
+	name := d.row + d.tag
+	ns, class := "burst-"+name, "burst-"+name
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}
@@ -146,7 +178,7 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 		b.Fatal(err)
 	}
 	// the same csi-provisioner flags for every driver (those of startSidecars)
-	p, err := cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "csi-provisioner-burst-" + d.row, Binary: controlplane.BinCSIProvisioner,
+	p, err := cp.StartProcess(ctx, controlplane.ProcessSpec{Name: "csi-provisioner-burst-" + name, Binary: controlplane.BinCSIProvisioner,
 		Args: []string{"--csi-address=" + relay.sock, "--kubeconfig=" + cp.Admin.Kubeconfig, "--leader-election=false", "--timeout=60s", "--v=2",
 			"--kube-api-qps=50", "--kube-api-burst=100", "--feature-gates=Topology=true", "--extra-create-metadata"},
 		Env: []string{"NAMESPACE=" + ns}})
@@ -224,7 +256,7 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	cpu0 := controlplane.ProcCPU(b, api)
 	req0 := apiRequests(b, cs)
 	// the API server's CPU profile of the first burstProfileSeconds of the create burst
-	profiled := controlplane.ProfileAPIServer(b, cs, "burst-"+d.row, burstProfileSeconds)
+	profiled := controlplane.ProfileAPIServer(b, cs, "burst-"+name, burstProfileSeconds)
 	names := make([]string, n)
 	started := make([]time.Time, n)
 	par := func(f func(i int)) {
@@ -265,8 +297,8 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	}
 	mu.Unlock()
 	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "bound-vol/s")
-	burstReport(b, d.row, "bound", lat)
-	burstReport(b, d.row, "createvolume", relay.samples("/csi.v1.Controller/CreateVolume"))
+	burstReport(b, name, "bound", lat)
+	burstReport(b, name, "createvolume", relay.samples("/csi.v1.Controller/CreateVolume"))
 	if d.idle != "" {
 		// the driver's node side holding n volumes, nothing changing
 		window := 2*agent.DefaultRefreshInterval + 5*time.Second // two refreshes
@@ -292,7 +324,7 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	// and of the first burstProfileSeconds of the delete burst (~10 volumes/s: 30 s for 300),
 	// once the first has ended (a process runs one CPU profile at a time)
 	profiled()
-	profiledDelete := controlplane.ProfileAPIServer(b, cs, "burst-"+d.row+"-delete", burstProfileSeconds)
+	profiledDelete := controlplane.ProfileAPIServer(b, cs, "burst-"+name+"-delete", burstProfileSeconds)
 	defer profiledDelete()
 	first = time.Now()
 	par(func(i int) {
@@ -311,9 +343,9 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	mu.Unlock()
 	b.StopTimer()
 	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "delete-vol/s")
-	burstReport(b, d.row, "deletevolume", relay.samples("/csi.v1.Controller/DeleteVolume"))
+	burstReport(b, name, "deletevolume", relay.samples("/csi.v1.Controller/DeleteVolume"))
 	b.ReportMetric(float64((controlplane.ProcCPU(b, api)-cpu0).Milliseconds())/float64(n), "apiserver-cpu-ms/vol")
-	reportRequests(b, d.row, req0, apiRequests(b, cs), n)
+	reportRequests(b, name, req0, apiRequests(b, cs), n)
 	if d.pid != nil {
 		b.ReportMetric(controlplane.ProcStatusMiB(b, d.pid(b), "VmHWM"), "csi-rss-mib")
 	}
@@ -372,16 +404,25 @@ func burstNodeTopology(b *testing.B, cp *controlplane.ControlPlane, node string)
 		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}
+	// The provisioner offers the topology of every node whose CSINode names the driver: a
+	// later round's volumes must not be offered this node, whose agent is gone with its round.
+	b.Cleanup(func() {
+		if err := cs.StorageV1().CSINodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			b.Errorf("delete CSINode %s: %v", node, err)
+		}
+	})
 }
 
 func apiServerPID(b *testing.B, cp *controlplane.ControlPlane) int {
 	return processPID(b, cp, "apiserver")
 }
 
-// processPID is the pid of the control plane's process whose name contains name.
+// processPID is the pid of the control plane's running process whose name contains name,
+// the last started when there are several (a process of an earlier round has exited).
 func processPID(b *testing.B, cp *controlplane.ControlPlane, name string) int {
-	for _, p := range cp.Processes() {
-		if strings.Contains(p.Name, name) {
+	ps := cp.Processes()
+	for i := len(ps) - 1; i >= 0; i-- {
+		if p := ps[i]; strings.Contains(p.Name, name) && !p.Exited() {
 			return p.PID()
 		}
 	}

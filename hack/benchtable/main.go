@@ -14,18 +14,38 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// results maps "<benchmark name without the -GOMAXPROCS suffix> <unit>" to its value; the
-// last line of a benchmark wins.
-type results map[string]float64
+// results maps "<benchmark name without the -GOMAXPROCS suffix> <unit>" to its values, one per
+// run in the order read. A benchmark run several times (go test names the repeats of a
+// sub-benchmark "name#01", "name#02", …, as BenchmarkPVCBurst's rounds are) is one key: the
+// table shows the median of its values.
+type results map[string][]float64
+
+// median returns the median of vs (the mean of the middle two for an even count) and how many
+// values there are; ok is false for none.
+func (r results) median(key string) (v float64, n int, ok bool) {
+	vs := slices.Clone(r[key])
+	if len(vs) == 0 {
+		return 0, 0, false
+	}
+	slices.Sort(vs)
+	m := len(vs) / 2
+	if len(vs)%2 == 1 {
+		return vs[m], len(vs), true
+	}
+	return (vs[m-1] + vs[m]) / 2, len(vs), true
+}
 
 var (
 	benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
-	scaleNew  = regexp.MustCompile(`SCALE: applied (\d+) new objects in ([0-9.]+)(ms|s|m)`)
-	scaleNoop = regexp.MustCompile(`SCALE: no-op reconcile of (\d+) objects: ([0-9.]+)(µs|ms|s), (\d+) writes`)
+	// repeatSuffix is what go test appends to the name of a sub-benchmark run again.
+	repeatSuffix = regexp.MustCompile(`#\d+(/|$)`)
+	scaleNew     = regexp.MustCompile(`SCALE: applied (\d+) new objects in ([0-9.]+)(ms|s|m)`)
+	scaleNoop    = regexp.MustCompile(`SCALE: no-op reconcile of (\d+) objects: ([0-9.]+)(µs|ms|s), (\d+) writes`)
 )
 
 func seconds(v, unit string) float64 {
@@ -47,20 +67,23 @@ func parse(r io.Reader, res results) error {
 	for sc.Scan() {
 		line := sc.Text()
 		if m := benchLine.FindStringSubmatch(line); m != nil {
+			name := repeatSuffix.ReplaceAllString(m[1], "$1")
 			f := strings.Fields(m[2])
 			for i := 0; i+1 < len(f); i += 2 {
 				if v, err := strconv.ParseFloat(f[i], 64); err == nil {
-					res[m[1]+" "+f[i+1]] = v
+					k := name + " " + f[i+1]
+					res[k] = append(res[k], v)
 				}
 			}
 			continue
 		}
 		if m := scaleNew.FindStringSubmatch(line); m != nil {
-			res["fleet first-apply-s"] = seconds(m[2], m[3])
+			res["fleet first-apply-s"] = append(res["fleet first-apply-s"], seconds(m[2], m[3]))
 		}
 		if m := scaleNoop.FindStringSubmatch(line); m != nil {
-			res["fleet noop-s"] = seconds(m[2], m[3])
-			res["fleet noop-writes"], _ = strconv.ParseFloat(m[4], 64)
+			w, _ := strconv.ParseFloat(m[4], 64)
+			res["fleet noop-s"] = append(res["fleet noop-s"], seconds(m[2], m[3]))
+			res["fleet noop-writes"] = append(res["fleet noop-writes"], w)
 		}
 	}
 	return sc.Err()
@@ -148,6 +171,14 @@ func format(v float64) string {
 	return strconv.FormatFloat(v, 'g', 3, 64)
 }
 
+// medianOf says a value is the median of n runs (nothing for one run).
+func medianOf(n int) string {
+	if n <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (median of %d)", n)
+}
+
 func table(res results) string {
 	var b strings.Builder
 	b.WriteString("| metric | Plinth | peer / floor (same run) | ratio | target |\n| --- | --- | --- | --- | --- |\n")
@@ -156,20 +187,23 @@ func table(res results) string {
 		for _, key := range []string{r.plinth, r.peer} {
 			for unit, div := range map[string]float64{" sec/op": 1e9, " ms/op": 1e6} {
 				if strings.HasSuffix(key, unit) {
-					if v, ok := res[strings.TrimSuffix(key, unit[1:])+"ns/op"]; ok {
-						res[key] = v / div
+					if vs, ok := res[strings.TrimSuffix(key, unit[1:])+"ns/op"]; ok {
+						res[key] = nil
+						for _, v := range vs {
+							res[key] = append(res[key], v/div)
+						}
 					}
 				}
 			}
 		}
-		p, ok := res[r.plinth]
+		p, np, ok := res.median(r.plinth)
 		plinth, peer, ratio := "not measured", "—", "—"
 		if ok {
-			plinth = format(p)
+			plinth = format(p) + medianOf(np)
 		}
 		if r.peer != "" {
-			if q, ok2 := res[r.peer]; ok2 {
-				peer = format(q) + " (" + r.peerName + ")"
+			if q, nq, ok2 := res.median(r.peer); ok2 {
+				peer = format(q) + medianOf(nq) + " (" + r.peerName + ")"
 				if ok && q != 0 {
 					ratio = strconv.FormatFloat(p/q, 'f', 2, 64) + "×"
 				}
