@@ -155,7 +155,8 @@ func TestNodePluginRejectsDuplicateHostNQN(t *testing.T) {
 // is reported by the node plugin without anyone asking: once, as a Warning event DeviceGone
 // on its VolumeState naming the node, plinth_csi_node_volumes_inaccessible{reason=DeviceGone}
 // 1 and plinth_csi_node_volume_failures_total{reason=DeviceGone} 1 — still 1 at the next
-// checks; the gauge returns to 0 when the volume is unstaged.
+// checks; the gauge returns to 0 when the volume is unstaged. A volume whose stage is still
+// connecting (its record has no device yet) is never reported.
 func TestVolumeHealthReported(t *testing.T) {
 	cp := sharedControlPlane(t)
 	c := kubeClient(t, cp.Admin.Config)
@@ -172,6 +173,14 @@ func TestVolumeHealthReported(t *testing.T) {
 	}
 	stages := stage.Dir{Path: state}
 	if err := stages.Save(stage.Record{VolumeID: id, StagingPath: t.TempDir(), Kind: "nvmeofTcp", Device: device, NQN: "nqn.2014-08.dev.plinth:" + id}); err != nil {
+		t.Fatal(err)
+	}
+	// A second volume whose stage is in progress: NodeStageVolume saves its record before the
+	// NVMe-oF connect, with no device yet. It is not inaccessible; the check that reports the
+	// first volume checks it too, so the gauge of exactly 1 and the counter of exactly 1 below
+	// say it was never reported.
+	connecting := storev1.VolumeID(fresh("health-connecting-"))
+	if err := stages.Save(stage.Record{VolumeID: connecting, StagingPath: t.TempDir(), Kind: "nvmeofTcp", NQN: "nqn.2014-08.dev.plinth:" + connecting}); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()

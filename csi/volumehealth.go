@@ -61,15 +61,19 @@ func newVolumeMetrics() volumeMetrics {
 	return m
 }
 
-// volumeHealth checks a staged volume: its recorded device exists, and the mounts at the given
-// paths (empty ones skipped) are not dead (EIO, ENOTCONN, ESTALE). It returns the problems
-// found, none when healthy.
+// volumeHealth checks a staged volume: its recorded device exists (a record with no device yet,
+// a stage in progress, has none to check), and the mounts at the given paths (empty ones
+// skipped) are not dead (EIO, ENOTCONN, ESTALE). It returns the problems found, none when
+// healthy.
 func (d *Driver) volumeHealth(rec *stage.Record, paths ...string) []*csipb.VolumeHealth_VolumeHealthEntry {
 	var out []*csipb.VolumeHealth_VolumeHealthEntry
 	add := func(reason, msg string) {
 		out = append(out, &csipb.VolumeHealth_VolumeHealthEntry{Status: csipb.VolumeHealthErrorType_INACCESSIBLE, Reason: reason, Message: msg})
 	}
-	if rec != nil {
+	// A record without a device is a stage in progress: NodeStageVolume saves it before the
+	// NVMe-oF connect (so that a crash meanwhile still lets unstage disconnect) and fills the
+	// device in once the namespace appears. Nothing is missing yet.
+	if rec != nil && rec.Device != "" {
 		if _, err := os.Stat(rec.Device); err != nil {
 			add(ReasonDeviceGone, fmt.Sprintf("device %s: %v", rec.Device, err))
 		}
