@@ -12,8 +12,6 @@ import (
 
 	"github.com/plinth-storage/plinth/controllers/policy"
 	"github.com/plinth-storage/plinth/controllers/render"
-	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
-	"github.com/plinth-storage/plinth/schema/vet"
 )
 
 // applyBodyObjects are rendered objects of every kind (fleet policies on two Nodes) and a
@@ -24,14 +22,7 @@ func applyBodyObjects(t testing.TB) []*unstructured.Unstructured {
 	p, proto, pl := fleetPolicies()
 	pl.Spec.Filesystem.MountOptions = []string{"noatime", "discard"}
 	pl.Spec.StorageClass.IsDefault = true
-	v, err := vet.NewVetter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, problems := policy.VetObjects(v, []policyv1.StoragePool{*p}, []policyv1.Protocol{*proto}, []policyv1.Placement{*pl})
-	if len(problems) > 0 {
-		t.Fatalf("policies do not vet: %v", problems)
-	}
+	pol := vetFleetPolicies(t, p, proto, pl)
 	var nodes []corev1.Node
 	for _, n := range []string{"fleet-00001", "fleet-00002"} {
 		nodes = append(nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"plinth.dev/storage": "fleet"}}})

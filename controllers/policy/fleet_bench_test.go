@@ -172,6 +172,21 @@ const (
 	fluxNamespace          = "flux-system"
 )
 
+// vetFleetPolicies judges the one pool, protocol and placement as the controller does (the
+// schema's vet) and fails tb when they do not pass.
+func vetFleetPolicies(tb testing.TB, p *policyv1.StoragePool, proto *policyv1.Protocol, pl *policyv1.Placement) *vet.Policies {
+	tb.Helper()
+	v, err := vet.NewVetter()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pol, problems := policy.VetObjects(v, []policyv1.StoragePool{*p}, []policyv1.Protocol{*proto}, []policyv1.Placement{*pl})
+	if len(problems) > 0 {
+		tb.Fatalf("policies do not vet: %v", problems)
+	}
+	return pol
+}
+
 func fleetPolicies() (*policyv1.StoragePool, *policyv1.Protocol, *policyv1.Placement) {
 	p := pool("fleet", "fleet", "")
 	proto := &policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: "fleet-nvme"},
@@ -213,14 +228,7 @@ func renderFleet(b *testing.B, c client.Client, p *policyv1.StoragePool, proto *
 	if err := c.List(ctx, &nodes, client.MatchingLabels{"plinth.dev/storage": "fleet"}); err != nil {
 		b.Fatal(err)
 	}
-	v, err := vet.NewVetter()
-	if err != nil {
-		b.Fatal(err)
-	}
-	pol, problems := policy.VetObjects(v, []policyv1.StoragePool{*p}, []policyv1.Protocol{*proto}, []policyv1.Placement{*pl})
-	if len(problems) > 0 {
-		b.Fatalf("fleet policies do not vet: %v", problems)
-	}
+	pol := vetFleetPolicies(b, p, proto, pl)
 	out, err := render.Render(render.Input{Pools: pol.Pools, Protocols: pol.Protocols, Placements: pol.Placements, Nodes: nodes.Items})
 	if err != nil {
 		b.Fatal(err)
