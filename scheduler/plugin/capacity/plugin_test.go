@@ -220,6 +220,55 @@ func TestB30RaceForSameSpace(t *testing.T) {
 	}
 }
 
+// A Store report releases only the bookings it accounts for: two claims bound on one node,
+// a report that counts one volume releases one booking and keeps the other's bytes taken; a
+// report that shrank releases none; the next report that counts both releases the rest.
+func TestStoreReportReleasesOnlyBookingsItCounts(t *testing.T) {
+	f := newFixture(t)
+	now := time.Unix(1000, 0)
+	f.p.cache.now = func() time.Time { return now }
+	f.store("pool-a", "x", avail(10*GiB))
+	x := mkNode("x", nil)
+	ctx := context.Background()
+	book := func(name string, size int64) {
+		t.Helper()
+		p := f.pod(name, "binpack", size)
+		r := f.cycle(p, x)
+		if !r.filter["x"].IsSuccess() {
+			t.Fatalf("%s filtered: %v", name, r.filter["x"])
+		}
+		if s := f.p.Reserve(ctx, r.state, p, "x"); !s.IsSuccess() {
+			t.Fatal(s)
+		}
+		now = now.Add(time.Second)
+	}
+	book("p1", 3*GiB)
+	book("p2", 2*GiB)
+	f.p.cache.claimBound("default/p1-c0")
+	f.p.cache.claimBound("default/p2-c0")
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 5*GiB {
+		t.Fatalf("booked before any report: %d, want %d", got, 5*GiB)
+	}
+	// The report counts p2's volume only (2 GiB more provisioned).
+	f.store("pool-a", "x", avail(8*GiB))
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 3*GiB {
+		t.Fatalf("after a report counting one volume: booked %d, want %d (p1's)", got, 3*GiB)
+	}
+	if s := f.cycle(f.pod("p3", "binpack", 6*GiB), x).filter["x"]; s.IsSuccess() {
+		t.Fatal("p3 (6 GiB) fits where 8 GiB are free of which 3 GiB are still booked")
+	}
+	// A volume of someone else deleted: provisioned shrinks below the bookings' baseline.
+	f.store("pool-a", "x", avail(12*GiB))
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 3*GiB {
+		t.Fatalf("after a report that shrank: booked %d, want %d", got, 3*GiB)
+	}
+	// The report now counts p1's volume as well.
+	f.store("pool-a", "x", avail(9*GiB))
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 0 {
+		t.Fatalf("after a report counting both volumes: booked %d, want 0", got)
+	}
+}
+
 // B30, timeout path: bookings not accounted for by the agent expire.
 func TestBookingTimeout(t *testing.T) {
 	f := newFixture(t)
