@@ -119,7 +119,7 @@ func wantCode(t *testing.T, what string, err error, code codes.Code) {
 	}
 }
 
-// B01: sizes round UP to the store's extent; capacity_bytes is the real size.
+// Sizes round UP to the store's extent; capacity_bytes is the real size.
 func TestCreateVolumeRoundsUp(t *testing.T) {
 	e := controllerEnv(t, "b01", map[string]int64{"b01-node": 100 * gib})
 	ctx := t.Context()
@@ -155,7 +155,7 @@ func TestCreateVolumeRoundsUp(t *testing.T) {
 	wantCode(t, "limit below one extent", err, codes.OutOfRange)
 }
 
-// B03: idempotent by name; incompatible repeats are ALREADY_EXISTS.
+// Idempotent by name; incompatible repeats are ALREADY_EXISTS.
 func TestCreateVolumeIdempotent(t *testing.T) {
 	e := controllerEnv(t, "b03", map[string]int64{"b03-node-a": 100 * gib})
 	ctx := t.Context()
@@ -191,7 +191,7 @@ func TestCreateVolumeIdempotent(t *testing.T) {
 	}
 }
 
-// B04: unknown or malformed ids delete OK; empty id is INVALID_ARGUMENT; delete waits for the
+// Unknown or malformed ids delete OK; empty id is INVALID_ARGUMENT; delete waits for the
 // agent's finalizer.
 func TestDeleteVolume(t *testing.T) {
 	e := controllerEnv(t, "b04", map[string]int64{"b04-node": 10 * gib})
@@ -213,7 +213,7 @@ func TestDeleteVolume(t *testing.T) {
 	wantCode(t, "empty id", err, codes.InvalidArgument)
 }
 
-// B08: no room on the selected node → RESOURCE_EXHAUSTED, decided from Store status and also
+// No room on the selected node → RESOURCE_EXHAUSTED, decided from Store status and also
 // when the agent itself reports InsufficientCapacity (the VolumeState is then removed).
 func TestCreateVolumeNoRoom(t *testing.T) {
 	e := controllerEnv(t, "b08", map[string]int64{"b08-node-1": 30 * gib, "b08-node-2": 100 * gib})
@@ -246,7 +246,7 @@ func TestCreateVolumeNoRoom(t *testing.T) {
 	}
 }
 
-// B10: expansion completes at ≥ requested; repeats and smaller requests change nothing.
+// Expansion completes at ≥ requested; repeats and smaller requests change nothing.
 func TestControllerExpand(t *testing.T) {
 	e := controllerEnv(t, "b10", map[string]int64{"b10-node": 10 * gib})
 	ctx := t.Context()
