@@ -84,7 +84,7 @@ func localPublish(dev string) map[string]string {
 // The node lifecycle on a real loop device: stage formats the blank device, publish binds,
 // stats, expand grows xfs after the device grew (ext4 online growth needs CAP_SYS_RESOURCE,
 // which this test machine's sandbox withholds: resize2fs gets EPERM), unpublish and unstage clean up; a restarted
-// plugin unstages from the record alone (B19).
+// plugin unstages from the record alone.
 func TestNodeLifecycle(t *testing.T) {
 	dev, file := loopDevice(t, 320<<20)
 	state := filepath.Join(t.TempDir(), "state")
@@ -138,7 +138,7 @@ func TestNodeLifecycle(t *testing.T) {
 	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("target left behind: %v", err)
 	}
-	// A restarted plugin (new process, same state folder) unstages from the record (B19b).
+	// A restarted plugin (new process, same state folder) unstages from the record.
 	restarted := nodePlugin(t, state)
 	if _, err := restarted.NodeStageVolume(ctx, stageReq); err != nil {
 		t.Errorf("stage of a staged volume after restart: %v", err)
@@ -152,11 +152,11 @@ func TestNodeLifecycle(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(state, id+".json")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stage record left: %v", err)
 	}
-	// B19a: unstage of what is not staged.
+	// Unstage of what is not staged is OK.
 	if _, err := restarted.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 		t.Errorf("unstage again: %v", err)
 	}
-	// The data survived: restage keeps the filesystem (B15: no mkfs on a formatted device).
+	// The data survived: restage keeps the filesystem (no mkfs on a formatted device).
 	if _, err := restarted.NodeStageVolume(ctx, stageReq); err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestNodeLifecycle(t *testing.T) {
 	}
 }
 
-// B15: a missing device is NOT_FOUND and nothing is formatted.
+// A missing device is NOT_FOUND and nothing is formatted.
 func TestNodeStageMissingDevice(t *testing.T) {
 	prereq.Root(t, "NodeStageVolume checks block devices and mounts")
 	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
@@ -181,7 +181,7 @@ func TestNodeStageMissingDevice(t *testing.T) {
 	wantCode(t, "stage of a missing device", err, codes.NotFound)
 }
 
-// B17: unpublish and unstage of a dead mount (xfs shut down: stat returns EIO) succeed only
+// Unpublish and unstage of a dead mount (xfs shut down: stat returns EIO) succeed only
 // after unmounting; health reports it INACCESSIBLE before.
 func TestNodeDeadMount(t *testing.T) {
 	prereq.Commands(t, "xfs_io")
@@ -218,7 +218,7 @@ func TestNodeDeadMount(t *testing.T) {
 	}
 }
 
-// B19c: a staging path mounted from a device that is gone, with no record, is an error — never
+// A staging path mounted from a device that is gone, with no record, is an error — never
 // a silent OK. Mountinfo is a recorded file naming a vanished device.
 func TestNodeUnstageWithoutRecordDeviceGone(t *testing.T) {
 	dir := t.TempDir()

@@ -88,17 +88,18 @@ func TestApplyStatusAndNodeSelector(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "afast")
 }
 
-// TestPruneInventoryOnlyAndInUse is field cases B38 and B39: an object carrying Plinth's
-// labels but absent from the inventory is never pruned; a StorageClass used by PVCs is kept
-// and reported on its Placement, which keeps its finalizer until the PVCs are gone; a class
-// with pruning disabled is never deleted.
+// TestPruneInventoryOnlyAndInUse: an object carrying Plinth's labels but absent from the
+// inventory is never pruned; a StorageClass used by PVCs is kept and reported on its Placement,
+// which keeps its finalizer until the PVCs are gone; a class with pruning disabled is never
+// deleted.
 func TestPruneInventoryOnlyAndInUse(t *testing.T) {
 	c := env(t)
 	node(t, c, "b1", map[string]string{"plinth.dev/storage": "b"})
 	p, proto := pool("bpool", "b", ""), localProtocol("blocal")
 	used, optout := placement("bused", "bpool", "blocal", "b-used"), placement("bkeep", "bpool", "blocal", "b-keep")
 	create(t, c, p, proto, used, optout)
-	// An operator's object with Plinth's labels, never applied by Plinth (B38).
+	// An operator's object with Plinth's labels, never applied by Plinth: labels never make an
+	// object prunable, only the inventory does.
 	foreign := &storagev1.StorageClass{
 		ObjectMeta:  metav1.ObjectMeta{Name: "b-foreign", Labels: map[string]string{policyv1.LabelManagedBy: "plinth", policyv1.LabelPlacement: "bused", policyv1.LabelPool: "bpool"}},
 		Provisioner: policyv1.DriverName,
@@ -196,7 +197,7 @@ func TestInvalidPolicyStalls(t *testing.T) {
 
 // TestDrift: hand edits and deletes of a StorageClass and a Store are reported as Drifted
 // under Report and corrected under Correct; another writer's annotation and server defaults
-// are no drift (B40).
+// are no drift.
 func TestDrift(t *testing.T) {
 	c := env(t)
 	node(t, c, "d1", map[string]string{"plinth.dev/storage": "d"})
@@ -208,7 +209,7 @@ func TestDrift(t *testing.T) {
 	var st storev1.Store
 	exists(t, c, &st, "dpool.d1")
 
-	// B40: another controller annotates the class, the agent writes Store status: no drift.
+	// Another controller annotates the class, the agent writes Store status: no drift.
 	sc := storageClass(t, c, "d-fast")
 	sc.Annotations = map[string]string{"other.example.com/seen": "yes"}
 	if err := c.Update(ctx, sc, client.FieldOwner("other-controller")); err != nil {
@@ -286,7 +287,7 @@ func TestDrift(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "dfast")
 }
 
-// TestImmutableReplacement is field cases B35 and B36: an fsType change needs a new
+// TestImmutableReplacement: an fsType change needs a new
 // StorageClass: under Never it is reported (ReplacementRequired, Stalled) while
 // allowVolumeExpansion is patched in place; under IfUnused it waits while a PVC uses the
 // class and replaces it once unused, keeping the default-class annotation.
@@ -422,7 +423,7 @@ func TestStoreWithVolumesDrains(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "gfast")
 }
 
-// TestReplacementWaitsForOldObject (B36): the old StorageClass is still present after its
+// TestReplacementWaitsForOldObject: the old StorageClass is still present after its
 // delete (a finalizer holds it terminating — the real API server's way of "the first Get after
 // Delete still returns the object"). The replacement is then a retryable wait reported as
 // ReplacementInProgress, not an error and not a second object; once the old class goes, the
@@ -469,7 +470,7 @@ func TestReplacementWaitsForOldObject(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "hfast")
 }
 
-// TestPruneInUseForced (B39, the explicit override): an operator sets plinth.dev/prune: force
+// TestPruneInUseForced (the explicit override): an operator sets plinth.dev/prune: force
 // on a StorageClass PVCs use; when its Placement leaves Git the class is deleted anyway, the
 // Placement's finalizer is released, and a PrunedInUse warning says that existing PVs keep
 // working while expansion and the Pending PVCs will fail.

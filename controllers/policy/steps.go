@@ -473,7 +473,7 @@ func (ic indexedCounter) StoreUsage(ctx context.Context, name string) (plan.Usag
 	return plan.Usage{Volumes: len(vols.Items), Known: true}, nil
 }
 
-// forcedPruneMessage says what deleting an in-use StorageClass leaves behind (field case B39):
+// forcedPruneMessage says what deleting an in-use StorageClass leaves behind:
 // bound volumes keep working; resizing their claims is refused by admission without the class;
 // Pending claims are never provisioned.
 func forcedPruneMessage(class string, pvcs, pending int) string {

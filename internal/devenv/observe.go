@@ -37,7 +37,7 @@ const (
 // Prometheus: the pool filled, a volume failed, drift in the kernel, a fencing refusal.
 var AlertsFiring = []string{"PlinthPoolNearlyFull", "PlinthVolumesFailed", "PlinthDriftPersisting", "PlinthFencingRejections"}
 
-// volumeID is the CSI volume id of a CSI name (DESIGN.md "Names and keys").
+// volumeID is the CSI volume id of a CSI name (docs/design.md, "Names and keys").
 func volumeID(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "vol-" + hex.EncodeToString(sum[:])[:40]

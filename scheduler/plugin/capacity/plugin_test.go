@@ -16,9 +16,10 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// B28: scores are monotonic in free bytes and strictly ordered where free bytes differ;
-// a node with no room is filtered. Spreadout and Binpack are mirror images.
-func TestB28ScoreMonotonicSmallCapacities(t *testing.T) {
+// TestScoreMonotonicSmallCapacities: scores are monotonic in free bytes and strictly ordered
+// where free bytes differ; a node with no room is filtered. Spreadout and Binpack are mirror
+// images.
+func TestScoreMonotonicSmallCapacities(t *testing.T) {
 	for _, tc := range []struct {
 		class string
 		order []string // strictly increasing score
@@ -106,9 +107,9 @@ func seq(n int, step int64) []int64 {
 	return v
 }
 
-// B29: a node without a Store, without capacity, with invalid or zero capacity is
-// unschedulable with a distinct reason, never a panic; a pod without our claims is skipped.
-func TestB29BadCapacityData(t *testing.T) {
+// TestBadCapacityData: a node without a Store, without capacity, with invalid or zero capacity
+// is unschedulable with a distinct reason, never a panic; a pod without our claims is skipped.
+func TestBadCapacityData(t *testing.T) {
 	f := newFixture(t)
 	f.store("pool-a", "n1", &storev1.Capacity{Total: 100 * GiB, Allocatable: 100 * GiB, Available: 100 * GiB})
 	f.store("pool-a", "n2", nil)
@@ -177,9 +178,10 @@ func TestDrainingStoreTakesNoNewVolumes(t *testing.T) {
 	}
 }
 
-// B30: the first pod's Reserve books the space; the second sees none on that node; Unreserve
-// gives it back; a claim bound and then counted by the agent releases the booking.
-func TestB30RaceForSameSpace(t *testing.T) {
+// TestRaceForSameSpace: the first pod's Reserve books the space; the second sees none on that
+// node; Unreserve gives it back; a claim bound and then counted by the agent releases the
+// booking.
+func TestRaceForSameSpace(t *testing.T) {
 	f := newFixture(t)
 	f.store("pool-a", "x", avail(2*GiB))
 	x := mkNode("x", nil)
@@ -269,7 +271,7 @@ func TestStoreReportReleasesOnlyBookingsItCounts(t *testing.T) {
 	}
 }
 
-// B30, timeout path: bookings not accounted for by the agent expire.
+// Two pods racing, timeout path: bookings not accounted for by the agent expire.
 func TestBookingTimeout(t *testing.T) {
 	f := newFixture(t)
 	now := time.Unix(1000, 0)
@@ -288,8 +290,8 @@ func TestBookingTimeout(t *testing.T) {
 	}
 }
 
-// B31: byte-exact boundaries, no GiB rounding, zero means no demand.
-func TestB31Boundaries(t *testing.T) {
+// TestByteExactBoundaries: byte-exact boundaries, no GiB rounding, zero means no demand.
+func TestByteExactBoundaries(t *testing.T) {
 	const alloc = 117 * GiB // 125627793408
 	for _, tc := range []struct {
 		req  int64
@@ -315,9 +317,9 @@ func TestB31Boundaries(t *testing.T) {
 	}
 }
 
-// B33: Reserve refuses a node that left the snapshot; Filter and Score only see snapshot
-// nodes, so a Store whose Node vanished is never chosen.
-func TestB33NodeVanished(t *testing.T) {
+// TestNodeVanished: Reserve refuses a node that left the snapshot; Filter and Score only see
+// snapshot nodes, so a Store whose Node vanished is never chosen.
+func TestNodeVanished(t *testing.T) {
 	f := newFixture(t)
 	f.nodes["here"] = true
 	f.store("pool-a", "here", avail(GiB))

@@ -81,8 +81,9 @@ func newView(ttl time.Duration) *view {
 	}
 }
 
-// storeKey returns the slot key of a Store from its labels (DESIGN.md: look Stores up by
-// plinth.dev/pool and plinth.dev/node), falling back to its spec for a Store without them.
+// storeKey returns the slot key of a Store from its labels (docs/design.md, "Names and keys":
+// look Stores up by plinth.dev/pool and plinth.dev/node), falling back to its spec for a Store
+// without them.
 func storeKey(st *storev1.Store) slotKey {
 	k := slotKey{pool: st.Labels[policyv1.LabelPool], node: st.Labels[policyv1.LabelNode]}
 	if k.pool == "" {
