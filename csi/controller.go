@@ -267,7 +267,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		fs.FSType = "ext4"
 	}
 	strategy := placement.Spec.Strategy
-	ov, err := pvcOverrides(ctx, s.d.live, params, &placement)
+	ov, err := s.pvcOverrides(ctx, params, &placement, fs.FSType)
 	if err != nil {
 		return nil, err
 	}

@@ -154,14 +154,41 @@ func MountOptions(fsType string, opts []string) []string {
 // FormatAndMount mounts dev at target as fsType, running mkfs (with mkfsOptions) first only
 // when blkid says dev is blank. The device must exist (ErrDeviceNotFound otherwise: never mkfs
 // what cannot be probed). target must exist.
+//
+// With mkfsOptions, a blank device is formatted here, with the defaults mount-utils uses
+// before the options (MkfsArgs): mount-utils puts its defaults after them, and mke2fs takes
+// the last of a repeated flag, so a "-m 1" would lose to its "-m0". A read-only mount of a
+// blank device is left to mount-utils, which refuses it.
 func (m *Mounter) FormatAndMount(dev, target, fsType string, mkfsOptions, options []string) error {
 	if fsType == "" {
 		fsType = "ext4"
 	}
-	if _, err := m.DiskFormat(dev); err != nil {
+	format, err := m.DiskFormat(dev)
+	if err != nil {
 		return fmt.Errorf("probe %s: %w", dev, err)
 	}
+	if format == "" && len(mkfsOptions) > 0 && !slices.Contains(options, "ro") {
+		args := MkfsArgs(fsType, mkfsOptions, dev)
+		if out, err := m.safe.Exec.Command("mkfs."+fsType, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("mkfs.%s %v: %w: %s", fsType, args, err, out)
+		}
+	}
 	return m.safe.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, MountOptions(fsType, options), nil, mkfsOptions)
+}
+
+// MkfsArgs returns the arguments of mkfs.<fsType> for dev: mount-utils' defaults (ext3 and
+// ext4: -F, -m0; xfs: -f), then opts, so that an option given wins over a default, then the
+// device.
+func MkfsArgs(fsType string, opts []string, dev string) []string {
+	var args []string
+	switch fsType {
+	case "ext3", "ext4":
+		args = []string{"-F", "-m0"}
+	case "xfs":
+		args = []string{"-f"}
+	}
+	args = append(args, opts...)
+	return append(args, dev)
 }
 
 // BindMount bind-mounts source (a directory or a device file) at target, read-only when ro.

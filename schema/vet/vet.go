@@ -299,9 +299,10 @@ func (v *Vetter) cueProblems(d *Document, err error, label string) []Problem {
 				continue // the definition the document was unified with
 			}
 			if f, ok := strings.CutPrefix(sel, "_invalid_"); ok {
-				// A schema check that reports on another field: "_invalid_a__b" is a.b.
+				// A schema check that reports on another field: "_invalid_a__b" is a.b, and
+				// its fields are that field's elements ("_invalid_a"."3" is a.3).
 				clean = append(clean, strings.Split(f, "__")...)
-				break
+				continue
 			}
 			if strings.HasPrefix(sel, "_") {
 				break
