@@ -61,3 +61,40 @@ items:
 		t.Errorf("every pool matched: exit %d, stderr %q, want 0 and nothing", code, errOut)
 	}
 }
+
+// render and diff of a folder that holds several overlays (the policy repository) refuse it,
+// naming the overlays, instead of reading them as one set full of duplicates.
+func TestRenderRefusesSeveralOverlays(t *testing.T) {
+	const nodes = "../../controllers/diff/testdata/nodes.yaml"
+	for _, args := range [][]string{
+		{"render", "../../policies", "--nodes", nodes},
+		{"diff", "../../policies", "--against", "../../policies/clusters/staging", "--nodes", nodes},
+	} {
+		code, out, _ := plinthOutErr(t, args...)
+		if code != exitUsage || out != "" {
+			t.Errorf("plinth %v: exit %d, stdout %q; want %d and nothing", args, code, out, exitUsage)
+		}
+		err := runErr(t, args...)
+		for _, want := range []string{"../../policies holds 2 overlays", "policies/clusters/production", "policies/clusters/staging"} {
+			if !strings.Contains(err, want) {
+				t.Errorf("plinth %v: error %q lacks %q", args, err, want)
+			}
+		}
+	}
+	if code, _, errOut := plinthOutErr(t, "render", "../../policies/clusters/staging", "--nodes", nodes); code != exitOK {
+		t.Errorf("one overlay: exit %d, stderr %s", code, errOut)
+	}
+}
+
+// runErr runs the command line and returns the error main would print.
+func runErr(t *testing.T, args ...string) string {
+	t.Helper()
+	root := newRootCommand()
+	root.SetOut(&bytes.Buffer{})
+	root.SetErr(&bytes.Buffer{})
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		return err.Error()
+	}
+	return ""
+}

@@ -62,8 +62,12 @@ invalid, 2 usage or I/O error.`,
 	return cmd
 }
 
-// vetPaths loads and vets the policy set at paths.
+// vetPaths loads and vets the policy set at paths; a folder of several overlays is an error
+// (vet.OneSet).
 func vetPaths(paths []string) (*vet.Policies, []vet.Problem, error) {
+	if err := vet.OneSet(paths...); err != nil {
+		return nil, nil, err
+	}
 	set, err := vet.Load(paths...)
 	if err != nil {
 		return nil, nil, err

@@ -80,6 +80,26 @@ func LoadUnits(paths ...string) ([]Unit, error) {
 	return units, nil
 }
 
+// OneSet returns an error when one of paths is a folder, itself no kustomization, that holds
+// several overlays (a policy repository): Load would read them as one set, the same pools and
+// placements once per overlay. The error names the overlays, to render or diff one of them.
+// I/O errors are left to Load.
+func OneSet(paths ...string) error {
+	for _, p := range paths {
+		if st, err := os.Stat(p); err != nil || !st.IsDir() || kustomizationFile(p) != "" {
+			continue
+		}
+		kdirs, _, err := walkPolicyDir(p)
+		if err != nil {
+			continue
+		}
+		if ov := overlays(kdirs); len(ov) > 1 {
+			return fmt.Errorf("%s holds %d overlays (%s), each a policy set of its own: name one of them (plinth vet %s vets each)", p, len(ov), strings.Join(ov, ", "), p)
+		}
+	}
+	return nil
+}
+
 func loadUnit(dir string) (Unit, error) {
 	s := &Set{}
 	if err := s.loadKustomization(dir); err != nil {
