@@ -326,13 +326,11 @@ func Reliance(u Unit) []Problem {
 			msg += "vet an overlay that includes both (a kustomization listing both folders under resources)"
 		}
 		p := Problem{File: r.d.File, Line: r.d.Line, Column: r.d.Column, Kind: r.d.Kind, Name: r.d.Name, Field: strings.Join(r.field, "."), Message: msg}
-		if r.d.source == nil {
-			if expr := r.d.syntax(); expr != nil {
-				if l, c, ok := fieldPos(expr, r.field); ok {
-					p.Line, p.Column = l, c
-				}
-			}
-		} else if expr := r.d.source.syntax(); expr != nil {
+		src := r.d // a kustomize-built document has its position in its source file
+		if src.source != nil {
+			src = src.source
+		}
+		if expr := src.syntax(); expr != nil {
 			if l, c, ok := fieldPos(expr, r.field); ok {
 				p.Line, p.Column = l, c
 			}
