@@ -24,7 +24,9 @@ func newRenderCommand() *cobra.Command {
 FILE (the output of kubectl get nodes -o yaml) and prints the objects as one YAML stream:
 StorageClasses, then Agents, then Stores, each sorted by name. The same input always gives the
 same bytes. A StoragePool whose nodeSelector matches no node in FILE renders no Store: a warning
-on stderr names it (a typo in a label, or the wrong inventory). Exit status: 0 rendered, 1 invalid policy, 2 usage or I/O error.`,
+on stderr names it (a typo in a label, or the wrong inventory). A folder that holds several
+overlays is refused: render one of them. Exit status: 0 rendered, 1 invalid policy, 2 usage or
+I/O error.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if nodesFile == "" {

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -18,13 +17,21 @@ const LockPath = lockPath
 // /proc/<pid>/cmdline; "an unknown process" when /proc does not say (the lock was released
 // meanwhile, or the holder runs in another PID namespace).
 func LockHolder(path string) string {
+	if h, ok := holderOf(path); ok {
+		return h
+	}
+	return "an unknown process"
+}
+
+// holderOf is LockHolder, with ok false when /proc/locks names no holder of path's lock.
+func holderOf(path string) (holder string, ok bool) {
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {
-		return "an unknown process"
+		return "", false
 	}
 	f, err := os.Open("/proc/locks")
 	if err != nil {
-		return "an unknown process"
+		return "", false
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -39,9 +46,9 @@ func LockHolder(path string) string {
 		if len(dev) != 3 || dev[2] != strconv.FormatUint(st.Ino, 10) {
 			continue
 		}
-		return describePID(fields[4])
+		return describePID(fields[4]), true
 	}
-	return "an unknown process"
+	return "", false
 }
 
 // describePID is "pid N (command line)", the command line cut at 200 bytes.
@@ -57,22 +64,10 @@ func describePID(pid string) string {
 	return fmt.Sprintf("pid %s (%s)", pid, line)
 }
 
-// LockHeld reports whether another process holds the host's cluster lock now, and who
-// (LockHolder). It takes the lock and releases it at once when free; the answer may be stale
-// by the time the caller acts on it (Start waits for the lock anyway).
-func LockHeld() (holder string, held bool, err error) {
-	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return "", false, err
-	}
-	defer f.Close()
-	err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-	switch {
-	case err == nil:
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		return "", false, nil
-	case errors.Is(err, syscall.EWOULDBLOCK):
-		return LockHolder(lockPath), true, nil
-	}
-	return "", false, fmt.Errorf("lock %s: %w", lockPath, err)
+// LockHeld reports whether a process holds the host's cluster lock now, and who (LockHolder),
+// from /proc/locks alone: it never takes the lock, so a cluster starting meanwhile does not
+// find it held by the caller. The answer may be stale by the time the caller acts on it
+// (Start waits for the lock anyway).
+func LockHeld() (holder string, held bool) {
+	return holderOf(lockPath)
 }

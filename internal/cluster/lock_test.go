@@ -43,10 +43,16 @@ func TestWaitLockNamesHolder(t *testing.T) {
 		t.Errorf("error %v, want the cause and the holder", err)
 	}
 
+	if h, ok := holderOf(path); !ok || !strings.HasPrefix(h, me) {
+		t.Errorf("holderOf %q %v, want held by %s…", h, ok, me)
+	}
 	if err := syscall.Flock(int(holder.Fd()), syscall.LOCK_UN); err != nil {
 		t.Fatal(err)
 	}
 	told = nil
+	if h, ok := holderOf(path); ok {
+		t.Errorf("holderOf a free lock: %q", h)
+	}
 	if err := waitLock(context.Background(), waiter, path, func(h string) { told = append(told, h) }); err != nil || told != nil {
 		t.Errorf("free lock: error %v, told %q; want it taken without a word", err, told)
 	}

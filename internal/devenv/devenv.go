@@ -179,7 +179,7 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err := checkNotRunning(e.Dir); err != nil {
 		return e, err
 	}
-	if holder, held, err := cluster.LockHeld(); err == nil && held {
+	if holder, held := cluster.LockHeld(); held {
 		// Said at once: the nodes step waits for this lock, and nothing else would tell why.
 		e.rep.printf("… another node cluster holds %s (%s): dev up starts the control plane, then waits for that lock before starting nodes\n", cluster.LockPath, holder)
 	}
