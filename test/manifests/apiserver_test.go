@@ -418,7 +418,7 @@ func testStoreColumns(t *testing.T, c *cluster) {
 	st := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "storage.plinth.dev/v1alpha1", "kind": "Store",
 		"metadata": map[string]any{"name": "fast.columns"},
-		"spec": map[string]any{"pool": "fast", "nodeName": "columns", "backend": map[string]any{"file": map[string]any{"directory": "/var/lib/plinth"}}},
+		"spec":     map[string]any{"pool": "fast", "nodeName": "columns", "backend": map[string]any{"file": map[string]any{"directory": "/var/lib/plinth"}}},
 	}}
 	created, err := c.dyn.Resource(gvr).Create(ctx, st, metav1.CreateOptions{FieldManager: fieldManager})
 	if err != nil {
