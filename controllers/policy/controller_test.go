@@ -2,11 +2,13 @@ package policy_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -376,6 +378,68 @@ func TestFluxRevision(t *testing.T) {
 	}
 	deleteAll(t, c, pl, p, proto, ks)
 	gone(t, c, &policyv1.Placement{}, "ffast")
+}
+
+// TestFluxRefusedRevision: when Flux refused a newer revision (its dry-run failed), the policy
+// objects it applied say the revision actually applied, never the refused one, and Synced=False
+// names both; once Flux applies the newer revision, they follow it.
+func TestFluxRefusedRevision(t *testing.T) {
+	c := env(t)
+	const r1, r2 = "main@sha1:1111111111111111111111111111111111111111", "main@sha1:2222222222222222222222222222222222222222"
+	ks := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+		"metadata": map[string]any{"name": "refusing", "namespace": namespace},
+		"spec":     map[string]any{"path": "./policies"},
+		"status": map[string]any{"lastAppliedRevision": r1, "lastAttemptedRevision": r2, "conditions": []any{map[string]any{
+			"type": "Ready", "status": "False", "reason": "ReconciliationFailed", "lastTransitionTime": "2026-01-01T00:00:00Z",
+			"message": `Placement/rfast dry-run failed: .spec.storageClass.reclaimPolcy: field not declared in schema`,
+		}}},
+	}}
+	create(t, c, ks)
+	node(t, c, "r1", map[string]string{"plinth.dev/storage": "r"})
+	p, proto, pl := pool("rpool", "r", ""), localProtocol("rlocal"), placement("rfast", "rpool", "rlocal", "r-fast")
+	flux := map[string]string{"kustomize.toolkit.fluxcd.io/name": "refusing", "kustomize.toolkit.fluxcd.io/namespace": namespace}
+	pl.Labels, p.Labels = flux, flux
+	create(t, c, p, proto, pl)
+	startController(t)
+	for _, obj := range []client.Object{pl, p} {
+		waitReady(t, c, obj)
+		waitCondition(t, c, obj, policy.SyncedCondition, "False", policy.ReasonRevisionRefused)
+	}
+	if pl.Status.LastAppliedRevision != r1 || p.Status.LastAppliedRevision != r1 {
+		t.Errorf("lastAppliedRevision %q and %q, want the applied %s (not the refused %s)", pl.Status.LastAppliedRevision, p.Status.LastAppliedRevision, r1, r2)
+	}
+	if err := contains(conditions.GetMessage(pl, meta.ReadyCondition), "revision "+r1); err != nil {
+		t.Error(err)
+	}
+	if strings.Contains(conditions.GetMessage(pl, meta.ReadyCondition), r2) {
+		t.Errorf("Ready cites the refused revision: %s", conditions.GetMessage(pl, meta.ReadyCondition))
+	}
+	if err := contains(conditions.GetMessage(pl, policy.SyncedCondition), "revision "+r1+" is applied", "newer revision "+r2+" was not",
+		"Flux Kustomization "+namespace+"/refusing", "reclaimPolcy"); err != nil {
+		t.Error(err)
+	}
+	var m dto.Metric
+	if err := policy.PolicyCondition.WithLabelValues("Placement", "rfast", policy.SyncedCondition, "False").Write(&m); err != nil || m.GetGauge().GetValue() != 1 {
+		t.Errorf("plinth_policy_condition{type=Synced,status=False} of Placement rfast: %v %v, want 1 (what alerts read)", m.GetGauge().GetValue(), err)
+	}
+	if conditions.Get(proto, policy.SyncedCondition) != nil {
+		t.Errorf("Protocol applied by no sync tool has Synced: %+v", conditions.Get(proto, policy.SyncedCondition))
+	}
+
+	// Flux applies r2: a status write on the Kustomization, then any event on the set.
+	update(t, c, ks, func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, r2, "status", "lastAppliedRevision")
+		_ = unstructured.SetNestedSlice(u.Object, []any{map[string]any{"type": "Ready", "status": "True", "reason": "ReconciliationSucceeded",
+			"lastTransitionTime": "2026-01-01T00:01:00Z", "message": "Applied revision: " + r2}}, "status", "conditions")
+	})
+	update(t, c, pl, func(pl *policyv1.Placement) { pl.Annotations = map[string]string{"touched": "1"} })
+	waitCondition(t, c, pl, policy.SyncedCondition, "True", policy.ReasonRevisionApplied)
+	if pl.Status.LastAppliedRevision != r2 {
+		t.Errorf("lastAppliedRevision %q after Flux applied %s", pl.Status.LastAppliedRevision, r2)
+	}
+	deleteAll(t, c, pl, p, proto, ks)
+	gone(t, c, &policyv1.Placement{}, "rfast")
 }
 
 // TestStoreWithVolumesDrains: a node losing its pool label does not delete a Store that still
