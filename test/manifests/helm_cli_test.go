@@ -124,7 +124,7 @@ func registryValues(t *testing.T, reg string) (string, []name.Tag) {
 // and the plinth-system Namespace with the data in it (helm.sh/resource-policy: keep), and a
 // second helm install adopts the kept Namespace.
 func TestHelmCLI(t *testing.T) {
-	controlplane.RequireBinaries(t, binHelm, controlplane.BinEtcd, controlplane.BinKubeAPIServer)
+	controlplane.RequireBinaries(t, binHelm)
 	path, err := controlplane.BinaryPath("", binHelm)
 	if err != nil {
 		t.Fatal(err)
