@@ -194,14 +194,16 @@ func TestHelmCLI(t *testing.T) {
 		return
 	}
 
-	// live returns which of the release's rendered objects exist on the server.
+	// live returns which of the release's rendered objects exist on the server; one being
+	// deleted counts as absent (without kube-controller-manager a deleted Namespace stays
+	// Terminating).
 	live := func(t *testing.T, list []*unstructured.Unstructured) (present, absent []string) {
 		t.Helper()
 		for _, o := range list {
 			ri, _ := c.resource(t, o)
-			if _, err := ri.Get(ctx, o.GetName(), metav1.GetOptions{}); err == nil {
+			if got, err := ri.Get(ctx, o.GetName(), metav1.GetOptions{}); err == nil && got.GetDeletionTimestamp() == nil {
 				present = append(present, ID(o))
-			} else if apierrors.IsNotFound(err) {
+			} else if err == nil || apierrors.IsNotFound(err) {
 				absent = append(absent, ID(o))
 			} else {
 				t.Fatalf("get %s: %v", ID(o), err)
