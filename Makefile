@@ -46,7 +46,7 @@ images: ## Build the image archives into bin/images/ (no Docker): plinth, plinth
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./hack/images -out $(BIN)/images -version $(VERSION) -revision $$rev \
 		-plinth $(BIN)/images/.bin/plinth -pause $(BIN)/images/.bin/pause -bindir $(IMAGES_BINDIR) -versions test/tools/versions.env
 
-# make push's registry (host or host:port) and PUSH_FLAGS (-insecure: plain HTTP to a registry not
+# make push's registry (host, host:port or host:port/prefix) and PUSH_FLAGS (-insecure: plain HTTP to a registry not
 # on loopback).
 REGISTRY ?=
 PUSH_FLAGS ?=

@@ -19,7 +19,7 @@ import (
 
 func main() {
 	var (
-		reg      = flag.String("registry", "", "the registry to push to: host or host:port (required)")
+		reg      = flag.String("registry", "", "the registry to push to: host, host:port or host:port/prefix (required)")
 		dir      = flag.String("dir", "bin/images", "folder of the archives of make images (<name>.tar); ignored when archives are named as arguments")
 		insecure = flag.Bool("insecure", false, "plain HTTP to a registry that is not on loopback (loopback is always plain HTTP)")
 	)

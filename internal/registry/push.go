@@ -30,17 +30,17 @@ import (
 )
 
 // Target returns where the image named ref ("ghcr.io/plinth-storage/plinth:v0.1.0", a full
-// name with registry and tag) goes in registry ("host:port" or "host"): ref's repository path
-// and tag under registry. insecure allows plain HTTP to registry (go-containerregistry speaks
-// HTTP to localhost and 127.0.0.1 without it). The error names ref or registry when either is
-// not a valid image name.
+// name with registry and tag) goes in registry ("host", "host:port", or either with a path
+// prefix: "host:port/mirror"): ref's repository path and tag under registry. insecure allows
+// plain HTTP to registry (go-containerregistry speaks HTTP to localhost and 127.0.0.1 without
+// it). The error names ref or registry when either is not a valid image name.
 func Target(ref, registry string, insecure bool) (name.Tag, error) {
 	src, err := imagebuild.ParseRef(ref)
 	if err != nil {
 		return name.Tag{}, err
 	}
-	if registry == "" || strings.ContainsAny(registry, "/@") {
-		return name.Tag{}, fmt.Errorf("registry %q: want host or host:port", registry)
+	if registry == "" || strings.Contains(registry, "@") || strings.HasSuffix(registry, "/") || strings.HasPrefix(registry, "/") {
+		return name.Tag{}, fmt.Errorf("registry %q: want host, host:port or host:port/prefix", registry)
 	}
 	opts := []name.Option{name.StrictValidation}
 	if insecure {

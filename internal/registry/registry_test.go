@@ -27,7 +27,10 @@ func TestTarget(t *testing.T) {
 		{"registry.k8s.io/pause:3.10", "localhost:5000", "localhost:5000/pause:3.10", ""},
 		{"docker.io/library/busybox:plinth", "10.0.2.2:5000", "10.0.2.2:5000/library/busybox:plinth", ""},
 		{"plinth:v1", "127.0.0.1:5000", "", `image name "plinth:v1"`},
-		{"ghcr.io/plinth-storage/plinth:v0.1.0", "127.0.0.1:5000/extra", "", `registry "127.0.0.1:5000/extra"`},
+		{"ghcr.io/plinth-storage/plinth:v0.1.0", "registry.example.com:5000/mirror", "registry.example.com:5000/mirror/plinth-storage/plinth:v0.1.0", ""},
+		{"ghcr.io/plinth-storage/plinth:v0.1.0", "127.0.0.1:5000/", "", `registry "127.0.0.1:5000/"`},
+		{"ghcr.io/plinth-storage/plinth:v0.1.0", "127.0.0.1:5000@sha256:00", "", `registry "127.0.0.1:5000@sha256:00"`},
+		{"ghcr.io/plinth-storage/plinth:v0.1.0", "127.0.0.1:5000/Mirror", "", `in registry "127.0.0.1:5000/Mirror"`},
 		{"ghcr.io/plinth-storage/plinth:v0.1.0", "", "", `registry ""`},
 	} {
 		got, err := registry.Target(c.ref, c.registry, false)

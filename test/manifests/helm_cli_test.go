@@ -297,7 +297,7 @@ spec: {nodeSelector: {matchLabels: {plinth.dev/storage: dev}}, backend: {file: {
 		for _, p := range pushed {
 			digests[p.Target.String()] = p.Digest.String()
 		}
-		n := 0
+		n, used := 0, map[string]bool{}
 		for _, o := range objs {
 			for _, c := range containers(o) {
 				img, _ := c["image"].(string)
@@ -318,9 +318,13 @@ spec: {nodeSelector: {matchLabels: {plinth.dev/storage: dev}}, backend: {file: {
 					t.Errorf("%s: %s has %s in the registry, its archive %s", ID(o), img, desc.Digest, want)
 				}
 				n++
+				used[img] = true
 			}
 		}
-		t.Logf("%d containers' images found in %s with their archives' digests", n, reg.Addr)
+		if len(used) != len(pushed) {
+			t.Errorf("the release uses %d of the %d images the values name: %v", len(used), len(pushed), used)
+		}
+		t.Logf("%d containers' images (%d images) found in %s with their archives' digests", n, len(used), reg.Addr)
 	})
 }
 
