@@ -136,7 +136,10 @@ func TestHelmCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := helmCLI{path: path, home: t.TempDir()}
-	t.Logf("%s", strings.TrimSpace(h.run(t, "version", "--short")))
+	// A helm left from another pin fails here instead of misbehaving below.
+	if v, want := strings.TrimSpace(h.run(t, "version", "--short")), controlplane.PinnedVersions()["HELM_VERSION"]; want == "" || !strings.HasPrefix(v, want) {
+		t.Fatalf("%s version %q, test/tools/versions.env pins HELM_VERSION=%q (make testbin)", path, v, want)
+	}
 	if !t.Run("lint", func(t *testing.T) {
 		out := h.run(t, "lint", "--strict", chartDir, "-f", values)
 		if !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
