@@ -51,6 +51,15 @@ images: ## Build the image archives into bin/images/ (no Docker): plinth, plinth
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./hack/images -out $(BIN)/images -version $(VERSION) -revision $$rev \
 		-plinth $(BIN)/images/.bin/plinth -pause $(BIN)/images/.bin/pause -bindir $(IMAGES_BINDIR) -versions test/tools/versions.env
 
+# make push's registry (host, host:port or host:port/prefix) and PUSH_FLAGS (-insecure: plain HTTP to a registry not
+# on loopback).
+REGISTRY ?=
+PUSH_FLAGS ?=
+
+push: ## Push every image archive of make images (bin/images/*.tar) to REGISTRY=host:port, each under its own path and tag (host:port/plinth-storage/plinth:$(VERSION)...), digests unchanged; no Docker (go-containerregistry, ~/.docker/config.json credentials). Run make images first.
+	@test -n "$(REGISTRY)" || { echo "make push needs REGISTRY=host:port" >&2; exit 1; }
+	go run ./hack/push -registry $(REGISTRY) -dir $(BIN)/images $(PUSH_FLAGS)
+
 $(CONTROLLER_GEN):
 	GOBIN=$(TOOLS) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(TOOLS)/controller-gen $@
@@ -87,7 +96,7 @@ lint: vet ## Static checks: gofmt cleanliness and go vet.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 
 ##@ Test
-testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, snapshot-controller + snapshot CRDs, csi-sanity, cue, Flux source- and kustomize-controller + CRDs) into bin/.
+testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, snapshot-controller + snapshot CRDs, csi-sanity, cue, Flux source- and kustomize-controller + CRDs, the helm CLI) into bin/.
 	test/tools/build.sh
 
 testbin-flux: testbin ## Alias of testbin (Flux is part of it).
@@ -189,4 +198,4 @@ dev-flux: dev ## [root] Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: push test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

@@ -52,21 +52,7 @@ func startCluster(t *testing.T) *cluster {
 	// kinds they match and writes the result into their status (testNodeScope reads it).
 	cp := controlplane.ForTest(t, controlplane.Options{ControllerManager: true,
 		Controllers: []string{"validatingadmissionpolicy-status-controller"}})
-	c := &cluster{cp: cp, cfg: cp.Admin.Config, warnings: &warnings{}}
-	cfg := rest.CopyConfig(cp.Admin.Config)
-	cfg.WarningHandler = c.warnings
-	var err error
-	if c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if c.kube, err = kubernetes.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	c := clientsOf(t, cp)
 	ctx := t.Context()
 	var files []string
 	for _, dir := range []string{crdBases, "crds"} {
@@ -82,6 +68,27 @@ func startCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
+	return c
+}
+
+// clientsOf is a cluster of cp's clients as its admin, with nothing installed.
+func clientsOf(t *testing.T, cp *controlplane.ControlPlane) *cluster {
+	t.Helper()
+	c := &cluster{cp: cp, cfg: cp.Admin.Config, warnings: &warnings{}}
+	cfg := rest.CopyConfig(cp.Admin.Config)
+	cfg.WarningHandler = c.warnings
+	var err error
+	if c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
 	return c
 }
 

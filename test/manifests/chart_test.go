@@ -12,9 +12,10 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v4/pkg/chart/common"
+	chartutil "helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -145,12 +146,12 @@ func renderChart(t *testing.T, values string) (objs, crds []*unstructured.Unstru
 	if err != nil {
 		t.Fatal(err)
 	}
-	vals, err := chartutil.ReadValues([]byte(values))
+	vals, err := common.ReadValues([]byte(values))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "plinth", Namespace: namespace, IsInstall: true},
-		chartutil.DefaultCapabilities)
+	rv, err := chartutil.ToRenderValues(ch, vals, common.ReleaseOptions{Name: "plinth", Namespace: namespace, IsInstall: true},
+		common.DefaultCapabilities)
 	if err != nil {
 		t.Fatal(err)
 	}
