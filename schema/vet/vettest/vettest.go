@@ -7,8 +7,8 @@
 package vettest
 
 import (
-	_ "embed"
 	"bytes"
+	_ "embed"
 	"encoding/json"
 	"fmt"
 	"sort"
