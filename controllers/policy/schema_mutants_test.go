@@ -1,0 +1,221 @@
+package policy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/plinth-storage/plinth/controllers/policy"
+	cueschema "github.com/plinth-storage/plinth/schema/cue"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	"github.com/plinth-storage/plinth/schema/vet"
+	"github.com/plinth-storage/plinth/schema/vet/vettest"
+)
+
+// mutantResource is where each policy kind is applied.
+var mutantResource = map[string]schema.GroupVersionResource{
+	"StoragePool": policyv1.GroupVersion.WithResource("storagepools"),
+	"Protocol":    policyv1.GroupVersion.WithResource("protocols"),
+	"Placement":   policyv1.GroupVersion.WithResource("placements"),
+}
+
+// TestMisspelledUnknownOrMistypedFieldsAreRefusedByTheAPIServerAndTheController applies the
+// mutants the CUE schema generates (schema/vet/vettest: every field of every policy kind
+// misspelled, with an unknown sibling, with a value of the wrong type) to the real
+// kube-apiserver with Plinth's CRDs, by server-side apply with fieldValidation=Strict (dry
+// run), as Flux and kubectl apply them, and wants the verdict plinth vet gives: refused,
+// except a misspelled optional metadata field or an added metadata key, which every layer
+// accepts (the schema's metadata is open, as the API server's is: it drops unknown metadata
+// fields without an error). The name an apply targets is the document's metadata.name, as for
+// kubectl and Flux: a document without a string name is refused before any request.
+//
+// The controller's vet (KeptVetter, the reconciler's path with its kept verdicts) only sees
+// what the API server stored: each mutant the API server accepts is applied, read back through
+// a client as the controller reads it, and judged with the base documents twice (judged anew,
+// then kept by resourceVersion); both must agree with plinth vet. A mutant the API server
+// refuses never reaches the controller. schema/vet's test holds plinth vet and `cue vet` to
+// the same verdicts.
+func TestMisspelledUnknownOrMistypedFieldsAreRefusedByTheAPIServerAndTheController(t *testing.T) {
+	c := env(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dyn, err := dynamic.NewForConfig(suite.cp.Admin.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := cueschema.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mutants, err := vettest.Mutants(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := vet.NewVetter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bases, err := vettest.Bases()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The base documents pass every layer: the API server, and the controller's vet as typed
+	// objects.
+	var pools []policyv1.StoragePool
+	var protos []policyv1.Protocol
+	var places []policyv1.Placement
+	for _, b := range bases {
+		data, _ := json.Marshal(b.Tree)
+		if err := apply(ctx, dyn, b.Kind, b.Tree, data, true); err != nil {
+			t.Fatalf("the API server refuses base %s/%s: %v", b.Kind, b.Name, err)
+		}
+		switch b.Kind {
+		case "StoragePool":
+			pools = append(pools, decodeStrict[policyv1.StoragePool](t, data))
+		case "Protocol":
+			protos = append(protos, decodeStrict[policyv1.Protocol](t, data))
+		case "Placement":
+			places = append(places, decodeStrict[policyv1.Placement](t, data))
+		}
+	}
+	if _, problems := policy.VetObjects(v, pools, protos, places); len(problems) > 0 {
+		t.Fatalf("the controller's vet refuses the base documents: %v", problems)
+	}
+
+	var refusedByServer, reachedController int
+	for _, m := range mutants {
+		vetRefuses := len(v.Judge(vet.LoadBytes("mutant.yaml", m.YAML).Documents[0]).Problems) > 0
+		if vetRefuses != m.SchemaRefuses {
+			t.Errorf("%s: plinth vet refused=%v, the schema's verdict is refused=%v", m, vetRefuses, m.SchemaRefuses)
+		}
+		var tree map[string]any
+		if err := json.Unmarshal(m.JSON, &tree); err != nil {
+			t.Fatal(err)
+		}
+		serverErr := apply(ctx, dyn, m.Field.Kind, tree, m.JSON, true)
+		if (serverErr != nil) != vetRefuses {
+			t.Errorf("%s: API server error %v, plinth vet refused=%v\n%s", m, serverErr, vetRefuses, m.YAML)
+			continue
+		}
+		if serverErr != nil {
+			refusedByServer++
+			continue
+		}
+		// Accepted by the API server: the controller reads what it stored.
+		reachedController++
+		if err := apply(ctx, dyn, m.Field.Kind, tree, m.JSON, false); err != nil {
+			t.Fatalf("%s: the dry run passed, the apply fails: %v", m, err)
+		}
+		got := controllerVerdict(t, ctx, c, v, m, pools, protos, places)
+		if got != vetRefuses {
+			t.Errorf("%s: the controller's vet refused=%v, plinth vet refused=%v", m, got, vetRefuses)
+		}
+	}
+	t.Logf("%d mutants: %d refused by the API server, %d accepted and judged by the controller's vet",
+		len(mutants), refusedByServer, reachedController)
+	if refusedByServer == 0 || reachedController == 0 {
+		t.Errorf("want mutants both refused by the API server and reaching the controller")
+	}
+}
+
+// apply server-side applies data (tree, as JSON) as the policy kind's resource named by
+// tree's metadata.name, with strict field validation; dryRun leaves nothing behind.
+func apply(ctx context.Context, dyn dynamic.Interface, kind string, tree map[string]any, data []byte, dryRun bool) error {
+	md, _ := tree["metadata"].(map[string]any)
+	name, _ := md["name"].(string)
+	if name == "" {
+		return fmt.Errorf("the document has no metadata.name: kubectl and Flux cannot name the object")
+	}
+	o := metav1.PatchOptions{FieldManager: "plinth-schema-mutants", Force: new(bool), FieldValidation: metav1.FieldValidationStrict}
+	*o.Force = true
+	if dryRun {
+		o.DryRun = []string{metav1.DryRunAll}
+	}
+	_, err := dyn.Resource(mutantResource[kind]).Patch(ctx, name, types.ApplyPatchType, data, o)
+	return err
+}
+
+// controllerVerdict reads the object m's apply stored as the controller does (a typed client),
+// judges it with the base set by a KeptVetter twice (anew, then kept), deletes it, and reports
+// whether the controller's vet refuses it.
+func controllerVerdict(t *testing.T, ctx context.Context, c client.Client, v *vet.Vetter, m vettest.Mutant,
+	pools []policyv1.StoragePool, protos []policyv1.Protocol, places []policyv1.Placement) bool {
+	t.Helper()
+	key := client.ObjectKey{Name: m.Name}
+	var obj client.Object
+	switch m.Field.Kind {
+	case "StoragePool":
+		o := &policyv1.StoragePool{}
+		obj = o
+		if err := c.Get(ctx, key, o); err != nil {
+			t.Fatal(err)
+		}
+		pools = replaceNamed(pools, *o, func(p policyv1.StoragePool) string { return p.Name })
+	case "Protocol":
+		o := &policyv1.Protocol{}
+		obj = o
+		if err := c.Get(ctx, key, o); err != nil {
+			t.Fatal(err)
+		}
+		protos = replaceNamed(protos, *o, func(p policyv1.Protocol) string { return p.Name })
+	case "Placement":
+		o := &policyv1.Placement{}
+		obj = o
+		if err := c.Get(ctx, key, o); err != nil {
+			t.Fatal(err)
+		}
+		places = replaceNamed(places, *o, func(p policyv1.Placement) string { return p.Name })
+	}
+	defer func() {
+		if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}()
+	kv := policy.NewKeptVetter(v)
+	var verdicts [2]bool
+	for i := range verdicts {
+		_, problems := kv.VetObjects(pools, protos, places)
+		for _, p := range problems {
+			if p.Kind == m.Field.Kind && p.Name == m.Name {
+				verdicts[i] = true
+			}
+		}
+		if len(problems) > 0 && !verdicts[i] {
+			t.Errorf("%s: the controller's vet finds problems in other objects: %v", m, problems)
+		}
+	}
+	if verdicts[0] != verdicts[1] {
+		t.Errorf("%s: the controller's vet refused=%v anew and %v kept", m, verdicts[0], verdicts[1])
+	}
+	return verdicts[0]
+}
+
+func replaceNamed[T any](list []T, o T, name func(T) string) []T {
+	out := append([]T(nil), list...)
+	for i := range out {
+		if name(out[i]) == name(o) {
+			out[i] = o
+		}
+	}
+	return out
+}
+
+func decodeStrict[T any](t *testing.T, data []byte) T {
+	t.Helper()
+	var o T
+	if err := yaml.UnmarshalStrict(data, &o); err != nil {
+		t.Fatalf("decode %s: %v", strings.TrimSpace(string(data)), err)
+	}
+	return o
+}
