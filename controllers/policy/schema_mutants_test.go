@@ -152,30 +152,14 @@ func apply(ctx context.Context, dyn dynamic.Interface, kind string, tree map[str
 func controllerVerdict(t *testing.T, ctx context.Context, c client.Client, v *vet.Vetter, m vettest.Mutant,
 	pools []policyv1.StoragePool, protos []policyv1.Protocol, places []policyv1.Placement) bool {
 	t.Helper()
-	key := client.ObjectKey{Name: m.Name}
 	var obj client.Object
 	switch m.Field.Kind {
 	case "StoragePool":
-		o := &policyv1.StoragePool{}
-		obj = o
-		if err := c.Get(ctx, key, o); err != nil {
-			t.Fatal(err)
-		}
-		pools = replaceNamed(pools, *o, func(p policyv1.StoragePool) string { return p.Name })
+		obj, pools = readBack(t, ctx, c, m.Name, pools)
 	case "Protocol":
-		o := &policyv1.Protocol{}
-		obj = o
-		if err := c.Get(ctx, key, o); err != nil {
-			t.Fatal(err)
-		}
-		protos = replaceNamed(protos, *o, func(p policyv1.Protocol) string { return p.Name })
+		obj, protos = readBack(t, ctx, c, m.Name, protos)
 	case "Placement":
-		o := &policyv1.Placement{}
-		obj = o
-		if err := c.Get(ctx, key, o); err != nil {
-			t.Fatal(err)
-		}
-		places = replaceNamed(places, *o, func(p policyv1.Placement) string { return p.Name })
+		obj, places = readBack(t, ctx, c, m.Name, places)
 	}
 	defer func() {
 		if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
@@ -201,14 +185,24 @@ func controllerVerdict(t *testing.T, ctx context.Context, c client.Client, v *ve
 	return verdicts[0]
 }
 
-func replaceNamed[T any](list []T, o T, name func(T) string) []T {
+// readBack reads the object named name through c and returns it with list, a copy where it
+// replaces the element of the same name.
+func readBack[T any, P interface {
+	*T
+	client.Object
+}](t *testing.T, ctx context.Context, c client.Client, name string, list []T) (client.Object, []T) {
+	t.Helper()
+	o := P(new(T))
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, o); err != nil {
+		t.Fatal(err)
+	}
 	out := append([]T(nil), list...)
 	for i := range out {
-		if name(out[i]) == name(o) {
-			out[i] = o
+		if P(&out[i]).GetName() == name {
+			out[i] = *o
 		}
 	}
-	return out
+	return o, out
 }
 
 func decodeStrict[T any](t *testing.T, data []byte) T {
