@@ -1,6 +1,7 @@
 package vet
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,10 +19,10 @@ import (
 )
 
 // plainCUE judges one YAML document as `cue vet -c -d '#Kind' policy.cue doc.yaml` does,
-// through the CUE Go API: the document on its own, unified with the kind's closed definition
-// and validated for concreteness. Nothing of the Vetter's batching is involved; it is the
-// stand-in for the cue command where the pinned binary is absent, and the reference of the
-// differential fuzz test.
+// through the CUE Go API: the document decoded by CUE's YAML decoder, on its own, unified with
+// the kind's closed definition and validated for concreteness. It reads the YAML text itself
+// (not vet's Load) and is the stand-in for the cue command where the pinned binary is absent,
+// and the reference of the differential fuzz test.
 type plainCUE struct{ s *cueschema.Schema }
 
 func newPlainCUE(t testing.TB) *plainCUE {
@@ -34,13 +35,14 @@ func newPlainCUE(t testing.TB) *plainCUE {
 }
 
 // refuses returns the error of judging doc (one YAML document) as kind, nil when accepted.
-// A document that is not YAML is refused as cue vet refuses it.
+// A document that is not YAML is refused as cue vet refuses it. The document is built as an
+// expression: a file (BuildFile) would stay registered in the context for good.
 func (p *plainCUE) refuses(kind string, doc []byte) error {
-	f, err := cueyaml.Extract("doc.yaml", doc)
+	expr, err := cueyaml.NewDecoder("doc.yaml", bytes.NewReader(doc)).Extract()
 	if err != nil {
 		return err
 	}
-	v := p.s.Context.BuildFile(f)
+	v := p.s.Context.BuildExpr(expr)
 	if err := v.Err(); err != nil {
 		return err
 	}
