@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -34,18 +35,18 @@ var mutantResource = map[string]schema.GroupVersionResource{
 // mutants the CUE schema generates (schema/vet/vettest: every field of every policy kind
 // misspelled, with an unknown sibling, with a value of the wrong type) to the real
 // kube-apiserver with Plinth's CRDs, by server-side apply with fieldValidation=Strict (dry
-// run), as Flux and kubectl apply them, and wants the verdict plinth vet gives: refused,
-// except a misspelled optional metadata field or an added metadata key, which every layer
-// accepts (the schema's metadata is open, as the API server's is: it drops unknown metadata
-// fields without an error). The name an apply targets is the document's metadata.name, as for
-// kubectl and Flux: a document without a string name is refused before any request.
+// run), as Flux applies them, and wants plinth vet's verdict on each. Metadata is no
+// exception: server-side apply refuses a metadata key ObjectMeta does not declare (it cannot
+// build the typed patch), so the schema's metadata is closed too. The name an apply targets is
+// the document's metadata.name, as for kubectl and Flux: a document without a string name is
+// refused before any request.
 //
-// The controller's vet (KeptVetter, the reconciler's path with its kept verdicts) only sees
-// what the API server stored: each mutant the API server accepts is applied, read back through
-// a client as the controller reads it, and judged with the base documents twice (judged anew,
-// then kept by resourceVersion); both must agree with plinth vet. A mutant the API server
-// refuses never reaches the controller. schema/vet's test holds plinth vet and `cue vet` to
-// the same verdicts.
+// The controller's vet (KeptVetter, the reconciler's path with its verdicts kept by
+// resourceVersion) judges what the API server stored: the base documents are applied, read
+// back through a client as the reconciler reads them and judged twice (anew, then kept), and
+// so is each mutant the API server accepts (none while every layer refuses them all). A mutant
+// the API server refuses never reaches the controller. schema/vet's test holds plinth vet and
+// `cue vet` to the same verdicts.
 func TestMisspelledUnknownOrMistypedFieldsAreRefusedByTheAPIServerAndTheController(t *testing.T) {
 	c := env(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -70,27 +71,43 @@ func TestMisspelledUnknownOrMistypedFieldsAreRefusedByTheAPIServerAndTheControll
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The base documents pass every layer: the API server, and the controller's vet as typed
-	// objects.
+	// The base documents pass every layer: the API server, and the controller's vet on the
+	// objects the API server stored.
 	var pools []policyv1.StoragePool
 	var protos []policyv1.Protocol
 	var places []policyv1.Placement
 	for _, b := range bases {
 		data, _ := json.Marshal(b.Tree)
-		if err := apply(ctx, dyn, b.Kind, b.Tree, data, true); err != nil {
+		if err := apply(ctx, dyn, b.Kind, b.Tree, data, false); err != nil {
 			t.Fatalf("the API server refuses base %s/%s: %v", b.Kind, b.Name, err)
 		}
 		switch b.Kind {
 		case "StoragePool":
-			pools = append(pools, decodeStrict[policyv1.StoragePool](t, data))
+			_, pools = readBack(t, ctx, c, b.Name, append(pools, policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: b.Name}}))
 		case "Protocol":
-			protos = append(protos, decodeStrict[policyv1.Protocol](t, data))
+			_, protos = readBack(t, ctx, c, b.Name, append(protos, policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: b.Name}}))
 		case "Placement":
-			places = append(places, decodeStrict[policyv1.Placement](t, data))
+			_, places = readBack(t, ctx, c, b.Name, append(places, policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: b.Name}}))
 		}
 	}
-	if _, problems := policy.VetObjects(v, pools, protos, places); len(problems) > 0 {
-		t.Fatalf("the controller's vet refuses the base documents: %v", problems)
+	defer func() {
+		for _, b := range bases {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(policyv1.GroupVersion.WithKind(b.Kind))
+			u.SetName(b.Name)
+			if err := c.Delete(context.Background(), u); err != nil && !apierrors.IsNotFound(err) {
+				t.Error(err)
+			}
+		}
+	}()
+	kv := policy.NewKeptVetter(v)
+	for _, how := range []string{"anew", "kept"} {
+		if _, problems := kv.VetObjects(pools, protos, places); len(problems) > 0 {
+			t.Fatalf("the controller's vet (%s) refuses the base documents: %v", how, problems)
+		}
+	}
+	if n := policy.KeptJudged(kv); n != len(bases) {
+		t.Errorf("the controller's vet judged %d objects over two passes, want %d (the second pass kept)", n, len(bases))
 	}
 
 	var refusedByServer, reachedController int
@@ -122,10 +139,17 @@ func TestMisspelledUnknownOrMistypedFieldsAreRefusedByTheAPIServerAndTheControll
 			t.Errorf("%s: the controller's vet refused=%v, plinth vet refused=%v", m, got, vetRefuses)
 		}
 	}
+	var schemaAccepts int
+	for _, m := range mutants {
+		if !m.SchemaRefuses {
+			schemaAccepts++
+		}
+	}
 	t.Logf("%d mutants: %d refused by the API server, %d accepted and judged by the controller's vet",
 		len(mutants), refusedByServer, reachedController)
-	if refusedByServer == 0 || reachedController == 0 {
-		t.Errorf("want mutants both refused by the API server and reaching the controller")
+	if refusedByServer+reachedController != len(mutants) || reachedController != schemaAccepts {
+		t.Errorf("%d refused by the API server and %d judged by the controller, want %d and %d",
+			refusedByServer, reachedController, len(mutants)-schemaAccepts, schemaAccepts)
 	}
 }
 
