@@ -67,13 +67,14 @@ func mutantSet(bases *Set, m vettest.Mutant) *Set {
 // TestMisspelledUnknownOrMistypedFieldsAreRefusedLikeCUE judges the mutants the CUE schema
 // generates (schema/vet/vettest: for every field of StoragePool, Protocol and Placement, the
 // field misspelled, an unknown sibling added, a value of the wrong type) with plinth vet's
-// Vetter and with plain CUE, and wants the same verdict from both, the verdict of the closed
-// definition: refused, except a misspelled optional field or an added key in metadata, which
-// the schema leaves open as the API server does (controllers/policy's test shows the API
-// server's side). Vet must name a problem in the mutant's file on the mutated field's lines,
-// or on the field itself when it is required and absent. Plain CUE is the CUE Go API's
-// unbatched evaluation of the document alone; the subtest cue-cli runs the real cue command
-// (PLINTH_CUE; make test-unit sets it, and where it is unset under CI or
+// Vetter and with plain CUE, and wants from both the verdict of the closed definition (every
+// mutant refused, now that metadata is closed as server-side apply is; a struct left open
+// would let its misspelled optional fields and added keys pass, and the mutant says so).
+// controllers/policy's test holds the API server and the controller's vet to the same
+// verdicts. Vet must name a problem in the mutant's file on the mutated field's lines, on the
+// field itself (a misspelled required field is reported missing) or on a sibling in the same
+// struct. Plain CUE is the CUE Go API judging the YAML text alone; the subtest cue-cli runs
+// the real cue command (PLINTH_CUE; make test-unit sets it, and where it is unset under CI or
 // PLINTH_INTEGRATION=1 the subtest fails).
 func TestMisspelledUnknownOrMistypedFieldsAreRefusedLikeCUE(t *testing.T) {
 	plain := newPlainCUE(t)

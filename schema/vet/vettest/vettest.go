@@ -38,8 +38,9 @@ type Field struct {
 	Type cue.Kind
 	// Required is a field the schema marks with "!".
 	Required bool
-	// Open is a field whose enclosing struct admits fields the schema does not name ("..."),
-	// such as metadata's: a misspelled or added key there is no error of the schema.
+	// Open is a field whose enclosing struct admits fields the schema does not name ("..."):
+	// a misspelled or added key there is no error of the schema. (None is left since
+	// metadata was closed; status admits anything but declares no field.)
 	Open bool
 	// Siblings are the names the enclosing struct declares.
 	Siblings []string
@@ -193,7 +194,7 @@ type Mutant struct {
 	// its key and value.
 	Line, LastLine int
 	// SchemaRefuses is the verdict of CUE's closed definition: every mutant but a misspelled
-	// optional field or an added key in a struct the schema leaves open (metadata).
+	// optional field or an added key in a struct the schema leaves open (see Field.Open).
 	SchemaRefuses bool
 }
 
