@@ -3,9 +3,11 @@ package vet
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"cuelang.org/go/cue"
+	"cuelang.org/go/cue/ast"
 	cueerrors "cuelang.org/go/cue/errors"
 	"sigs.k8s.io/yaml"
 
@@ -187,9 +189,16 @@ type vetted struct {
 	obj any
 }
 
-// judgeAll judges docs in order (see Judge).
+// batchSize is how many documents judgeAll builds in one CUE evaluation before unifying each
+// with its definition: one evaluation of many literal documents costs fewer bytes than one per
+// document, and the batch's value stays small.
+const batchSize = 64
+
+// judgeAll judges docs in order (see Judge): the policy documents of a known kind against
+// their definitions, in batches of batchSize (judgeBatch).
 func (v *Vetter) judgeAll(docs []*Document) []*Verdict {
 	out := make([]*Verdict, len(docs))
+	var batch []int
 	for i, d := range docs {
 		if !d.IsPolicy() {
 			if p, ok := misgrouped(d); ok {
@@ -208,41 +217,59 @@ func (v *Vetter) judgeAll(docs []*Document) []*Verdict {
 			out[i] = &Verdict{Document: d, Problems: []Problem{p}}
 			continue
 		}
-		out[i] = v.judgeSchema(d)
+		if batch = append(batch, i); len(batch) == batchSize {
+			v.judgeBatch(docs, batch, out)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		v.judgeBatch(docs, batch, out)
 	}
 	return out
 }
 
-// judgeSchema judges a policy document of a known kind against its definition: the document,
-// built on its own, unified with the compiled #Kind, as `cue vet -c -d '#Kind'` judges it.
+// judgeBatch judges the policy documents docs[i] of a known kind, i in idx, into out[i]: the
+// documents are built together, as the fields of one struct {d0: document, d1: ...} without
+// the schema, then each is unified with its compiled #Kind, as `cue vet -c -d '#Kind'` judges
+// it.
 //
-// The verdict depends on this path, and faster ways tried gave a wrong one or cost memory
-// for good. Built as one expression, "#Kind & document" (BuildExpr in the schema's scope,
-// alone or as the fields of a batch) is evaluated as a value: CUE completes its fields without
-// the check that the closed definition admits each one, so misspelled and unknown fields
-// passed (every Placement field, the top-level fields of every kind). Built as a file
-// (BuildFile), the batch is checked, but every file stays registered in the cue.Context (its
-// runtime's index of instances): about 47 KiB per document judged, never freed, in a Vetter
-// the controller keeps for its lifetime. Building the document and then unifying evaluates
-// it twice (about twice the bytes of the expression); that is the price of the right verdict.
-// TestMisspelledUnknownOrMistypedFieldsAreRefusedLikeCUE
-// (mutants generated from the schema), FuzzVetAgreesWithCUE and TestVetterKeepsNoMemoryPerDocument
-// guard this path; a faster one lands only with all three green.
-func (v *Vetter) judgeSchema(d *Document) *Verdict {
-	u := v.schema.Defs[d.Kind].Unify(v.schema.Context.BuildExpr(d.Expr))
-	vd, ps := v.vetDocument(d, u)
-	out := &Verdict{Document: d, Problems: ps}
-	if vd != nil {
-		out.Object = vd.obj
+// The verdict depends on this path, and faster ways tried gave a wrong one or kept memory for
+// good. Built as one expression, "#Kind & document" (BuildExpr in the schema's scope, alone
+// or as the fields of a batch) is evaluated as a value: CUE completes its fields without the
+// check that the closed definition admits each one, so misspelled and unknown fields passed
+// (every Placement field, the top-level fields of every kind). Built as a file (BuildFile),
+// the batch is checked, but every file stays registered in the cue.Context (its runtime's
+// index of instances): about 47 KiB per document judged, never freed, in a Vetter the
+// controller keeps for its lifetime. Building the documents and then unifying evaluates each
+// twice; that is the price of the right verdict.
+// TestMisspelledUnknownOrMistypedFieldsAreRefusedLikeCUE (mutants generated from the schema),
+// FuzzVetAgreesWithCUE and TestVetterKeepsNoMemoryPerDocument guard this path; a faster one
+// lands only with all three green.
+func (v *Vetter) judgeBatch(docs []*Document, idx []int, out []*Verdict) {
+	st := &ast.StructLit{Elts: make([]ast.Decl, len(idx))}
+	for j, i := range idx {
+		st.Elts[j] = &ast.Field{Label: ast.NewIdent(batchLabel(j)), Value: docs[i].Expr}
 	}
-	return out
+	b := v.schema.Context.BuildExpr(st)
+	for j, i := range idx {
+		d := docs[i]
+		u := v.schema.Defs[d.Kind].Unify(b.LookupPath(cue.MakePath(cue.Str(batchLabel(j)))))
+		vd, ps := v.vetDocument(d, u, batchLabel(j))
+		out[i] = &Verdict{Document: d, Problems: ps}
+		if vd != nil {
+			out[i].Object = vd.obj
+		}
+	}
 }
 
-// vetDocument validates u, the document d unified with its definition, and decodes it when
-// valid.
-func (v *Vetter) vetDocument(d *Document, u cue.Value) (*vetted, []Problem) {
+// batchLabel is the field of the j-th document in judgeBatch's struct.
+func batchLabel(j int) string { return "d" + strconv.Itoa(j) }
+
+// vetDocument validates u, the document d (the field label of judgeBatch's struct) unified
+// with its definition, and decodes it when valid.
+func (v *Vetter) vetDocument(d *Document, u cue.Value, label string) (*vetted, []Problem) {
 	if err := u.Validate(cue.Concrete(true)); err != nil {
-		return nil, v.cueProblems(d, err)
+		return nil, v.cueProblems(d, err, label)
 	}
 	obj := newPolicyObject(d.Kind)
 	// The document is valid: decode its syntax tree as JSON (several times faster than
@@ -268,10 +295,13 @@ func (v *Vetter) vetDocument(d *Document, u cue.Value) (*vetted, []Problem) {
 // hidden field (the schema's exactly-one checks) name their parent; an exactly-one error is
 // dropped when another error lies below the same parent, because an invalid member makes the
 // member look absent to the check.
-func (v *Vetter) cueProblems(d *Document, err error) []Problem {
+func (v *Vetter) cueProblems(d *Document, err error, label string) []Problem {
 	var items []cueIssue
 	for _, e := range cueerrors.Errors(err) {
 		path := e.Path()
+		if len(path) > 0 && path[0] == label {
+			path = path[1:] // an error of the document alone, in judgeBatch's struct
+		}
 		var clean []string
 		for _, sel := range path {
 			if strings.HasPrefix(sel, "#") && len(clean) == 0 {
