@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/plinth-storage/plinth/controllers/policy"
 	cueschema "github.com/plinth-storage/plinth/schema/cue"
@@ -227,13 +225,4 @@ func readBack[T any, P interface {
 		}
 	}
 	return o, out
-}
-
-func decodeStrict[T any](t *testing.T, data []byte) T {
-	t.Helper()
-	var o T
-	if err := yaml.UnmarshalStrict(data, &o); err != nil {
-		t.Fatalf("decode %s: %v", strings.TrimSpace(string(data)), err)
-	}
-	return o
 }
