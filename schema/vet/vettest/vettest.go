@@ -146,7 +146,7 @@ type Base struct {
 }
 
 // Bases returns the valid documents of bases.yaml, one set that passes plinth vet, cue vet and
-// the CRDs, and sets every field Fields returns (schema/vet's tests hold it to that).
+// the CRDs, and sets every field Fields returns (Mutants fails on a field none sets).
 func Bases() ([]Base, error) {
 	var out []Base
 	for i, chunk := range bytes.Split(basesYAML, []byte("\n---\n")) {
