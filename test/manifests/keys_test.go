@@ -58,12 +58,13 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 
 	const (
 		nodeA, nodeB      = "keys-worker-a", "keys-worker-b"
+		nodeC             = "keys-worker-c"
 		storageS, storeT  = "keys-storage-s", "keys-storage-t"
 		controllerNode    = "keys-control"
 		nqnA, nqnB        = "nqn.2014-08.org.nvmexpress:uuid:keys-a", "nqn.2014-08.org.nvmexpress:uuid:keys-b"
 		helmReleaseSecret = "sh.helm.release.v1.plinth.v1"
 	)
-	for _, n := range []string{nodeA, nodeB, storageS, storeT, controllerNode} {
+	for _, n := range []string{nodeA, nodeB, nodeC, storageS, storeT, controllerNode} {
 		if err := admin.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
 			t.Fatal(err)
 		}
@@ -104,44 +105,6 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 		t.Fatal(err)
 	}
 
-	// Worker A's components, with their pods' tokens: no Secret at all.
-	agentA := boundToken(t, ctx, c, "plinth-agent", "keys-agent-a", nodeA)
-	pluginA := boundToken(t, ctx, c, "plinth-csi-node", "keys-plugin-a", nodeA)
-	var all corev1.SecretList
-	if err := admin.List(ctx, &all, client.InNamespace(namespace)); err != nil {
-		t.Fatal(err)
-	}
-	names := make([]string, 0, len(all.Items))
-	for _, s := range all.Items {
-		names = append(names, s.Name)
-	}
-	for _, want := range []string{nvmeauth.SecretName(nodeA), nvmeauth.SecretName(nodeB), helmReleaseSecret} {
-		if !slices.Contains(names, want) {
-			t.Fatalf("Secrets of %s: %v, want %s among them", namespace, names, want)
-		}
-	}
-	refusedReads := 0
-	for who, cfg := range map[string]*rest.Config{"agent of " + nodeA: agentA, "node plugin of " + nodeA: pluginA} {
-		cl := newClient(cfg)
-		for _, name := range names {
-			var s corev1.Secret
-			if err := cl.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s); !apierrors.IsForbidden(err) {
-				t.Errorf("%s reads Secret %s/%s: %v, want Forbidden", who, namespace, name, err)
-			} else {
-				refusedReads++
-			}
-		}
-		var l corev1.SecretList
-		if err := cl.List(ctx, &l, client.InNamespace(namespace)); !apierrors.IsForbidden(err) {
-			t.Errorf("%s lists the Secrets of %s: %v, want Forbidden", who, namespace, err)
-		} else {
-			refusedReads++
-		}
-	}
-	if want := 2 * (len(names) + 1); refusedReads != want {
-		t.Errorf("%d Secret reads refused, want %d", refusedReads, want)
-	}
-
 	// The key server, run as the controller runs it: its pod's token, its RBAC.
 	ctrlClient := newClient(boundToken(t, ctx, c, "plinth-controller", "keys-controller", controllerNode))
 	listening := make(chan string, 1)
@@ -171,6 +134,45 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 	if err := admin.Get(ctx, client.ObjectKey{Namespace: namespace, Name: nvmeauthctrl.CAConfigMapName}, &ca); err != nil {
 		t.Fatalf("the key server's CA ConfigMap: %v", err)
 	}
+	// Worker A's components, with their pods' tokens: no Secret at all (the key server's TLS
+	// Secret is there by now).
+	agentA := boundToken(t, ctx, c, "plinth-agent", "keys-agent-a", nodeA)
+	pluginA := boundToken(t, ctx, c, "plinth-csi-node", "keys-plugin-a", nodeA)
+	var all corev1.SecretList
+	if err := admin.List(ctx, &all, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 0, len(all.Items))
+	for _, s := range all.Items {
+		names = append(names, s.Name)
+	}
+	for _, want := range []string{nvmeauth.SecretName(nodeA), nvmeauth.SecretName(nodeB), helmReleaseSecret, nvmeauthctrl.ServingSecretName} {
+		if !slices.Contains(names, want) {
+			t.Fatalf("Secrets of %s: %v, want %s among them", namespace, names, want)
+		}
+	}
+	refusedReads := 0
+	for who, cfg := range map[string]*rest.Config{"agent of " + nodeA: agentA, "node plugin of " + nodeA: pluginA} {
+		cl := newClient(cfg)
+		for _, name := range names {
+			var s corev1.Secret
+			if err := cl.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s); !apierrors.IsForbidden(err) {
+				t.Errorf("%s reads Secret %s/%s: %v, want Forbidden", who, namespace, name, err)
+			} else {
+				refusedReads++
+			}
+		}
+		var l corev1.SecretList
+		if err := cl.List(ctx, &l, client.InNamespace(namespace)); !apierrors.IsForbidden(err) {
+			t.Errorf("%s lists the Secrets of %s: %v, want Forbidden", who, namespace, err)
+		} else {
+			refusedReads++
+		}
+	}
+	if want := 2 * (len(names) + 1); refusedReads != want {
+		t.Errorf("%d Secret reads refused, want %d", refusedReads, want)
+	}
+
 	asker := func(token string) *hostkeys.Client {
 		return &hostkeys.Client{URL: "https://" + addr, CA: func() ([]byte, error) { return []byte(ca.Data[nvmeauthctrl.CAKey]), nil },
 			Token: func() (string, error) { return token, nil }}
@@ -209,7 +211,7 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 		return err
 	})
 	workload, err := c.kube.CoreV1().Pods("keys-tenant").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"},
-		Spec: corev1.PodSpec{NodeName: nodeA, Containers: []corev1.Container{{Name: "c", Image: "app"}}}}, metav1.CreateOptions{})
+		Spec: corev1.PodSpec{ServiceAccountName: "default", NodeName: nodeA, Containers: []corev1.Container{{Name: "c", Image: "app"}}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,6 +274,11 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 	}
 	if served["A's node plugin, A's keys for S"].Key == served["A's node plugin, A's keys for T"].Key {
 		t.Error("A's keys for S and for T are equal")
+	}
+
+	// A node without a master Secret yet: not found (the CSI node retries), not refused.
+	if _, err := asker(podToken("plinth-csi-node", "keys-plugin-c", nodeC)).HostKey(ctx, nodeC, storageS); !errors.Is(err, hostkeys.ErrNotFound) {
+		t.Errorf("C's node plugin, C's keys (no master Secret): %v, want not found", err)
 	}
 
 	// A storage node forging a publication to B on its own VolumeState learns B's key for itself.
