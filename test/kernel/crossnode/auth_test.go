@@ -38,9 +38,8 @@ const impersonatorHostID = "00000000-0000-4000-8000-0000000000c3"
 // the agent write A's host entry (dhchap_key and dhchap_ctrl_key equal to the Secret's derived
 // for the storage node, dhchap_hash hmac(sha256), dhchap_dhgroup ffdhe2048) and allow A; A stages the volume
 // (authenticated both ways) and its data verifies. Another kernel presenting A's NQN is refused
-// by the target without a secret, with a wrong one and with A's master secret (what a
-// storage node never holds), and admitted with the right one (so the derived secret, not
-// anything else, decides). A volume without authentication staged on A afterwards
+// by the target without a secret and with a wrong one, and admitted with the right one (so the
+// secret, not anything else, decides); the host entry never holds A's master secrets. A volume without authentication staged on A afterwards
 // still connects (the shared host entry asks A for its key there too). Unpublishing both
 // removes A's host entry, key included.
 func (s *suite) testAuth(t *testing.T) {
@@ -112,6 +111,9 @@ func (s *suite) testAuth(t *testing.T) {
 			t.Errorf("configfs hosts/%s/%s differs from the Secret's (len %d, want len %d)", hostNQNA, k, len(entry[k]), len(w))
 		}
 	}
+	if entry["dhchap_key"] == string(sec.Data[authkeys.KeyHostSecret]) || entry["dhchap_ctrl_key"] == string(sec.Data[authkeys.KeyCtrlSecret]) {
+		t.Errorf("configfs hosts/%s holds A's master secrets, not the ones derived for %s", hostNQNA, storageNode)
+	}
 	if hosts, anyHost := s.allowedHosts(t, v.nqn); anyHost != "0" || len(hosts) != 1 || hosts[0] != hostNQNA {
 		t.Errorf("ACL of %s: allow_any_host=%s hosts %v, want only %s", v.nqn, anyHost, hosts, hostNQNA)
 	}
@@ -157,7 +159,7 @@ done; true`, v.nqn)); strings.Fields(out) == nil || strings.Fields(out)[0] != ho
 		}
 		return n
 	}
-	for name, secret := range map[string]string{"no secret": "", "a wrong secret": wrong, "A's master secret": string(sec.Data[authkeys.KeyHostSecret])} {
+	for name, secret := range map[string]string{"no secret": "", "a wrong secret": wrong} {
 		out, code, d := connect(secret)
 		if code == 0 || impostors() != 0 {
 			t.Errorf("A's host NQN with %s from another kernel: exit %d, %d controllers; want refused\n%s", name, code, impostors(), out)
