@@ -29,8 +29,13 @@ SKIP_ALLOW := test/tools/skipcheck/allow.txt
 .DEFAULT_GOAL := help
 
 ##@ General
+# make help colours the target names only on a terminal (no escape codes in a pipe or a log);
+# NO_COLOR=1 turns them off there too. "[root]" in a help string: the target needs root
+# (containerd, loop devices, mounts, LVM).
 help: ## Show this help.
-	@awk 'BEGIN{FS=":.*##"} /^[a-zA-Z0-9_.-]+:.*##/ {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2} /^##@/ {printf "\n%s\n", substr($$0,5)}' $(MAKEFILE_LIST)
+	@if [ -t 1 ] && [ -z "$${NO_COLOR:-}" ]; then on=$$'\033[36m' off=$$'\033[0m'; else on= off=; fi; \
+	awk -v on="$$on" -v off="$$off" 'BEGIN{FS=":.*##"} /^[a-zA-Z0-9_.-]+:.*##/ {printf "  %s%-18s%s %s\n", on, $$1, off, $$2} /^##@/ {printf "\n%s\n", substr($$0,5)}' $(MAKEFILE_LIST); \
+	printf '\n%s\n' 'Targets marked [root] need root. A cold build of the test peers (make testbin: Kubernetes, the CSI sidecars, Flux) takes about 1 to 1.7 hours on 2 cores (docs/performance.md), kernel-assets a few minutes more; warm, seconds.'
 
 ##@ Build
 build: ## Build the plinth binary into bin/.
@@ -45,6 +50,15 @@ images: ## Build the image archives into bin/images/ (no Docker): plinth, plinth
 	rev=$$(git rev-parse HEAD); git diff --quiet HEAD -- || rev=$$rev-dirty; \
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) go run ./hack/images -out $(BIN)/images -version $(VERSION) -revision $$rev \
 		-plinth $(BIN)/images/.bin/plinth -pause $(BIN)/images/.bin/pause -bindir $(IMAGES_BINDIR) -versions test/tools/versions.env
+
+# make push's registry (host, host:port or host:port/prefix) and PUSH_FLAGS (-insecure: plain HTTP to a registry not
+# on loopback).
+REGISTRY ?=
+PUSH_FLAGS ?=
+
+push: ## Push every image archive of make images (bin/images/*.tar) to REGISTRY=host:port, each under its own path and tag (host:port/plinth-storage/plinth:$(VERSION)...), digests unchanged; no Docker (go-containerregistry, ~/.docker/config.json credentials). Run make images first.
+	@test -n "$(REGISTRY)" || { echo "make push needs REGISTRY=host:port" >&2; exit 1; }
+	go run ./hack/push -registry $(REGISTRY) -dir $(BIN)/images $(PUSH_FLAGS)
 
 $(CONTROLLER_GEN):
 	GOBIN=$(TOOLS) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
@@ -82,7 +96,7 @@ lint: vet ## Static checks: gofmt cleanliness and go vet.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 
 ##@ Test
-testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, snapshot-controller + snapshot CRDs, csi-sanity, cue, Flux source- and kustomize-controller + CRDs) into bin/.
+testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, snapshot-controller + snapshot CRDs, csi-sanity, cue, Flux source- and kustomize-controller + CRDs, the helm CLI) into bin/.
 	test/tools/build.sh
 
 testbin-flux: testbin ## Alias of testbin (Flux is part of it).
@@ -96,7 +110,7 @@ test-unit: $(CUE) ## Unit tests of the main module (integration tests skip witho
 skipcheck: ## Build test/tools/skipcheck (records and checks the skipped tests of each test phase).
 	go build -o $(SKIPCHECK) ./test/tools/skipcheck
 
-test-integration: testbin images $(CUE) skipcheck ## Every test of the main module, integration tests on the real control plane included.
+test-integration: testbin images $(CUE) skipcheck ## [root] Every test of the main module, integration tests on the real control plane included.
 	PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 30m ./... | $(SKIPCHECK) json -phase integration -dir $(SKIPS)
 
 test-scheduler: testbin skipcheck ## The scheduler module's unit and integration tests (real scheduler, real API server).
@@ -133,14 +147,14 @@ test-lane-kernel:
 test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
 	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
 
-test-e2e: testbin ## End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
+test-e2e: testbin ## [root] End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
-dashboards-png: testbin ## Draw docs/dashboards/*.png: the dashboards' main panels from the real-node scenario's Prometheus (test/e2e; needs root, the images of make images, /usr/bin/prometheus).
+dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' main panels from the real-node scenario's Prometheus (test/e2e; needs root, the images of make images, /usr/bin/prometheus).
 	mkdir -p docs/dashboards
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 30m -run TestDevScenario ./test/e2e/
 
-test: lint verify-generate ## Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes), then the two-guest phase.
+test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes), then the two-guest phase.
 	rm -rf $(SKIPS)
 	$(MAKE) testbin images kernel-assets skipcheck $(CUE)
 	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel
@@ -150,7 +164,7 @@ test: lint verify-generate ## Everything CI runs; ends with the count of skipped
 BENCH_OUT ?= $(BIN)/bench
 # Rounds of the PVC burst (each driver once per round, ABBA order); the table shows medians.
 BURST_ROUNDS ?= 3
-bench: ## Every benchmark (render and re-render, parsers, agent burst, idle CPU and memory on loop devices, CSI CreateVolume overhead, PVC burst against a no-op CSI floor with the real csi-provisioner, fleet apply with and without limits, PVC→pod Running on real nodes, scheduler plugin and the real kube-scheduler, idle LVM in the guest), then ONE table (also in $(BENCH_OUT)/table.md). Raw samples in $(BENCH_OUT).
+bench: ## [root] Every benchmark (render and re-render, parsers, agent burst, idle CPU and memory on loop devices, CSI CreateVolume overhead, PVC burst against a no-op CSI floor with the real csi-provisioner, fleet apply with and without limits, PVC→pod Running on real nodes, scheduler plugin and the real kube-scheduler, idle LVM in the guest), then ONE table (also in $(BENCH_OUT)/table.md). Raw samples in $(BENCH_OUT).
 	mkdir -p $(BENCH_OUT)
 	-go test -run '^$$' -bench . -benchmem $$(go list ./... | grep -v '/csi$$' | grep -v '/test/e2e$$' | grep -v '/agents/agent$$' | grep -v '/controllers/policy$$' | grep -v '/controllers/render$$') | tee $(BENCH_OUT)/unit.txt
 	-go test -run '^$$' -bench 'VetAndRender|Render10k' -benchmem -cpu 1 ./controllers/render/ | tee $(BENCH_OUT)/render.txt
@@ -176,12 +190,12 @@ vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth
 	$(CUE) vet -c -d '#Placement' schema/cue/policy.cue examples/quickstart/placement.yaml
 
 ##@ Run
-dev: build testbin images ## The whole GitOps storage loop on this machine: 3 real nodes, Plinth deployed as pods, Git + Flux, a PVC and a pod (plinth dev up).
+dev: build testbin images ## [root] The whole GitOps storage loop on this machine: 3 real nodes, Plinth deployed as pods, Git + Flux, a PVC and a pod (plinth dev up).
 	$(BIN)/plinth dev up
 
-dev-flux: dev ## Alias of dev (Flux is the default).
+dev-flux: dev ## [root] Alias of dev (Flux is the default).
 
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: push test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

@@ -35,7 +35,7 @@ func TestRealAgentLifecycle(t *testing.T) {
 	if err := kubeClient(t, cp.Admin.Config).Get(ctx, clientKey(storev1.StoreName("life", "life-node")), &st); err != nil {
 		t.Fatal(err)
 	}
-	unit := st.Status.ExtentBytes // the file backend's unit, as the agent reports it (B01)
+	unit := st.Status.ExtentBytes // the file backend's unit, as the agent reports it (sizes round up)
 	if want := (320<<20 + 1 + unit - 1) / unit * unit; unit <= 0 || v.GetCapacityBytes() != want {
 		t.Errorf("capacity %d, want %d (unit %d)", v.GetCapacityBytes(), want, unit)
 	}

@@ -270,7 +270,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		fs.FSType = "ext4"
 	}
 	strategy := placement.Spec.Strategy
-	ov, err := pvcOverrides(ctx, s.d.live, params, &placement)
+	ov, err := s.pvcOverrides(ctx, params, &placement, fs.FSType)
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +342,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 
 // existingVolume answers a CreateVolume whose name already has a VolumeState vs (read live
 // after ch, the volume's subscription, was taken): compatible → the same volume (after waiting
-// for it from vs on), incompatible → ALREADY_EXISTS (field case B03).
+// for it from vs on), incompatible → ALREADY_EXISTS.
 func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolumeRequest, vs *storev1.VolumeState, mode string, ch <-chan *storev1.VolumeState) (*csipb.CreateVolumeResponse, error) {
 	if vs.DeletionTimestamp != nil {
 		return nil, status.Errorf(codes.Aborted, "volume %s is being deleted", vs.Name)
@@ -379,7 +379,7 @@ func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolume
 // answerCreated waits for the agent on ch, the volume's subscription, from the state start on
 // (created or read live after ch was taken), and answers CreateVolume. A volume the agent found
 // no room for is deleted (so a retry may choose another store) and reported RESOURCE_EXHAUSTED
-// (B08).
+// (the provisioner then reschedules, where any other code would retry the full node forever).
 func (s *controller) answerCreated(ctx context.Context, ch <-chan *storev1.VolumeState, start *storev1.VolumeState) (*csipb.CreateVolumeResponse, error) {
 	id := start.Name
 	var ready *storev1.VolumeState
@@ -503,8 +503,8 @@ func topologyNodes(ts []*csipb.Topology) []string {
 // the strategy and capacity), otherwise the requisite nodes (or all stores) ordered by strategy.
 // NVMe-oF volumes may live on any store (the requirements name consumer nodes). A Store marked
 // draining (plinth.dev/draining: it left the policy) is never chosen. No store with
-// room is RESOURCE_EXHAUSTED (field case B08), a size range that fits no store's unit is
-// OUT_OF_RANGE.
+// room is RESOURCE_EXHAUSTED (so the provisioner reschedules), a size range that fits no
+// store's unit is OUT_OF_RANGE.
 func chooseStore(stores []storev1.Store, nvme bool, strategy policyv1.Strategy, req *csipb.TopologyRequirement, required, limit int64) (*storev1.Store, int64, error) {
 	if _, err := RoundSize(required, limit, 1); err != nil {
 		return nil, 0, status.Error(codes.OutOfRange, err.Error())
@@ -571,7 +571,7 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 		return nil, status.Error(codes.InvalidArgument, "volume id is required")
 	}
 	if !storev1.IsVolumeID(id) {
-		return &csipb.DeleteVolumeResponse{}, nil // never ours: nothing to delete (B04)
+		return &csipb.DeleteVolumeResponse{}, nil // never ours: nothing to delete, OK (CSI spec)
 	}
 	release, err := s.d.locks.acquire(id)
 	if err != nil {
@@ -985,7 +985,7 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 	if err != nil {
 		return nil, status.Error(codes.OutOfRange, err.Error())
 	}
-	// Done at ≥ requested, never waiting for equality (field case B10).
+	// Done at ≥ requested, never waiting for equality (sizes round up to the unit).
 	if cur := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes); size <= cur {
 		if vs.Status.ActualBytes < vs.Spec.CapacityBytes { // an earlier expansion still running
 			size = vs.Spec.CapacityBytes

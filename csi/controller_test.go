@@ -119,15 +119,15 @@ func wantCode(t *testing.T, what string, err error, code codes.Code) {
 	}
 }
 
-// B01: sizes round UP to the store's extent; capacity_bytes is the real size.
+// Sizes round UP to the store's extent; capacity_bytes is the real size.
 func TestCreateVolumeRoundsUp(t *testing.T) {
-	e := controllerEnv(t, "b01", map[string]int64{"b01-node": 100 * gib})
+	e := controllerEnv(t, "roundup", map[string]int64{"roundup-node": 100 * gib})
 	ctx := t.Context()
 	for _, tc := range []struct {
 		name     string
 		required int64
 		want     int64
-	}{{"b01-a", 1, 4194304}, {"b01-b", 1073741825, 1077936128}} {
+	}{{"roundup-a", 1, 4194304}, {"roundup-b", 1073741825, 1077936128}} {
 		resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: tc.name, CapacityRange: &csipb.CapacityRange{RequiredBytes: tc.required},
 			VolumeCapabilities: mountCap(rwo), Parameters: e.local})
 		if err != nil {
@@ -137,7 +137,7 @@ func TestCreateVolumeRoundsUp(t *testing.T) {
 		if v.GetCapacityBytes() != tc.want || v.GetVolumeId() != storev1.VolumeID(tc.name) {
 			t.Errorf("%s: %d bytes id %s, want %d and %s", tc.name, v.GetCapacityBytes(), v.GetVolumeId(), tc.want, storev1.VolumeID(tc.name))
 		}
-		if got := v.GetAccessibleTopology(); len(got) != 1 || got[0].GetSegments()[policyv1.TopologyKeyNode] != "b01-node" {
+		if got := v.GetAccessibleTopology(); len(got) != 1 || got[0].GetSegments()[policyv1.TopologyKeyNode] != "roundup-node" {
 			t.Errorf("%s: topology %v", tc.name, got)
 		}
 		vs := &storev1.VolumeState{}
@@ -145,22 +145,22 @@ func TestCreateVolumeRoundsUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		if vs.Spec.CSIName != tc.name || vs.Spec.Policy.Backend.File == nil || vs.Spec.Policy.ProtocolSpec.Local == nil ||
-			vs.Spec.Policy.Filesystem.FSType != "ext4" || vs.Labels[policyv1.LabelNode] != "b01-node" {
+			vs.Spec.Policy.Filesystem.FSType != "ext4" || vs.Labels[policyv1.LabelNode] != "roundup-node" {
 			t.Errorf("%s: VolumeState spec %+v labels %v: want the frozen policy", tc.name, vs.Spec, vs.Labels)
 		}
 	}
 	// A range no extent multiple fits: OUT_OF_RANGE.
-	_, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "b01-c", CapacityRange: &csipb.CapacityRange{RequiredBytes: 1, LimitBytes: mib},
+	_, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "roundup-c", CapacityRange: &csipb.CapacityRange{RequiredBytes: 1, LimitBytes: mib},
 		VolumeCapabilities: mountCap(rwo), Parameters: e.local})
 	wantCode(t, "limit below one extent", err, codes.OutOfRange)
 }
 
-// B03: idempotent by name; incompatible repeats are ALREADY_EXISTS.
+// Idempotent by name; incompatible repeats are ALREADY_EXISTS.
 func TestCreateVolumeIdempotent(t *testing.T) {
-	e := controllerEnv(t, "b03", map[string]int64{"b03-node-a": 100 * gib})
+	e := controllerEnv(t, "idempotent", map[string]int64{"idempotent-node-a": 100 * gib})
 	ctx := t.Context()
 	req := func(required, limit int64, requisite ...string) *csipb.CreateVolumeRequest {
-		r := &csipb.CreateVolumeRequest{Name: "b03", CapacityRange: &csipb.CapacityRange{RequiredBytes: required, LimitBytes: limit}, VolumeCapabilities: mountCap(rwo), Parameters: e.local}
+		r := &csipb.CreateVolumeRequest{Name: "idempotent", CapacityRange: &csipb.CapacityRange{RequiredBytes: required, LimitBytes: limit}, VolumeCapabilities: mountCap(rwo), Parameters: e.local}
 		if len(requisite) > 0 {
 			r.AccessibilityRequirements = &csipb.TopologyRequirement{Requisite: topology(requisite...)}
 		}
@@ -186,17 +186,17 @@ func TestCreateVolumeIdempotent(t *testing.T) {
 	_, err = e.ctrl.CreateVolume(ctx, req(10*gib, 10*gib, "other-node"))
 	wantCode(t, "5 (other topology)", err, codes.AlreadyExists)
 	var list storev1.VolumeStateList
-	if err := e.c.List(ctx, &list, client.MatchingLabels{policyv1.LabelPool: "b03"}); err != nil || len(list.Items) != 1 {
-		t.Errorf("VolumeStates of pool b03: %d, %v; want exactly 1", len(list.Items), err)
+	if err := e.c.List(ctx, &list, client.MatchingLabels{policyv1.LabelPool: "idempotent"}); err != nil || len(list.Items) != 1 {
+		t.Errorf("VolumeStates of pool idempotent: %d, %v; want exactly 1", len(list.Items), err)
 	}
 }
 
-// B04: unknown or malformed ids delete OK; empty id is INVALID_ARGUMENT; delete waits for the
+// Unknown or malformed ids delete OK; empty id is INVALID_ARGUMENT; delete waits for the
 // agent's finalizer.
 func TestDeleteVolume(t *testing.T) {
-	e := controllerEnv(t, "b04", map[string]int64{"b04-node": 10 * gib})
+	e := controllerEnv(t, "deleteid", map[string]int64{"deleteid-node": 10 * gib})
 	ctx := t.Context()
-	resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "b04", VolumeCapabilities: mountCap(rwo), Parameters: e.local})
+	resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "deleteid", VolumeCapabilities: mountCap(rwo), Parameters: e.local})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,20 +213,20 @@ func TestDeleteVolume(t *testing.T) {
 	wantCode(t, "empty id", err, codes.InvalidArgument)
 }
 
-// B08: no room on the selected node → RESOURCE_EXHAUSTED, decided from Store status and also
+// No room on the selected node → RESOURCE_EXHAUSTED, decided from Store status and also
 // when the agent itself reports InsufficientCapacity (the VolumeState is then removed).
 func TestCreateVolumeNoRoom(t *testing.T) {
-	e := controllerEnv(t, "b08", map[string]int64{"b08-node-1": 30 * gib, "b08-node-2": 100 * gib})
+	e := controllerEnv(t, "noroom", map[string]int64{"noroom-node-1": 30 * gib, "noroom-node-2": 100 * gib})
 	ctx := t.Context()
-	_, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "b08", CapacityRange: &csipb.CapacityRange{RequiredBytes: 40 * gib},
-		VolumeCapabilities: mountCap(rwo), Parameters: e.local, AccessibilityRequirements: &csipb.TopologyRequirement{Preferred: topology("b08-node-1")}})
+	_, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "noroom", CapacityRange: &csipb.CapacityRange{RequiredBytes: 40 * gib},
+		VolumeCapabilities: mountCap(rwo), Parameters: e.local, AccessibilityRequirements: &csipb.TopologyRequirement{Preferred: topology("noroom-node-1")}})
 	wantCode(t, "40 GiB on a 30 GiB node", err, codes.ResourceExhausted)
 	// Store status says 30 GiB but the backend has only 1 GiB: the agent's answer counts.
-	e.agent.setFree(e.storeFor["b08-node-1"], gib)
-	_, err = e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "b08-agent", CapacityRange: &csipb.CapacityRange{RequiredBytes: 2 * gib},
-		VolumeCapabilities: mountCap(rwo), Parameters: e.local, AccessibilityRequirements: &csipb.TopologyRequirement{Preferred: topology("b08-node-1")}})
+	e.agent.setFree(e.storeFor["noroom-node-1"], gib)
+	_, err = e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "noroom-agent", CapacityRange: &csipb.CapacityRange{RequiredBytes: 2 * gib},
+		VolumeCapabilities: mountCap(rwo), Parameters: e.local, AccessibilityRequirements: &csipb.TopologyRequirement{Preferred: topology("noroom-node-1")}})
 	wantCode(t, "agent reports InsufficientCapacity", err, codes.ResourceExhausted)
-	id := storev1.VolumeID("b08-agent")
+	id := storev1.VolumeID("noroom-agent")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		err := e.c.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{})
@@ -239,18 +239,18 @@ func TestCreateVolumeNoRoom(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// The same request without a preferred node lands where there is room.
-	resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "b08-anywhere", CapacityRange: &csipb.CapacityRange{RequiredBytes: 40 * gib},
+	resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "noroom-anywhere", CapacityRange: &csipb.CapacityRange{RequiredBytes: 40 * gib},
 		VolumeCapabilities: mountCap(rwo), Parameters: e.local})
-	if err != nil || resp.GetVolume().GetAccessibleTopology()[0].GetSegments()[policyv1.TopologyKeyNode] != "b08-node-2" {
+	if err != nil || resp.GetVolume().GetAccessibleTopology()[0].GetSegments()[policyv1.TopologyKeyNode] != "noroom-node-2" {
 		t.Errorf("40 GiB anywhere: %v, %v; want node-2", resp, err)
 	}
 }
 
-// B10: expansion completes at ≥ requested; repeats and smaller requests change nothing.
+// Expansion completes at ≥ requested; repeats and smaller requests change nothing.
 func TestControllerExpand(t *testing.T) {
-	e := controllerEnv(t, "b10", map[string]int64{"b10-node": 10 * gib})
+	e := controllerEnv(t, "expand", map[string]int64{"expand-node": 10 * gib})
 	ctx := t.Context()
-	resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "b10", CapacityRange: &csipb.CapacityRange{RequiredBytes: 104857600},
+	resp, err := e.ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "expand", CapacityRange: &csipb.CapacityRange{RequiredBytes: 104857600},
 		VolumeCapabilities: mountCap(rwo), Parameters: e.local})
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +271,7 @@ func TestControllerExpand(t *testing.T) {
 		t.Errorf("VolumeState generation %d (%v): want 2 (one spec change for three calls)", vs.Generation, err)
 	}
 	// No room to grow: RESOURCE_EXHAUSTED.
-	e.agent.setFree(e.storeFor["b10-node"], 0)
+	e.agent.setFree(e.storeFor["expand-node"], 0)
 	_, err = e.ctrl.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csipb.CapacityRange{RequiredBytes: gib}})
 	wantCode(t, "expand without room", err, codes.ResourceExhausted)
 	_, err = e.ctrl.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: storev1.VolumeID("nope"), CapacityRange: &csipb.CapacityRange{RequiredBytes: gib}})

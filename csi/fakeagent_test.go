@@ -18,10 +18,11 @@ import (
 
 // fakeAgent is a TEST DOUBLE of the node agent (agents/agent), used only for the controller
 // tests here: it fills in VolumeState status on the real API server the way the contract in
-// DESIGN.md says the agent does (finalizer, Ready with actualBytes at the current generation,
-// export for NVMe-oF, observedPublicationGeneration, Failed/InsufficientCapacity when its own
-// idea of free space is too small, finalizer released on delete). It touches no kernel. The
-// csi-sanity and sidecar tests run the real agent instead.
+// docs/design.md ("Contracts between the parts", VolumeState) says the agent does (finalizer,
+// Ready with actualBytes at the current generation, export for NVMe-oF,
+// observedPublicationGeneration, Failed/InsufficientCapacity when its own idea of free space is
+// too small, finalizer released on delete). It touches no kernel. The csi-sanity and sidecar
+// tests run the real agent instead.
 type fakeAgent struct {
 	c client.WithWatch
 

@@ -71,11 +71,11 @@ func run(t *testing.T, name string, args ...string) string {
 
 // TestInGuestNVMeoFNode runs INSIDE the qemu guest of TestGuestCSISanityLVMNVMeoF, next to
 // `plinth csi --mode all` and the agent (LVM thin pool, nvmet export on 127.0.0.1:4420): the
-// node path over nvme-tcp on the real kernel — B25 (a subsystem already connected, by hand or by
+// node path over nvme-tcp on the real kernel — a subsystem already connected (by hand or by
 // an earlier attempt, is reused: stage succeeds with one controller, and the kernel's own
 // answer to a duplicate connect is EALREADY, which Connect treats as success), NodeExpand after
-// ControllerExpand (the initiator sees the new size), B26 (unstage with the controller already
-// gone, and unstage twice, succeed) and that unstage really disconnects.
+// ControllerExpand (the initiator sees the new size), unstage with the controller already gone
+// and unstage twice (both succeed), and that unstage really disconnects.
 func TestInGuestNVMeoFNode(t *testing.T) {
 	sock := os.Getenv("PLINTH_CSI_GUEST_SOCKET")
 	if sock == "" {
@@ -140,7 +140,7 @@ func TestInGuestNVMeoFNode(t *testing.T) {
 	stageReq := &csipb.NodeStageVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging, VolumeCapability: capability,
 		VolumeContext: cv.GetVolume().GetVolumeContext()}
 
-	t.Run("B25AlreadyConnected", func(t *testing.T) {
+	t.Run("AlreadyConnected", func(t *testing.T) {
 		// connected before the stage (a connect that outlived a crashed attempt, or by hand)
 		run(t, "nvme", "connect", "-t", "tcp", "-a", addr, "-s", port, "-n", nqn, "-q", hostNQN)
 		in := &nvme.Initiator{}
@@ -223,13 +223,13 @@ func TestInGuestNVMeoFNode(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(state, id+".json")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("stage record after unstage: %v", err)
 		}
-		// B26: nothing staged, nothing connected
+		// Nothing staged, nothing connected: unstage is still OK.
 		if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 			t.Errorf("second NodeUnstage: %v", err)
 		}
 	})
 
-	t.Run("B26ControllerAlreadyGone", func(t *testing.T) {
+	t.Run("ControllerAlreadyGone", func(t *testing.T) {
 		if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
 			t.Fatal(err)
 		}

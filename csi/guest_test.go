@@ -31,7 +31,7 @@ import (
 // LVM, real nvmet configfs, the real nvme-tcp initiator), against this host's kube-apiserver
 // (reached through test/kernel/apimux and guestfwd). csi-sanity runs in the guest
 // next to the driver's socket; then this package's test binary runs in the guest
-// (TestInGuestNVMeoFNode) for the node path's field cases on the real kernel. The guest's
+// (TestInGuestNVMeoFNode) for the node path's failure modes on the real kernel. The guest's
 // node connects to its own nvmet target over loopback TCP: the same kernel code as between
 // two machines. In the same boot, two raw pools on four more virtio disks (GPT partitions,
 // whole disks; the local protocol) get a csi-sanity run of their own and TestInGuestRaw.

@@ -40,7 +40,8 @@ type node struct {
 
 // initNode removes stage record temp files a crash left, reads the host NQN and, with an API config, labels the Node
 // plinth.dev/nvme-initiator=true when nvme-tcp is usable and annotates it with
-// plinth.dev/host-nqn (DESIGN.md "Contracts": ControllerPublish reads the host NQN there).
+// plinth.dev/host-nqn (docs/design.md, "Names and keys": ControllerPublish reads the host NQN
+// there).
 func (d *Driver) initNode(ctx context.Context) error {
 	// Before any Save of this process: temp files of records a crash left half-written.
 	removed, err := d.stages.CleanTemp()
@@ -188,7 +189,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 			return &csipb.NodeStageVolumeResponse{}, nil
 		}
 		if src, err := s.d.mounter.SourceOf(staging); err == nil && src != "" {
-			return &csipb.NodeStageVolumeResponse{}, nil // staged already, also after a restart (B19)
+			return &csipb.NodeStageVolumeResponse{}, nil // staged already, also after a restart
 		}
 	case err == nil:
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is staged at %s, not %s", id, rec.StagingPath, staging)
@@ -301,10 +302,11 @@ func (s *node) growToDevice(rec stage.Record) error {
 	return nil
 }
 
-// NodeUnstageVolume works from the stage record alone (the CO sends no context, B19): unmount
-// even a dead mount (B17), refuse success while still mounted, disconnect NVMe-oF (absent is
-// success, B26), remove the record. Without a record, a mounted NVMe-oF device is found through
-// mountinfo and sysfs; a mount whose device is gone is an error, never a silent OK.
+// NodeUnstageVolume works from the stage record alone (the CO sends no context, and the plugin
+// may have restarted): unmount even a dead mount (EIO, ENOTCONN, ESTALE), refuse success while
+// still mounted, disconnect NVMe-oF (absent is success), remove the record. Without a record,
+// a mounted NVMe-oF device is found through mountinfo and sysfs; a mount whose device is gone
+// is an error, never a silent OK.
 func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
 	if id == "" {
@@ -329,7 +331,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 			if err := s.disconnectUnrecorded(ctx, id); err != nil {
 				return nil, err
 			}
-			return &csipb.NodeUnstageVolumeResponse{}, nil // not staged (B19a)
+			return &csipb.NodeUnstageVolumeResponse{}, nil // not staged: OK (CSI spec)
 		}
 		if _, err := os.Stat(src); err != nil {
 			return nil, status.Errorf(codes.Internal, "%s is mounted from %s, which is gone, and no stage record says how it was attached", staging, src)
@@ -468,7 +470,7 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 		return nil, err
 	}
 	defer release()
-	// Unmount also a dead mount (B17) and remove the path we created (CSI spec NodeUnpublish).
+	// Unmount also a dead mount (stat fails) and remove the path we created (CSI spec NodeUnpublish).
 	if err := s.d.mounter.Unmount(target, true); err != nil {
 		return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
 	}
@@ -523,7 +525,7 @@ func (s *node) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeS
 }
 
 // ReasonMountDead is the VolumeHealth reason of a mount whose probe returns EIO, ENOTCONN,
-// ESTALE or similar (field case B17).
+// ESTALE or similar (the backing path died under the mount).
 const ReasonMountDead = "MountDead"
 
 // ReasonDeviceGone is the VolumeHealth reason of a staged volume whose block device vanished.

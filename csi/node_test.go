@@ -2,10 +2,13 @@ package csi_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,6 +18,7 @@ import (
 
 	"github.com/plinth-storage/plinth/csi"
 	"github.com/plinth-storage/plinth/csi/mount"
+	"github.com/plinth-storage/plinth/internal/overrides"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
@@ -84,7 +88,7 @@ func localPublish(dev string) map[string]string {
 // The node lifecycle on a real loop device: stage formats the blank device, publish binds,
 // stats, expand grows xfs after the device grew (ext4 online growth needs CAP_SYS_RESOURCE,
 // which this test machine's sandbox withholds: resize2fs gets EPERM), unpublish and unstage clean up; a restarted
-// plugin unstages from the record alone (B19).
+// plugin unstages from the record alone.
 func TestNodeLifecycle(t *testing.T) {
 	dev, file := loopDevice(t, 320<<20)
 	state := filepath.Join(t.TempDir(), "state")
@@ -138,7 +142,7 @@ func TestNodeLifecycle(t *testing.T) {
 	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("target left behind: %v", err)
 	}
-	// A restarted plugin (new process, same state folder) unstages from the record (B19b).
+	// A restarted plugin (new process, same state folder) unstages from the record.
 	restarted := nodePlugin(t, state)
 	if _, err := restarted.NodeStageVolume(ctx, stageReq); err != nil {
 		t.Errorf("stage of a staged volume after restart: %v", err)
@@ -152,11 +156,11 @@ func TestNodeLifecycle(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(state, id+".json")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stage record left: %v", err)
 	}
-	// B19a: unstage of what is not staged.
+	// Unstage of what is not staged is OK.
 	if _, err := restarted.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 		t.Errorf("unstage again: %v", err)
 	}
-	// The data survived: restage keeps the filesystem (B15: no mkfs on a formatted device).
+	// The data survived: restage keeps the filesystem (no mkfs on a formatted device).
 	if _, err := restarted.NodeStageVolume(ctx, stageReq); err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +176,7 @@ func TestNodeLifecycle(t *testing.T) {
 	}
 }
 
-// B15: a missing device is NOT_FOUND and nothing is formatted.
+// A missing device is NOT_FOUND and nothing is formatted.
 func TestNodeStageMissingDevice(t *testing.T) {
 	prereq.Root(t, "NodeStageVolume checks block devices and mounts")
 	node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
@@ -181,7 +185,7 @@ func TestNodeStageMissingDevice(t *testing.T) {
 	wantCode(t, "stage of a missing device", err, codes.NotFound)
 }
 
-// B17: unpublish and unstage of a dead mount (xfs shut down: stat returns EIO) succeed only
+// Unpublish and unstage of a dead mount (xfs shut down: stat returns EIO) succeed only
 // after unmounting; health reports it INACCESSIBLE before.
 func TestNodeDeadMount(t *testing.T) {
 	prereq.Commands(t, "xfs_io")
@@ -218,7 +222,7 @@ func TestNodeDeadMount(t *testing.T) {
 	}
 }
 
-// B19c: a staging path mounted from a device that is gone, with no record, is an error — never
+// A staging path mounted from a device that is gone, with no record, is an error — never
 // a silent OK. Mountinfo is a recorded file naming a vanished device.
 func TestNodeUnstageWithoutRecordDeviceGone(t *testing.T) {
 	dir := t.TempDir()
@@ -440,5 +444,118 @@ func TestNodeStageGrowsARestoredFilesystem(t *testing.T) {
 	}
 	if _, err := node.NodeStageVolume(ctx, req); err != nil {
 		t.Errorf("stage again: %v", err)
+	}
+}
+
+// A claim's allowed mkfs and mount overrides arrive on the device and the mount: the claim's
+// annotations go through the controller's judging and merging (overrides.Parse, Apply) into the
+// volume context, NodeStageVolume formats and mounts a loop device with them, and tune2fs -l or
+// xfs_info and /proc/self/mountinfo show them. mount-utils puts its own "-F -m0" after the
+// options it is given, so an ext4 "-m 1" never arrived: the node plugin now formats itself when
+// there are options, its defaults first.
+func TestNodeStageOptionsArrive(t *testing.T) {
+	prereq.Commands(t, "tune2fs", "xfs_info", "mkfs.ext4", "mkfs.xfs")
+	mkfsAnn := policyv1.OverrideAnnotations[policyv1.OverrideMkfsOptions]
+	mountAnn := policyv1.OverrideAnnotations[policyv1.OverrideMountOptions]
+	for _, tc := range []struct {
+		fsType    string
+		mkfs      string
+		mount     string
+		fsInfo    []string // lines (white space squeezed) tune2fs -l or xfs_info prints
+		mountOpts []string // the mount's own options in mountinfo, exactly
+		superOpts []string // among the filesystem's options in mountinfo
+		reserved1 bool     // ext4: 1% of the blocks reserved (-m 1)
+	}{
+		{"ext4", "-m 1 -L claimdata -I 512", "nosuid,nodev,noexec,commit=30",
+			[]string{"Filesystem volume name: claimdata", "Inode size: 512"},
+			[]string{"rw", "nosuid", "nodev", "noexec", "noatime"}, []string{"commit=30"}, true},
+		{"xfs", "-i size=512 -m reflink=0", "nosuid,logbsize=64k",
+			[]string{"isize=512", "reflink=0"},
+			[]string{"rw", "nosuid", "noatime"}, []string{"logbsize=64k", "nouuid"}, false},
+	} {
+		t.Run(tc.fsType, func(t *testing.T) {
+			dev, _ := loopDevice(t, 320<<20)
+			pl := &policyv1.Placement{}
+			pl.Name = "opts"
+			pl.Spec.Filesystem = policyv1.Filesystem{FSType: tc.fsType, MountOptions: []string{"noatime"}}
+			pl.Spec.Overrides = &policyv1.Overrides{Allowed: []policyv1.OverrideParameter{policyv1.OverrideMkfsOptions, policyv1.OverrideMountOptions}}
+			set, err := overrides.Parse(map[string]string{mkfsAnn: tc.mkfs, mountAnn: tc.mount}, pl, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fs := pl.Spec.Filesystem
+			strategy := policyv1.StrategyBinpack
+			set.Apply(&fs, &strategy)
+			mkfs, _ := json.Marshal(fs.MkfsOptions)
+			mnt, _ := json.Marshal(fs.MountOptions)
+			node := nodePlugin(t, filepath.Join(t.TempDir(), "state"))
+			ctx := t.Context()
+			staging := filepath.Join(t.TempDir(), "staging")
+			const id = "vol-0000000000000000000000000000000000000035"
+			pc := localPublish(dev)
+			if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: fsCap(tc.fsType, rwo), PublishContext: pc,
+				VolumeContext: map[string]string{csi.ContextFSType: tc.fsType, csi.ContextMkfsOptions: string(mkfs), csi.ContextMountOptions: string(mnt)}}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				node.NodeUnstageVolume(context.Background(), &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}) //nolint:errcheck
+			})
+
+			tool := exec.Command("tune2fs", "-l", dev)
+			if tc.fsType == "xfs" {
+				tool = exec.Command("xfs_info", staging)
+			}
+			out, err := tool.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v: %v %s", tool.Args, err, out)
+			}
+			info := strings.Join(strings.Fields(string(out)), " ")
+			for _, want := range tc.fsInfo {
+				if !strings.Contains(info, want) {
+					t.Errorf("%v lacks %q:\n%s", tool.Args, want, out)
+				}
+			}
+			if tc.reserved1 {
+				var blocks, reserved int64
+				for _, l := range strings.Split(string(out), "\n") {
+					k, v, _ := strings.Cut(l, ":")
+					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					switch k {
+					case "Block count":
+						blocks = n
+					case "Reserved block count":
+						reserved = n
+					}
+				}
+				if blocks == 0 || reserved != blocks/100 {
+					t.Errorf("tune2fs: %d of %d blocks reserved, want %d (-m 1)", reserved, blocks, blocks/100)
+				}
+			}
+
+			infos, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var found int
+			for _, mi := range infos {
+				if mi.MountPoint != mount.Resolve(staging) {
+					continue
+				}
+				found++
+				got := slices.Sorted(slices.Values(mi.MountOptions))
+				if want := slices.Sorted(slices.Values(tc.mountOpts)); !slices.Equal(got, want) {
+					t.Errorf("mountinfo: mount options %v, want exactly %v", got, want)
+				}
+				for _, o := range tc.superOpts {
+					if !slices.Contains(mi.SuperOptions, o) {
+						t.Errorf("mountinfo: filesystem options %v lack %s", mi.SuperOptions, o)
+					}
+				}
+			}
+			if found != 1 {
+				t.Errorf("%d mounts at %s, want 1", found, staging)
+			}
+		})
 	}
 }

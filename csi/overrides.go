@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,11 +22,16 @@ const (
 	ParamPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
 )
 
+// ReasonOverrideRefused is the reason of the Warning event on a PVC whose override
+// annotations its Placement or the schema refuses (CreateVolume answers INVALID_ARGUMENT).
+const ReasonOverrideRefused = "OverrideRefused"
+
 // pvcOverrides reads the override annotations of the PVC named by params (nothing when the
 // provisioner does not pass --extra-create-metadata, as csi-sanity does not) and judges them
-// against pl: an annotation for a parameter pl does not allow, or a value its schema refuses,
-// is INVALID_ARGUMENT naming the PVC and the annotation.
-func pvcOverrides(ctx context.Context, r client.Reader, params map[string]string, pl *policyv1.Placement) (*overrides.Set, error) {
+// against pl for a volume of filesystem fsType: an annotation for a parameter pl does not
+// allow, a value too long or one its schema refuses is INVALID_ARGUMENT naming the PVC, the
+// annotation and the rule, also reported as a Warning event on the PVC.
+func (s *controller) pvcOverrides(ctx context.Context, params map[string]string, pl *policyv1.Placement, fsType string) (*overrides.Set, error) {
 	name, ns := params[ParamPVCName], params[ParamPVCNamespace]
 	if name == "" || ns == "" {
 		return nil, nil
@@ -37,9 +43,9 @@ func pvcOverrides(ctx context.Context, r client.Reader, params map[string]string
 	key := client.ObjectKey{Namespace: ns, Name: name}
 	pvc := &metav1.PartialObjectMetadata{}
 	pvc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"))
-	err := r.Get(ctx, key, pvc, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}})
+	err := s.d.live.Get(ctx, key, pvc, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}})
 	if apierrors.IsNotFound(err) {
-		err = r.Get(ctx, key, pvc)
+		err = s.d.live.Get(ctx, key, pvc)
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) { // deleted while provisioning: the sidecar gives up too
@@ -47,9 +53,11 @@ func pvcOverrides(ctx context.Context, r client.Reader, params map[string]string
 		}
 		return nil, status.Errorf(codes.Unavailable, "read PVC %s/%s: %v", ns, name, err)
 	}
-	o, err := overrides.Parse(pvc.Annotations, pl)
+	o, err := overrides.Parse(pvc.Annotations, pl, fsType)
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "PVC %s/%s: %v", ns, name, err)
+		msg := fmt.Sprintf("PVC %s/%s: %v", ns, name, err)
+		s.d.warn(pvc, ReasonOverrideRefused, "CreateVolume", msg)
+		return nil, status.Error(codes.InvalidArgument, msg)
 	}
 	return o, nil
 }

@@ -13,19 +13,23 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi"
+	cueschema "github.com/plinth-storage/plinth/schema/cue"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
 // PVC annotations override the parameters their Placement allows, each judged by the policy
 // schema; the VolumeState freezes what was overridden, and the volume context carries the
-// result to the node plugin. A disallowed or invalid override fails with INVALID_ARGUMENT
-// naming the PVC and the annotation.
+// result to the node plugin. A disallowed or invalid override (outside the schema's
+// allow-lists of mkfs and mount options, or longer than the bound) fails with INVALID_ARGUMENT
+// naming the PVC, the annotation and the rule, and a Warning event OverrideRefused on the PVC
+// says the same.
 func TestCreateVolumeOverrides(t *testing.T) {
 	e := controllerEnv(t, "ovr", map[string]int64{"ovr-small": 10 * gib, "ovr-large": 100 * gib})
 	ctx := t.Context()
@@ -109,6 +113,12 @@ func TestCreateVolumeOverrides(t *testing.T) {
 		{"ovr-c", e.nvme, map[string]string{strategy: "Spreadout"}, []string{"PVC default/ovr-c", strategy, `Placement "ovr-nvme" does not allow`}},
 		{"ovr-d", e.local, map[string]string{strategy: "spreadout"}, []string{"PVC default/ovr-d", strategy, "conflicting values"}},
 		{"ovr-e", e.local, map[string]string{mount: "noatime,,ro"}, []string{mount, "empty mount option"}},
+		// The allow-lists of the schema, for the volume's ext4: shell syntax, a mount that
+		// mounts something else, setuid files, a value over the length bound.
+		{"ovr-g", e.local, map[string]string{mkfs: "-m 0; touch /tmp/x"}, []string{"PVC default/ovr-g", mkfs, `"0;" holds a shell metacharacter`}},
+		{"ovr-h", e.local, map[string]string{mount: "bind"}, []string{"PVC default/ovr-h", mount, `mount option "bind" is refused`}},
+		{"ovr-i", e.local, map[string]string{mount: "x-mount.mkdir=/root/x,suid"}, []string{mount, `"x-mount.mkdir=/root/x" is refused`, `"suid" is refused`}},
+		{"ovr-j", e.local, map[string]string{mount: strings.Repeat("noatime,", 625)}, []string{mount, "5000 bytes, more than the 1024"}},
 	} {
 		_, err := createFor(tc.name, tc.params, pvc(tc.name, tc.ann))
 		if status.Code(err) != codes.InvalidArgument {
@@ -123,6 +133,10 @@ func TestCreateVolumeOverrides(t *testing.T) {
 		vs := &storev1.VolumeState{}
 		if err := e.c.Get(ctx, client.ObjectKey{Name: storev1.VolumeID(tc.name)}, vs); err == nil {
 			t.Errorf("%s: a refused override still created VolumeState %s", tc.name, vs.Name)
+		}
+		// The claim's author, who may not see the provisioner's log, reads why on the PVC.
+		if msg := eventAbout(t, e.c, tc.name, csi.ReasonOverrideRefused); msg != status.Convert(err).Message() {
+			t.Errorf("%s: event %s says %q, want the error %q", tc.name, csi.ReasonOverrideRefused, msg, status.Convert(err).Message())
 		}
 	}
 	_, err = createFor("ovr-f", e.local, map[string]string{csi.ParamPVCName: "ovr-nosuch", csi.ParamPVCNamespace: "default"})
@@ -187,6 +201,83 @@ func sidecarOverrides(t *testing.T, s *sidecars, placement string) {
 	for _, name := range []string{"ok", "refused"} {
 		if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// The Placement CRD's CEL rules refuse at the real API server what the policy schema refuses in
+// filesystem options (the allow-lists of #Filesystem), and accept what it accepts: every option
+// list of the corpus gets the same verdict from a dry-run create and from the schema, the
+// verdict the corpus states.
+func TestPlacementOptionsAPIServerAgreesWithSchema(t *testing.T) {
+	c := kubeClient(t, sharedControlPlane(t).Admin.Config)
+	ctx := t.Context()
+	long := "-L" + strings.Repeat("a", 255)
+	many := slices.Repeat([]string{"noatime"}, 33)
+	for i, tc := range []struct {
+		fsType      string
+		mkfs, mount []string
+		ok          bool
+	}{
+		{"ext4", []string{"-m", "1", "-j", "-b4096"}, []string{"noatime", "nosuid", "nodev", "noexec"}, true},
+		{"ext4", []string{"-E", "lazy_itable_init=0,stride=16", "-O", "^has_journal,metadata_csum", "-L", "data"}, []string{"errors=remount-ro", "commit=30", "data=ordered"}, true},
+		{"xfs", []string{"-m", "crc=1,reflink=1", "-i", "size=512", "-K"}, []string{"logbsize=256k", "nouuid", "inode64", "exec"}, true},
+		{"ext4", nil, nil, true},
+		{"ext4", []string{"-m 1"}, nil, false},
+		{"ext4", []string{"-m", "0;reboot"}, nil, false},
+		{"ext4", []string{"$(id)"}, nil, false},
+		{"ext4", []string{"-m", "0", "/dev/sdb"}, nil, false},
+		{"ext4", []string{"-d", "/etc"}, nil, false},
+		{"ext4", []string{"-e", "panic"}, nil, false},
+		{"ext4", []string{"-b"}, nil, false},
+		{"ext4", []string{"-F"}, nil, false},
+		{"ext4", []string{""}, nil, false},
+		{"ext4", []string{long}, nil, false},
+		{"xfs", []string{"-m", "0"}, nil, false},
+		{"xfs", []string{"-p", "/etc/proto"}, nil, false},
+		{"xfs", []string{"-E", "lazy_itable_init=0"}, nil, false},
+		{"ext4", []string{"-L", "-q"}, nil, false},
+		{"ext4", []string{"-m1", "1"}, nil, false},
+		{"ext4", []string{"-m", "51"}, nil, false},
+		{"ext4", []string{"-O", "journal_dev"}, nil, false},
+		{"ext4", []string{"-q", "-D", "-m", "1.5", "-N", "100", "-T", "small,news", "-J", "size=64"}, nil, true},
+		{"ext4", nil, []string{"noload"}, false},
+		{"xfs", nil, []string{"logbufs=9"}, false},
+		{"ext4", nil, []string{"ro", "dax=inode", "journal_ioprio=3"}, true},
+		{"ext4", nil, []string{"suid"}, false},
+		{"ext4", nil, []string{"dev"}, false},
+		{"ext4", nil, []string{"bind"}, false},
+		{"ext4", nil, []string{"remount"}, false},
+		{"ext4", nil, []string{"x-mount.mkdir=/root/x"}, false},
+		{"ext4", nil, []string{"helper=evil"}, false},
+		{"ext4", nil, []string{"errors=panic"}, false},
+		{"ext4", nil, []string{"noexec", "exec"}, false},
+		{"xfs", nil, []string{"rw", "ro"}, false},
+		{"ext4", nil, []string{"nosuid,nodev"}, false},
+		{"ext4", nil, []string{""}, false},
+		{"ext4", nil, []string{"logbsize=64k"}, false},
+		{"xfs", nil, []string{"data=ordered"}, false},
+		{"xfs", nil, []string{"rtdev=/dev/sdc"}, false},
+		{"ext4", nil, many, false},
+	} {
+		pl := &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("options-%d", i)}, Spec: policyv1.PlacementSpec{
+			PoolRef: policyv1.LocalObjectReference{Name: "p"}, ProtocolRef: policyv1.LocalObjectReference{Name: "p"},
+			StorageClass: policyv1.StorageClassTemplate{Name: "options"},
+			Filesystem:   policyv1.Filesystem{FSType: tc.fsType, MkfsOptions: tc.mkfs, MountOptions: tc.mount}}}
+		server := c.Create(ctx, pl, client.DryRunAll)
+		if server != nil && !apierrors.IsInvalid(server) {
+			t.Fatalf("case %d: %v", i, server)
+		}
+		fs := map[string]any{"fsType": tc.fsType}
+		if tc.mkfs != nil {
+			fs["mkfsOptions"] = tc.mkfs
+		}
+		if tc.mount != nil {
+			fs["mountOptions"] = tc.mount
+		}
+		schema := cueschema.CheckPlacementField([]string{"filesystem"}, fs)
+		if (server == nil) != tc.ok || (schema == nil) != tc.ok {
+			t.Errorf("case %d %s mkfs %.60q mount %.60q: API server %v, schema %v; want accepted %v", i, tc.fsType, tc.mkfs, tc.mount, server, schema, tc.ok)
 		}
 	}
 }

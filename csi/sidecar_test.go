@@ -114,7 +114,7 @@ func startSidecars(t testing.TB, name string) *sidecars {
 		args []string
 		env  []string
 	}{
-		// Outside a pod: no owner for CSIStorageCapacity objects (DESIGN.md "Tests without a kubelet").
+		// Outside a pod: no owner for CSIStorageCapacity objects (docs/design.md, "Real nodes").
 		{controlplane.BinCSIProvisioner, []string{"--feature-gates=Topology=true", "--extra-create-metadata", "--enable-capacity",
 			"--capacity-ownerref-level=-1", "--capacity-poll-interval=5s"}, []string{"NAMESPACE=" + s.ns}},
 		{controlplane.BinCSIAttacher, nil, nil},

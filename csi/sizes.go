@@ -17,7 +17,7 @@ const DefaultExtentBytes int64 = 1 << 20
 var ErrOutOfRange = errors.New("capacity range cannot be satisfied")
 
 // RoundSize returns the volume size for a CSI CapacityRange on a store whose allocation unit
-// is unit bytes: required rounded UP to the unit (field case B01: never smaller than asked,
+// is unit bytes: required rounded UP to the unit (never smaller than asked:
 // external-provisioner deletes a volume reported smaller), never above limit (0 = no limit).
 // With neither set it is DefaultVolumeBytes, or limit rounded down when that is smaller.
 // Negative values, limit < required, or no unit multiple within the range are ErrOutOfRange
@@ -53,7 +53,7 @@ func RoundSize(required, limit, unit int64) (int64, error) {
 }
 
 // InRange reports whether an existing volume of size bytes satisfies a CapacityRange (0 = unset),
-// the idempotency rule of CreateVolume (field case B03).
+// the idempotency rule of CreateVolume.
 func InRange(size, required, limit int64) bool {
 	return size >= required && (limit == 0 || size <= limit)
 }

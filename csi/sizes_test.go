@@ -14,10 +14,10 @@ func TestRoundSize(t *testing.T) {
 		want                  int64
 		outOfRange            bool
 	}{
-		{"B01 one byte → one extent", 1, 0, ext, 4194304, false},
-		{"B01 1 GiB + 1 → 257 extents", 1073741825, 0, ext, 1077936128, false},
-		{"B03 required = limit aligned", 10737418240, 10737418240, ext, 10737418240, false},
-		{"B10 203 MiB → 204 MiB", 212860928, 0, ext, 213909504, false},
+		{"one byte → one extent", 1, 0, ext, 4194304, false},
+		{"1 GiB + 1 → 257 extents", 1073741825, 0, ext, 1077936128, false},
+		{"required = limit aligned", 10737418240, 10737418240, ext, 10737418240, false},
+		{"203 MiB → 204 MiB", 212860928, 0, ext, 213909504, false},
 		{"no range → default", 0, 0, ext, DefaultVolumeBytes, false},
 		{"limit only, below default → rounded down", 0, 10*mib + 5, ext, 8 * mib, false},
 		{"limit below one unit", 0, mib, ext, 0, true},
@@ -47,7 +47,7 @@ func TestRoundSize(t *testing.T) {
 func TestInRange(t *testing.T) {
 	const gib = 1 << 30
 	if !InRange(10*gib, 8*gib, 0) || InRange(10*gib, 20*gib, 20*gib) || !InRange(10*gib, 10*gib, 10*gib) || InRange(10*gib, 0, 5*gib) {
-		t.Error("InRange disagrees with B03")
+		t.Error("InRange disagrees with CreateVolume's idempotency rule (size within required..limit)")
 	}
 }
 

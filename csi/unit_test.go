@@ -65,7 +65,7 @@ func TestChooseStore(t *testing.T) {
 		wantStore string
 		wantCode  codes.Code
 	}{
-		{"B08 preferred node full", false, "", &csipb.TopologyRequirement{Preferred: topo("node-1")}, 40 * gib, "", codes.ResourceExhausted},
+		{"preferred node full", false, "", &csipb.TopologyRequirement{Preferred: topo("node-1")}, 40 * gib, "", codes.ResourceExhausted},
 		{"preferred node has room", false, "", &csipb.TopologyRequirement{Preferred: topo("node-3", "node-2"), Requisite: topo("node-1", "node-2", "node-3")}, 40 * gib, "p.node-3", codes.OK},
 		{"binpack: fullest that fits", false, policyv1.StrategyBinpack, nil, 40 * gib, "p.node-3", codes.OK},
 		{"spreadout: emptiest", false, policyv1.StrategySpreadout, nil, 1, "p.node-2", codes.OK},

@@ -4,7 +4,8 @@
 //
 // The module builds, in one `go build` with one set of pins (test/tools/build.sh):
 //   - cmd/plinth-scheduler: kube-scheduler with the PlinthCapacity plugin (filter and
-//     score nodes by Store capacity, book capacity of pods in flight; DESIGN.md flow 4);
+//     score nodes by Store capacity, book capacity of pods in flight; docs/design.md,
+//     "Flows", 4 "Pod → node");
 //   - the test control plane: kube-apiserver, kube-controller-manager, kubectl
 //     and etcd, declared as tool lines in go.mod.
 //

@@ -42,7 +42,8 @@ func newBackend(s *storev1.Store, reserveBytes int64, sysRoot string, onCommand 
 		if err != nil {
 			return nil, err
 		}
-		// Plinth creates zvols sparse (DESIGN.md: ZFS is a thin backend)
+		// Plinth creates zvols sparse: ZFS is a thin backend (docs/design.md,
+		// "The policy API", overcommitPercent).
 		return zfs.New(zfs.Config{
 			Pool: b.ZFS.Pool, ParentDataset: b.ZFS.ParentDataset, VolBlockSize: bs, Sparse: true,
 			Properties: b.ZFS.Properties, ReserveBytes: reserveBytes, OvercommitPercent: int64(s.Spec.OvercommitPercent),

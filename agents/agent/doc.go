@@ -2,7 +2,7 @@
 // controller-runtime manager scoped to one node that converges the kernel
 // (LVM, ZFS or file volumes, the nvmet NVMe-oF target) toward the node's Agent,
 // Stores and VolumeStates, and reports what it sees back as status and
-// Prometheus metrics (DESIGN.md, flow 2 "Objects → kernel").
+// Prometheus metrics (docs/design.md, "Flows", 2 "Objects → kernel").
 //
 // Scope: the cache holds only this node's objects — the Agent by name
 // (field selector metadata.name), Stores and VolumeStates by the label
@@ -16,7 +16,7 @@
 //     heartbeat; conditions say what is missing.
 //   - Store: ensures the backend (a VG and thin pool only on declared empty
 //     devices), observes it with one vgs+lvs pair per refresh, publishes
-//     capacity (DESIGN.md "Capacity"), compares the kernel with the
+//     capacity (docs/design.md, "Capacity"), compares the kernel with the
 //     VolumeStates (missing/resized LV, missing or misconfigured export,
 //     orphan LV, missing VG) and wakes the drifted VolumeStates.
 //   - VolumeState: fenced (package fencing) create, expand, export (allowed

@@ -192,6 +192,9 @@ func TestHostFileBackend(t *testing.T) {
 		if c.Total <= 0 || c.Allocatable != c.Total-mib || c.Provisioned != 0 || c.Available <= 0 || c.Available > c.Allocatable || s.Status.ExtentBytes != file.UnitBytes {
 			t.Errorf("capacity %+v, extent %d", c, s.Status.ExtentBytes)
 		}
+		if txt := s.Status.CapacityText; txt == nil || txt.Total != storev1.HumanBytes(c.Total) || txt.Available != storev1.HumanBytes(c.Available) || txt.Provisioned != "0" {
+			t.Errorf("capacityText %+v for capacity %+v (kubectl's Size and Available columns)", txt, c)
+		}
 	})
 
 	// A pool asking for a bcache cache on this node, whose sysfs has no bcache: the Store is

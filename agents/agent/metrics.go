@@ -8,7 +8,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/driftmetric"
 )
 
-// Metrics of the agent (DESIGN.md "Metrics"); no per-volume labels.
+// Metrics of the agent (docs/design.md, "Metrics"); no per-volume labels.
 var (
 	// StoreCapacityBytes is plinth_store_capacity_bytes{store,pool,type}, type
 	// one of total, allocatable, provisioned, available, snapshots (bytes; the

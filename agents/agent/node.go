@@ -14,7 +14,7 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// KernelModules are the modules the Agent reports (DESIGN.md "The runtime API").
+// KernelModules are the modules the Agent reports (docs/design.md, "The runtime API").
 var KernelModules = []string{"nvmet", "nvmet_tcp", "nvme_tcp", "dm_thin_pool", "bcache"}
 
 // NodeInfo is what the agent found on its node.

@@ -184,6 +184,8 @@ func (r *storeReconciler) refresh(ctx context.Context, s *storev1.Store, rt *sto
 		Snapshots:   c.SnapshotBytes,
 	}
 	s.Status.Capacity = &capacity
+	s.Status.CapacityText = &storev1.CapacityText{Total: storev1.HumanBytes(capacity.Total),
+		Provisioned: storev1.HumanBytes(capacity.Provisioned), Available: storev1.HumanBytes(capacity.Available)}
 	s.Status.ExtentBytes = c.ExtentBytes
 	labels := map[string]int64{"total": capacity.Total, "allocatable": capacity.Allocatable, "provisioned": capacity.Provisioned, "available": capacity.Available, "snapshots": capacity.Snapshots}
 	for t, v := range labels {

@@ -14,13 +14,13 @@ import (
 type Backend interface {
 	// Create makes a volume of at least sizeBytes bytes, rounded UP to the
 	// backend's allocation unit (LVM extent, page), and returns it with its
-	// real size (field case B01: never smaller than requested).
+	// real size (never smaller than requested).
 	// Idempotent: a volume with this id that already exists and is at least
 	// sizeBytes is returned unchanged (also one left behind by a crash, when
 	// the backend can tell it is Plinth's). Errors: ErrInvalidArgument (bad id
 	// or sizeBytes <= 0), ErrAlreadyExists (the id exists but is smaller than
 	// requested, or the name is taken by something that is not Plinth's),
-	// ErrInsufficientCapacity (no room once the reserve is honoured, B07).
+	// ErrInsufficientCapacity (no room once the reserve is honoured).
 	Create(ctx context.Context, id string, sizeBytes int64) (Volume, error)
 
 	// Expand grows the volume to at least sizeBytes bytes (rounded up like
@@ -74,8 +74,9 @@ type Capacity struct {
 	// filesystem size for the file backend.
 	TotalBytes int64
 	// FreeBytes is the physical space still free in that same space: VG free
-	// (linear), thin pool data size × (1 − data used) (thin, never VG free —
-	// field case B06), filesystem free for unprivileged use (file).
+	// (linear), thin pool data size × (1 − data used) (thin, never VG free,
+	// which a pool filling the VG leaves at 0), filesystem free for
+	// unprivileged use (file).
 	FreeBytes int64
 	// ProvisionedBytes is the sum of the sizes of Plinth's volumes (virtual
 	// sizes for thin volumes), snapshots not included.
@@ -124,7 +125,7 @@ func (c Capacity) CacheBytes(sizeBytes int64) int64 {
 	return max(sizeBytes/100*c.CacheRatioPercent+sizeBytes%100*c.CacheRatioPercent/100, c.CacheMinBytes)
 }
 
-// Allocatable is physical − reserve, clamped at 0 (B07: no underflow).
+// Allocatable is physical − reserve, clamped at 0 (no underflow).
 // reserveBytes < 0 counts as 0.
 func (c Capacity) Allocatable(reserveBytes int64) int64 {
 	if reserveBytes < 0 {
@@ -134,7 +135,7 @@ func (c Capacity) Allocatable(reserveBytes int64) int64 {
 }
 
 // Available is the number of bytes a new volume may still take, the one
-// figure DESIGN.md "Capacity" makes every part use:
+// figure every part uses (docs/design.md, "Capacity"):
 //
 //   - thin: (total − reserve) × overcommitPercent/100 − provisioned −
 //     snapshots; bounded by nothing else, since thin volumes use pool space
@@ -148,7 +149,7 @@ func (c Capacity) Allocatable(reserveBytes int64) int64 {
 //     CacheMinBytes is free).
 //
 // overcommitPercent <= 0 means 100 (no overcommit); it applies to thin
-// capacity only. The result is clamped at 0 (B07).
+// capacity only. The result is clamped at 0 (a reserve above free is no underflow).
 func (c Capacity) Available(reserveBytes int64, overcommitPercent int64) int64 {
 	if reserveBytes < 0 {
 		reserveBytes = 0
@@ -178,7 +179,7 @@ func clamp(v int64) int64 {
 	return v
 }
 
-// RoundUp rounds sizeBytes up to a multiple of unitBytes (B01). unitBytes <= 0
+// RoundUp rounds sizeBytes up to a multiple of unitBytes (never down). unitBytes <= 0
 // returns sizeBytes unchanged.
 func RoundUp(sizeBytes, unitBytes int64) int64 {
 	if unitBytes <= 0 || sizeBytes%unitBytes == 0 {

@@ -17,15 +17,15 @@ func TestAvailable(t *testing.T) {
 		want      int64
 		wantAlloc int64
 	}{
-		// B07 (a): VG free 40 GiB, reservation 20 GiB.
-		{"B07a linear", Capacity{TotalBytes: 100 * gib, FreeBytes: 40 * gib}, 20 * gib, 0, 20 * gib, 80 * gib},
-		// B07 (c): VG free 10 GiB, reservation 20 GiB → 0, no underflow.
-		{"B07c clamp", Capacity{TotalBytes: 100 * gib, FreeBytes: 10 * gib}, 20 * gib, 0, 0, 80 * gib},
+		// VG free 40 GiB, reservation 20 GiB.
+		{"reserve linear", Capacity{TotalBytes: 100 * gib, FreeBytes: 40 * gib}, 20 * gib, 0, 20 * gib, 80 * gib},
+		// VG free 10 GiB, reservation 20 GiB → 0, no underflow.
+		{"reserve above free clamps", Capacity{TotalBytes: 100 * gib, FreeBytes: 10 * gib}, 20 * gib, 0, 0, 80 * gib},
 		{"reserve above total", Capacity{TotalBytes: 10 * gib, FreeBytes: 10 * gib}, 20 * gib, 0, 0, 0},
 		{"negative reserve", Capacity{TotalBytes: 10 * gib, FreeBytes: 5 * gib}, -1, 0, 5 * gib, 10 * gib},
-		// B06: VG free 0, pool 99 GiB, Σ virtual 20 GiB, ratio 10 → 970 GiB.
-		{"B06 thin overcommit", Capacity{Thin: true, TotalBytes: 99 * gib, FreeBytes: 89 * gib, ProvisionedBytes: 20 * gib}, 0, 1000, 970 * gib, 99 * gib},
-		{"B06 thin no overcommit", Capacity{Thin: true, TotalBytes: 99 * gib, ProvisionedBytes: 20 * gib}, 0, 0, 79 * gib, 99 * gib},
+		// VG free 0, pool 99 GiB, Σ virtual 20 GiB, ratio 10 → 970 GiB.
+		{"thin overcommit", Capacity{Thin: true, TotalBytes: 99 * gib, FreeBytes: 89 * gib, ProvisionedBytes: 20 * gib}, 0, 1000, 970 * gib, 99 * gib},
+		{"thin no overcommit", Capacity{Thin: true, TotalBytes: 99 * gib, ProvisionedBytes: 20 * gib}, 0, 0, 79 * gib, 99 * gib},
 		{"thin overprovisioned", Capacity{Thin: true, TotalBytes: 10 * gib, ProvisionedBytes: 30 * gib}, 0, 100, 0, 10 * gib},
 		{"thin reserve", Capacity{Thin: true, TotalBytes: 10 * gib}, 2 * gib, 200, 16 * gib, 8 * gib},
 		// Snapshots take thin space no volume's virtual size counts: 99 − 20 − 4.
@@ -53,8 +53,8 @@ func TestAvailable(t *testing.T) {
 func TestRoundUp(t *testing.T) {
 	const ext = 4 << 20
 	tests := []struct{ in, unit, want int64 }{
-		{1, ext, 4194304},             // B01 b01-a
-		{1073741825, ext, 1077936128}, // B01 b01-b: 257 × 4 MiB
+		{1, ext, 4194304},             // one byte → one extent
+		{1073741825, ext, 1077936128}, // 1 GiB + 1 → 257 × 4 MiB
 		{1073741824, ext, 1073741824}, // aligned stays
 		{4194303, ext, 4194304},       // one below
 		{5, 0, 5},                     // no unit

@@ -1,6 +1,7 @@
 // Package fencing keeps the node agent's durable per-volume marks and decides
 // whether a piece of work on a volume may run (the pillar-csi invariant in a
-// level-triggered design, DESIGN.md "Contracts between the parts").
+// level-triggered design; the mark is a contract of docs/design.md,
+// "Contracts between the parts", VolumeState).
 //
 // A mark records, for one volume id, the lifecycle (the VolumeState UID) the
 // node acts for, the highest metadata.generation acted on (guards create,

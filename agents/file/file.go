@@ -19,7 +19,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/failpoint"
 )
 
-// UnitBytes is the allocation unit sizes are rounded up to (B01): loop
+// UnitBytes is the allocation unit sizes are rounded up to (never down): loop
 // devices work in 512-byte sectors; 4 KiB keeps every filesystem block size
 // whole.
 const UnitBytes = 4096
@@ -30,7 +30,7 @@ const suffix = ".img"
 type Config struct {
 	// Directory holds the volume files; created when missing.
 	Directory string
-	// ReserveBytes is headroom never provisioned (B07).
+	// ReserveBytes is headroom never provisioned, also refused on create.
 	ReserveBytes int64
 	// OvercommitPercent is max provisioned ÷ filesystem size × 100 (files are
 	// sparse, so this backend is thin); 0 means 100.

@@ -87,8 +87,8 @@ func TestLoopLifecycle(t *testing.T) {
 	ctx := context.Background()
 	f := newBackend(t, Config{})
 
-	// B01: round up to the 4 KiB unit.
-	idA, idB := backend.VolumeID("b01-a"), backend.VolumeID("b01-b")
+	// Byte-precise sizes round UP to the 4 KiB unit.
+	idA, idB := backend.VolumeID("one-byte"), backend.VolumeID("gib-plus-one")
 	va, err := f.Create(ctx, idA, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func TestLoopLifecycle(t *testing.T) {
 		t.Errorf("capacity %+v statfs %+v", c, sfs)
 	}
 	t.Logf("capacity %+v", c)
-	// B07: a request beyond (size − reserve) is refused; nothing is created.
+	// A request beyond (size − reserve) is refused; nothing is created.
 	big := newBackend(t, Config{Directory: f.cfg.Directory, ReserveBytes: c.TotalBytes})
 	if _, err := big.Create(ctx, backend.VolumeID("huge"), 1); !errors.Is(err, backend.ErrInsufficientCapacity) {
 		t.Errorf("create into reserve: %v", err)

@@ -141,12 +141,12 @@ func TestGuestLinearAndThin(t *testing.T) {
 	thin := mustNew(t, Config{VolumeGroup: guestVG, ThinPool: "pool0", ThinPoolSizePercent: 50, OvercommitPercent: 300})
 	timed(t, "Ensure (thin pool create)", func() (int, error) { return 0, thin.Ensure(ctx) })
 
-	// Linear, B01 rounding.
-	idA, idB := backend.VolumeID("b01-a"), backend.VolumeID("b01-b")
+	// Linear, byte-precise sizes rounded UP to the extent.
+	idA, idB := backend.VolumeID("one-byte"), backend.VolumeID("gib-plus-one")
 	va := timed(t, "Create linear (lvcreate)", func() (backend.Volume, error) { return lin.Create(ctx, idA, 1) })
 	vb := timed(t, "Create linear 1 GiB+1", func() (backend.Volume, error) { return lin.Create(ctx, idB, 1073741825) })
 	if va.SizeBytes != 4194304 || vb.SizeBytes != 1077936128 {
-		t.Errorf("B01 sizes %d %d", va.SizeBytes, vb.SizeBytes)
+		t.Errorf("sizes %d %d, want rounded up to the 4 MiB extent", va.SizeBytes, vb.SizeBytes)
 	}
 	if got := blockSize(t, va.DevicePath); got != 4194304 {
 		t.Errorf("device size %d", got)
@@ -190,7 +190,7 @@ func TestGuestLinearAndThin(t *testing.T) {
 	if tc.DataUsedRatio <= 0 {
 		t.Errorf("data written but pool use %v", tc.DataUsedRatio)
 	}
-	// B06: VG free is not the thin capacity.
+	// VG free is not the thin capacity.
 	t.Logf("thin capacity: %+v available=%d (VG free %d)", tc, tc.Available(0, 300), rawVG(t).FreeBytes)
 	if got, want := tc.Available(0, 300), pool.SizeBytes*3-3<<30; got != want {
 		t.Errorf("thin available %d, want %d", got, want)

@@ -41,7 +41,7 @@ type Config struct {
 	// ThinPoolSizePercent is the pool's share of the VG at creation, 1..100
 	// (0 means DefaultThinPoolSizePercent).
 	ThinPoolSizePercent int
-	// ReserveBytes is headroom never provisioned (B07).
+	// ReserveBytes is headroom never provisioned, also refused on create.
 	ReserveBytes int64
 	// OvercommitPercent is max provisioned ÷ physical × 100 for thin pools
 	// (0 means 100).
@@ -357,7 +357,7 @@ func (l *LVM) Ensure(ctx context.Context) error {
 
 // capacity derives the Store's capacity from one refresh. Linear: the VG.
 // Thin: the pool — total = pool data size, free = data size × (1 − data%),
-// never VG free (B06).
+// never VG free (a pool filling the VG leaves VG free at 0).
 func (l *LVM) capacity(st state) (backend.Capacity, error) {
 	c := backend.Capacity{ExtentBytes: st.vg.ExtentBytes}
 	for _, lv := range st.lvs {
@@ -531,7 +531,7 @@ func sizeArg(b int64) string { return strconv.FormatInt(b, 10) + "b" }
 
 // Create makes a linear LV (or a thin LV when Config.ThinPool is set) named
 // LVName(id), tagged TagManaged, of sizeBytes rounded up to the VG extent
-// (B01), after checking Capacity.Available with the reserve (B07).
+// (never down), after checking Capacity.Available with the reserve.
 // See backend.Backend.Create for idempotency and errors.
 func (l *LVM) Create(ctx context.Context, id string, sizeBytes int64) (backend.Volume, error) {
 	if sizeBytes <= 0 {

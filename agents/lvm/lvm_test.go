@@ -98,7 +98,7 @@ func newFake(t *testing.T, f *fakeLVM, cfg Config) *LVM {
 	return l
 }
 
-// B01: byte-precise sizes are rounded UP to the 4 MiB extent.
+// Byte-precise sizes are rounded UP to the 4 MiB extent.
 func TestCreateRoundsUpToExtent(t *testing.T) {
 	f := &fakeLVM{vgSize: 100 * gib, vgFree: 100 * gib, extent: 4 * mib}
 	l := newFake(t, f, Config{})
@@ -106,7 +106,7 @@ func TestCreateRoundsUpToExtent(t *testing.T) {
 	for _, tt := range []struct {
 		name      string
 		req, want int64
-	}{{"b01-a", 1, 4194304}, {"b01-b", 1073741825, 1077936128}} {
+	}{{"one-byte", 1, 4194304}, {"gib-plus-one", 1073741825, 1077936128}} {
 		v, err := l.Create(ctx, backend.VolumeID(tt.name), tt.req)
 		if err != nil {
 			t.Fatal(err)
@@ -127,12 +127,12 @@ func TestCreateRoundsUpToExtent(t *testing.T) {
 		}
 	}
 	// bigger request for an existing id → ErrAlreadyExists
-	if _, err := l.Create(ctx, backend.VolumeID("b01-a"), 8*mib); !errors.Is(err, backend.ErrAlreadyExists) {
+	if _, err := l.Create(ctx, backend.VolumeID("one-byte"), 8*mib); !errors.Is(err, backend.ErrAlreadyExists) {
 		t.Errorf("grown re-create: %v", err)
 	}
 }
 
-// B07: the reserve is honoured on create, not only in reporting.
+// The reserve is honoured on create, not only in reporting.
 func TestCreateHonoursReserve(t *testing.T) {
 	f := &fakeLVM{vgSize: 100 * gib, vgFree: 40 * gib, extent: 4 * mib}
 	// each Capacity reads anew: the VG's free space changes below with no LV to show it
@@ -145,7 +145,7 @@ func TestCreateHonoursReserve(t *testing.T) {
 	if got := c.Available(20*gib, 0); got != 21474836480 {
 		t.Errorf("available %d", got)
 	}
-	if _, err := l.Create(ctx, backend.VolumeID("b07"), 30*gib); !errors.Is(err, backend.ErrInsufficientCapacity) {
+	if _, err := l.Create(ctx, backend.VolumeID("into-reserve"), 30*gib); !errors.Is(err, backend.ErrInsufficientCapacity) {
 		t.Errorf("create into reserve: %v", err)
 	}
 	for _, c := range f.calls {
@@ -156,11 +156,11 @@ func TestCreateHonoursReserve(t *testing.T) {
 	f.vgFree = 10 * gib
 	c, _ = l.Capacity(ctx)
 	if got := c.Available(20*gib, 0); got != 0 {
-		t.Errorf("B07c available %d, want 0", got)
+		t.Errorf("reserve above VG free: available %d, want 0", got)
 	}
 }
 
-// B06: thin capacity comes from the pool, never from VG free.
+// Thin capacity comes from the pool, never from VG free.
 func TestThinCapacityFromPool(t *testing.T) {
 	f := &fakeLVM{vgSize: 100 * gib, vgFree: 0, extent: 4 * mib, lvs: []map[string]string{
 		{"lv_name": "pool0", "lv_layout": "thin,pool", "lv_size": fmt.Sprint(99 * gib), "data_percent": "10.00", "metadata_percent": "2.00"},

@@ -9,7 +9,7 @@ import (
 
 // maxNameLen is the longest VG or LV name, and the longest device-mapper name
 // "<vg>-<lv>" with hyphens inside each doubled (DM_NAME_LEN 128 including the
-// NUL; field case B05, man lvm(8) "VALID NAMES").
+// NUL; man lvm(8) "VALID NAMES").
 const maxNameLen = 127
 
 // reservedLVNames may not be LV names (man lvm(8) "VALID NAMES").

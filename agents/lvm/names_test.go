@@ -8,7 +8,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/backend"
 )
 
-// B05: whatever the CSI name, the LV name derived from its volume id is safe.
+// Whatever the CSI name, the LV name derived from its volume id is safe.
 func TestLVNameFromCSINames(t *testing.T) {
 	names := []string{
 		"sanity-controller-create-maxlen-" + strings.Repeat("Q", 96), // 128 bytes

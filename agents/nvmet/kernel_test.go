@@ -306,7 +306,7 @@ func TestKernelExportConnectResize(t *testing.T) {
 // TestKernelOrderingRules checks on the real kernel the configfs rules the
 // package (and its kernelRulesFS test double) depend on, and that the package
 // handles them: EBUSY, EACCES, EEXIST, EINVAL, and the silent acceptance of
-// an over-long subsystem name (B24).
+// an over-long subsystem name (the NQN is silently truncated).
 func TestKernelOrderingRules(t *testing.T) {
 	requireGuest(t)
 	ctx := context.Background()
@@ -391,7 +391,7 @@ func TestKernelOrderingRules(t *testing.T) {
 		t.Fatalf("inspect %+v", ex)
 	}
 
-	// B21 on the real kernel: a crash left the namespace enabled but no port
+	// On the real kernel: a crash left the namespace enabled but no port
 	// link; Export relinks without touching the namespace.
 	if err := fs.Unlink(filepath.Join(pdir, "subsystems", nqn)); err != nil {
 		t.Fatal(err)
@@ -399,15 +399,15 @@ func TestKernelOrderingRules(t *testing.T) {
 	if _, err := os.Stat(pdir); err != nil {
 		t.Fatalf("port removed by the kernel when its last link went: %v", err)
 	}
-	b21, err := tg.Export(ctx, nvmet.ExportSpec{NQN: nqn, DevicePath: lv2, Endpoint: ep})
+	relinked, err := tg.Export(ctx, nvmet.ExportSpec{NQN: nqn, DevicePath: lv2, Endpoint: ep})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(b21.Changes) != 1 || !strings.HasPrefix(b21.Changes[0], "symlink "+filepath.Join(pdir, "subsystems", nqn)) {
-		t.Fatalf("B21 convergence changes %q, want only the port link", b21.Changes)
+	if len(relinked.Changes) != 1 || !strings.HasPrefix(relinked.Changes[0], "symlink "+filepath.Join(pdir, "subsystems", nqn)) {
+		t.Fatalf("convergence after a lost port link changes %q, want only the port link", relinked.Changes)
 	}
 
-	// B22(5): an address on no interface fails when the first link binds
+	// An address on no interface fails when the first link binds
 	// the port; the error is surfaced and the port is not left behind.
 	bad := nvmet.Endpoint{Address: "192.0.2.10", ServiceID: "4420"}
 	badNQN, _ := nvmet.VolumeNQN(volumeID("unbindable"))
@@ -425,7 +425,7 @@ func TestKernelOrderingRules(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// B24: the kernel accepts an over-long subsystem directory (and keeps
+	// The kernel accepts an over-long subsystem directory (and keeps
 	// only 223 bytes of the NQN), which is why names are validated first.
 	long := "nqn.2026-01.io.example.storage:" + strings.Repeat("p", 200)
 	if err := fs.Mkdir(filepath.Join(root, "subsystems", long)); err != nil {

@@ -17,8 +17,8 @@ import (
 
 // kernelRulesFS is a test double of the nvmet configfs tree: it keeps the tree
 // in a temporary directory and enforces the kernel's rules that a plain
-// directory cannot (drivers/nvme/target/configfs.c; the field cases' "Linux
-// nvmet configfs" reference facts):
+// directory cannot (drivers/nvme/target/configfs.c; TestKernelOrderingRules
+// checks them on the real kernel):
 //
 //   - mkdir creates the default groups and attribute files configfs would;
 //     namespaces/0 and namespaces/0xffffffff → EINVAL; a non-numeric port or

@@ -13,7 +13,7 @@ import (
 // include/linux/nvme.h; NVMe Base Specification, "NVMe Qualified Names").
 // nvmet's core.c stores a subsystem NQN with kstrndup(name, NVMF_NQN_SIZE), so
 // a longer configfs directory name is silently truncated and hosts that
-// connect with the full name are refused (field case B24).
+// connect with the full name are refused: longer NQNs are rejected up front.
 const MaxNQNLength = 223
 
 // NQNPrefix is the naming authority Plinth uses for the subsystems it creates.
@@ -110,7 +110,8 @@ func ValidateNQN(s string) error {
 }
 
 // VolumeNQN returns the subsystem NQN of a volume: NQNPrefix + ":" + volumeID.
-// The volume id is the CSI volume id ("vol-" + 40 hex digits, DESIGN.md), never
+// The volume id is the CSI volume id ("vol-" + 40 hex digits, docs/design.md,
+// "Names and keys"), never
 // the CSI name. Ids with characters outside [A-Za-z0-9._-] or that would make
 // the NQN longer than MaxNQNLength are refused (ErrInvalidNQN), never
 // truncated.

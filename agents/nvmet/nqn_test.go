@@ -7,18 +7,18 @@ import (
 )
 
 func TestParseNQN(t *testing.T) {
-	b24prefix := "nqn.2026-01.io.example.storage:" // 31 bytes
+	prefix31 := "nqn.2026-01.io.example.storage:" // 31 bytes
 	tests := []struct {
 		name, nqn string
 		ok        bool
 	}{
 		{"plinth volume", "nqn.2026-01.dev.plinth:vol-0123456789abcdef0123456789abcdef01234567", true},
 		{"uuid host nqn", "nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1-11d2-883f-0016d3cca427", true},
-		{"B24 exactly 223 bytes", b24prefix + strings.Repeat("a", 223-31), true},
-		{"B24 224 bytes", b24prefix + strings.Repeat("a", 224-31), false},
-		{"B24 231 bytes (31 + 200-char PV name)", b24prefix + strings.Repeat("p", 200), false},
-		{"B24 month 13", "nqn.2026-13.io.example:x", false},
-		{"B24 iqn prefix", "iqn.2026-01.io.example:x", false},
+		{"exactly 223 bytes", prefix31 + strings.Repeat("a", 223-31), true},
+		{"224 bytes", prefix31 + strings.Repeat("a", 224-31), false},
+		{"231 bytes (31 + 200-char PV name)", prefix31 + strings.Repeat("p", 200), false},
+		{"month 13", "nqn.2026-13.io.example:x", false},
+		{"iqn prefix", "iqn.2026-01.io.example:x", false},
 		{"month 00", "nqn.2026-00.io.example:x", false},
 		{"no colon", "nqn.2026-01.io.example", false},
 		{"empty unique", "nqn.2026-01.io.example:", false},

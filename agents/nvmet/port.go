@@ -115,7 +115,7 @@ func (t *Target) linkPort(nqn string, want Port, c *changes) (Port, error) {
 		}
 		return Port{}, err
 	}
-	// Post-condition (field case B21): the link is there and names nqn.
+	// Post-condition: the link is there and names nqn (a subsystem never left unlinked).
 	target, err := t.fs.Readlink(link)
 	if err != nil {
 		return Port{}, fmt.Errorf("verify port link: %w", err)

@@ -233,12 +233,12 @@ func addressFamily(addr string) (string, error) {
 //     must change (those writes fail with EBUSY while enabled);
 //  4. the port with the same address (or a new one with a stable id, its
 //     addr_* written before the first link enables it), the link
-//     ports/<id>/subsystems/<nqn> (EEXIST is success, field case B21), a
+//     ports/<id>/subsystems/<nqn> (EEXIST is success), a
 //     post-condition read of that link, and removal of links to other ports.
 //
 // Errors wrap ErrInvalidNQN/ErrInvalidSpec for bad input, and otherwise a
 // *ConfigfsError with the path and errno (e.g. EADDRNOTAVAIL from the link
-// when the address is not assigned to any interface, field case B22).
+// when the address is not assigned to any interface: never swallowed).
 func (t *Target) Export(ctx context.Context, spec ExportSpec) (Result, error) {
 	family, err := validateSpec(spec)
 	if err != nil {
@@ -557,11 +557,11 @@ func (t *Target) RevalidateSize(ctx context.Context, nqn string) error {
 }
 
 // Unexport removes the export of one volume in the order that releases the
-// device (field case B22, kernel-guest recipe): port links (a port left
-// without links is disabled by the kernel and removed here) → namespace
-// disable → rmdir namespace → unlink allowed hosts → rmdir subsystem. Host
-// entries no other subsystem links are removed. Unexport of a subsystem that
-// does not exist succeeds.
+// device (configfs ordering rules, checked on the guest's kernel): port links
+// (a port left without links is disabled by the kernel and removed here) →
+// namespace disable → rmdir namespace → unlink allowed hosts → rmdir
+// subsystem. Host entries no other subsystem links are removed. Unexport of a
+// subsystem that does not exist succeeds.
 func (t *Target) Unexport(ctx context.Context, nqn string) error {
 	if err := ValidateNQN(nqn); err != nil {
 		return err

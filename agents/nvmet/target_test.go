@@ -137,12 +137,12 @@ func TestExportIsIdempotent(t *testing.T) {
 	}
 }
 
-// B21: a crash left the namespace enabled but no port link. Export converges
+// A crash left the namespace enabled but no port link. Export converges
 // without touching the namespace, a second Export is a no-op, EEXIST on the
 // link counts as success, and the link is verified after creation.
-func TestB21ConvergesAfterCrashWithoutPortLink(t *testing.T) {
+func TestConvergesAfterCrashWithoutPortLink(t *testing.T) {
 	tg, k := newTestTarget(t)
-	nqn := volNQN(t, "vol-b21")
+	nqn := volNQN(t, "vol-no-port-link")
 	ep := Endpoint{Address: "127.0.0.1", ServiceID: "4420", PortID: 1}
 	mustExport(t, tg, ExportSpec{NQN: nqn, DevicePath: testDev, Endpoint: ep})
 	// The crash: namespace enabled, no ports/1/subsystems/N.
@@ -199,7 +199,11 @@ type lyingSymlinkFS struct{ *kernelRulesFS }
 
 func (l *lyingSymlinkFS) Symlink(string, string) error { return nil }
 
-func TestB22OrderingRules(t *testing.T) {
+// TestConfigfsOrderingRules: a port is created and addressed before the first link, a live
+// port's address is never rewritten (a new port is used), an enabled namespace is disabled
+// to change its device, namespace ids 0 and 0xffffffff are refused, and a link whose bind
+// fails is an error, not swallowed.
+func TestConfigfsOrderingRules(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("1 link into port 7 that does not exist: created and addressed first", func(t *testing.T) {
@@ -488,7 +492,7 @@ func TestExportValidation(t *testing.T) {
 		mutate func(*ExportSpec)
 		want   error
 	}{
-		{"B24 224-byte NQN rejected before mkdir", func(s *ExportSpec) { s.NQN = "nqn.2026-01.dev.plinth:" + strings.Repeat("x", 224-23) }, ErrInvalidNQN},
+		{"224-byte NQN rejected before mkdir", func(s *ExportSpec) { s.NQN = "nqn.2026-01.dev.plinth:" + strings.Repeat("x", 224-23) }, ErrInvalidNQN},
 		{"relative device", func(s *ExportSpec) { s.DevicePath = "vg0/lv1" }, ErrInvalidSpec},
 		{"hostname address", func(s *ExportSpec) { s.Endpoint.Address = "node-1" }, ErrInvalidSpec},
 		{"service id 0", func(s *ExportSpec) { s.Endpoint.ServiceID = "0" }, ErrInvalidSpec},

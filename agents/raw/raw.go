@@ -41,7 +41,7 @@ type Config struct {
 	Devices []string
 	// Partitioning is GPT (default) or Whole.
 	Partitioning string
-	// ReserveBytes is headroom never provisioned (B07).
+	// ReserveBytes is headroom never provisioned, also refused on create.
 	ReserveBytes int64
 	// SysDir is the sysfs root (default /sys); DevDir where partition nodes are (default
 	// /dev, devtmpfs: the kernel makes the nodes, no udev needed).

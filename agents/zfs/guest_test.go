@@ -160,7 +160,7 @@ func findNamespace(t *testing.T, nqn string) string {
 	return ""
 }
 
-// TestGuestZvolLifecycle: the backend on a real pool — Ensure, B11 rounding
+// TestGuestZvolLifecycle: the backend on a real pool — Ensure, volsize rounding
 // with volblocksize, thick and sparse zvols, capacity against zfs list, the
 // /dev/zvol link from zvol_id, ext4, export over NVMe-oF/TCP through
 // agents/nvmet to the kernel initiator, online growth seen after
@@ -176,18 +176,18 @@ func TestGuestZvolLifecycle(t *testing.T) {
 	timed(t, "Ensure (existing)", func() (int, error) { return 0, thick.Ensure(ctx) })
 	sparse := mustNew(t, Config{VolBlockSize: 16 << 10, Sparse: true, OvercommitPercent: 400})
 
-	// B11: 4,000,000,000 B with volblocksize 16K → 4,000,006,144 B (sparse: bigger than the 2 GiB pool).
-	idB := backend.VolumeID("b11")
-	vb := timed(t, "Create sparse 4e9 B (B11)", func() (backend.Volume, error) { return sparse.Create(ctx, idB, 4000000000) })
+	// 4,000,000,000 B with volblocksize 16K → 4,000,006,144 B (sparse: bigger than the 2 GiB pool).
+	idB := backend.VolumeID("decimal-4g")
+	vb := timed(t, "Create sparse 4e9 B", func() (backend.Volume, error) { return sparse.Create(ctx, idB, 4000000000) })
 	if vb.SizeBytes != 4000006144 || !vb.Thin {
-		t.Errorf("B11: %+v, want 4000006144 bytes, thin", vb)
+		t.Errorf("sparse 4e9 B: %+v, want 4000006144 bytes, thin", vb)
 	}
 	if d := rawDataset(t, vb.Name); d.VolSizeBytes != 4000006144 || d.VolBlockSizeBytes != 16384 || d.RefReservationBytes != 0 || d.Managed != ManagedValue {
-		t.Errorf("B11 zfs list: %+v", d)
+		t.Errorf("sparse 4e9 B, zfs list: %+v", d)
 	}
 	pb := timed(t, "DevicePath (wait for /dev/zvol link)", func() (string, error) { return sparse.DevicePath(ctx, idB) })
 	if blockSize(t, pb) != 4000006144 {
-		t.Errorf("B11 device size %d", blockSize(t, pb))
+		t.Errorf("sparse 4e9 B, device size %d", blockSize(t, pb))
 	}
 
 	// Thick zvol: refreservation, the link maps to /dev/zdN by the kernel's own name.
@@ -299,7 +299,7 @@ func TestGuestZvolLifecycle(t *testing.T) {
 		t.Errorf("checksum after growth %s", got)
 	}
 
-	// A refused expansion leaves every property as it was (held-back twin of B11):
+	// A refused expansion leaves every property as it was:
 	// grow by all that is available; the refreservation's metadata share does not fit.
 	// (A backend without reserve, so that the pre-check lets it through to ZFS.)
 	noReserve := mustNew(t, Config{VolBlockSize: 16 << 10})

@@ -9,8 +9,8 @@ import (
 
 // MaxNameLen is the longest zvol name Plinth makes, in bytes. ZFS allows 255
 // (ZFS_MAX_DATASET_NAME_LEN 256 with the NUL), but a pool holding a 255-byte
-// name could not be imported (openzfs/zfs #5432), so field case B13 keeps
-// every generated name at 254 bytes or less.
+// name could not be imported (openzfs/zfs #5432), so Plinth keeps every
+// generated name at 254 bytes or less.
 const MaxNameLen = 254
 
 // MaxPoolNameLen is the longest pool name the policy accepts (StoragePool
@@ -50,7 +50,7 @@ func ParentName(pool, parent string) string {
 // ValidateParent checks a pool name and a parent dataset path (relative to
 // the pool, "" for the pool's root dataset) against ZFS's naming rules
 // (zfs(8) "Naming"; OpenZFS zfs_namecheck.c), restricted to the characters
-// field case B13 allows, [A-Za-z0-9_.:-]:
+// Plinth allows, [A-Za-z0-9_.:-]:
 //   - pool: 1..63 bytes, begins with a letter, not "log" nor beginning with a
 //     vdev keyword (mirror, raidz, draid, spare) or "c<digit>" (disk-like);
 //   - parent: '/'-separated components of those characters, none empty, "."
@@ -88,7 +88,7 @@ func ValidateParent(pool, parent string) error {
 		}
 	}
 	if n := len(ParentName(pool, parent)) + 1 + len(backend.VolumeIDPrefix) + 40; n > MaxNameLen {
-		return fmt.Errorf("zvol names %q would be %d bytes, over %d (B13): shorten the pool or parentDataset: %w",
+		return fmt.Errorf("zvol names %q would be %d bytes, over %d: shorten the pool or parentDataset: %w",
 			ParentName(pool, parent)+"/vol-<40 hex>", n, MaxNameLen, backend.ErrInvalidArgument)
 	}
 	return nil

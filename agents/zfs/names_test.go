@@ -9,10 +9,10 @@ import (
 	"github.com/plinth-storage/plinth/agents/backend"
 )
 
-// B13: names derive from the volume id only, use [A-Za-z0-9_.:-], stay at
+// TestZvolNames: names derive from the volume id only, use [A-Za-z0-9_.:-], stay at
 // or under 254 bytes, are stable across retries; a parent too long for any
 // volume is refused before any command runs.
-func TestB13Names(t *testing.T) {
+func TestZvolNames(t *testing.T) {
 	const pool, parent = "tank", "k8s/volumes"
 	for _, csiName := range []string{strings.Repeat("a", 128), "pvc@snap", "métrique"} {
 		id := backend.VolumeID(csiName)
@@ -43,7 +43,7 @@ func TestB13Names(t *testing.T) {
 	if !errors.Is(err, backend.ErrInvalidArgument) || called {
 		t.Errorf("240-byte parent: err=%v called=%v", err, called)
 	}
-	t.Logf("B13(d): %v", err)
+	t.Logf("parent too long: %v", err)
 	// The longest parent that still fits: 254 = len(pool/parent) + 1 + 44.
 	fit := strings.Repeat("p", MaxNameLen-len(pool)-1-1-44)
 	n, err := ZvolName(pool, fit, backend.VolumeID("x"))

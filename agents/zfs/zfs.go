@@ -36,7 +36,8 @@ type Config struct {
 	ParentDataset string
 	// VolBlockSize is the zvols' volblocksize in bytes: a power of two from
 	// 4 KiB to 128 KiB (0 means DefaultVolBlockSize). Sizes are rounded up to
-	// a multiple of it (B11). ParseVolBlockSize reads the policy's "16K".
+	// a multiple of it (zfs refuses any other volsize). ParseVolBlockSize
+	// reads the policy's "16K".
 	VolBlockSize int64
 	// Sparse makes zvols without a refreservation (zfs create -s): thin
 	// volumes whose sizes may add up to more than the pool (overcommit).
@@ -46,7 +47,7 @@ type Config struct {
 	// (compression=lz4, user properties ...); Plinth's own (volsize,
 	// volblocksize, refreservation, reservation, PropManaged) are refused.
 	Properties map[string]string
-	// ReserveBytes is headroom never provisioned (B07).
+	// ReserveBytes is headroom never provisioned, also refused on create.
 	ReserveBytes int64
 	// OvercommitPercent is max provisioned ÷ physical × 100 for sparse zvols
 	// (0 means 100).
@@ -110,7 +111,7 @@ type ZFS struct {
 
 var _ backend.Backend = (*ZFS)(nil)
 
-// New validates cfg (names against ZFS's limits, B13; volblocksize;
+// New validates cfg (names against ZFS's limits, see MaxNameLen; volblocksize;
 // properties) and returns the backend. It runs no command; call Ensure
 // before use on a node. Errors wrap backend.ErrInvalidArgument.
 func New(cfg Config) (*ZFS, error) {
@@ -397,10 +398,10 @@ func (z *ZFS) DevicePath(ctx context.Context, id string) (string, error) {
 }
 
 // Create makes a zvol named ZvolName(id) of sizeBytes rounded UP to a
-// multiple of the volblocksize (B11: 4000000000 B with 16K → 4000006144 B),
+// multiple of the volblocksize (4000000000 B with 16K → 4000006144 B),
 // with the volblocksize, PropManaged and the policy's properties, sparse
 // (-s) when Config.Sparse, after checking Capacity.Available with the
-// reserve (B07). A zvol of that name carrying PropManaged is adopted (crash
+// reserve. A zvol of that name carrying PropManaged is adopted (crash
 // between create and status). See backend.Backend.Create for idempotency and
 // errors. The caller honours a CSI limit_bytes by rounding with
 // Capacity().ExtentBytes before calling.

@@ -146,19 +146,19 @@ func newTestZFS(t *testing.T, f *fakeZFS, cfg Config) *ZFS {
 	return z
 }
 
-// B11: volsize rounded UP to a multiple of volblocksize; the caller honours
-// limit_bytes with the same rounding (ExtentBytes) before calling Create.
-func TestB11Rounding(t *testing.T) {
+// TestVolSizeRoundsUpToVolBlockSize: volsize rounded UP to a multiple of volblocksize; the
+// caller honours limit_bytes with the same rounding (ExtentBytes) before calling Create.
+func TestVolSizeRoundsUpToVolBlockSize(t *testing.T) {
 	ctx := context.Background()
 	f := newFake("tank/k8s/volumes", 20<<30)
 	z := newTestZFS(t, f, Config{VolBlockSize: 16 << 10})
-	id := backend.VolumeID("b11")
+	id := backend.VolumeID("decimal-4g")
 	v, err := z.Create(ctx, id, 4000000000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if v.SizeBytes != 4000006144 || v.SizeBytes%16384 != 0 {
-		t.Errorf("B11 size %d, want 4000006144", v.SizeBytes)
+		t.Errorf("size %d, want 4000006144", v.SizeBytes)
 	}
 	if want := "zfs create -V 4000006144 -b 16384 -o plinth.dev:managed=true tank/k8s/volumes/" + id; !contains(f.calls, want) {
 		t.Errorf("calls %q, want %q", f.calls, want)
@@ -197,7 +197,7 @@ func TestCreateThickThin(t *testing.T) {
 	if c.Thin || c.ProvisionedBytes != 1<<30 || c.FreeBytes != 10<<30-(1<<30+1<<30/64) || c.TotalBytes != 10<<30+200<<10 || c.ExtentBytes != 16384 {
 		t.Errorf("thick capacity %+v", c)
 	}
-	// B07: reserve honoured before zfs runs.
+	// The reserve is honoured before zfs runs.
 	n := len(f.calls)
 	if _, err := thick.Create(ctx, backend.VolumeID("big"), 8<<30); !errors.Is(err, backend.ErrInsufficientCapacity) {
 		t.Errorf("over reserve: %v", err)

@@ -34,7 +34,9 @@ kustomize/flux (--no-flux applies it directly instead); the rendered objects; a 
 pod whose volume the real kubelet stages and mounts, written and read through kubectl exec; a
 hand edit shown Drifted (and its alert firing) and corrected; a committed change reconciled; an
 invalid policy rejected; a pool filled, a failed volume, kernel drift and a fencing refusal made
-by hand with their alerts firing, and every dashboard panel's query run against Prometheus.
+by hand with their alerts firing, and every dashboard panel's query run against Prometheus; the
+faults are undone and their alerts resolved before it ends (or hands over with --keep). When
+another node cluster holds the host's lock, it says so at once, naming the holder, and waits.
 It prints a summary with timings, then stops everything, or stays up with --keep until Ctrl-C or
 "plinth dev down". It needs root (containerd, loop devices, mounts).`,
 	}

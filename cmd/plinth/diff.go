@@ -14,6 +14,7 @@ import (
 	"github.com/plinth-storage/plinth/controllers/inventory"
 	"github.com/plinth-storage/plinth/controllers/policy"
 	"github.com/plinth-storage/plinth/controllers/render"
+	"github.com/plinth-storage/plinth/schema/vet"
 )
 
 func init() { subcommands = append(subcommands, newDiffCommand) }
@@ -53,6 +54,9 @@ API server, or a policy set that does not vet or render: its problems are printe
 			case diff.FormatText, diff.FormatJSON, diff.FormatMarkdown:
 			default:
 				return &exitError{code: exitUsage, err: fmt.Errorf("-o must be text, json or markdown, not %q", output)}
+			}
+			if err := vet.OneSet(append(append([]string(nil), args...), against...)...); err != nil {
+				return &exitError{code: exitUsage, err: err}
 			}
 			var rep *diff.Report
 			if len(against) > 0 {

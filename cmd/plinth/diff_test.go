@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 )
@@ -11,20 +9,8 @@ import (
 // plinth runs the command line as main does and returns the exit status and stdout.
 func plinth(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	root := newRootCommand()
-	var out, errOut bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errOut)
-	root.SetArgs(args)
-	err := root.Execute()
-	var ee *exitError
-	switch {
-	case err == nil:
-		return exitOK, out.String()
-	case errors.As(err, &ee):
-		return ee.code, out.String()
-	}
-	return exitUsage, out.String()
+	code, out, _ := plinthOutErr(t, args...)
+	return code, out
 }
 
 // TestDiffOffline checks the exit statuses and formats of plinth diff --against (the live

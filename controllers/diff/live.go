@@ -845,7 +845,7 @@ func (b *builder) overrides() {
 			if c.Status.Phase != corev1.ClaimPending {
 				continue
 			}
-			if _, err := overrides.Parse(c.Annotations, pl); err != nil {
+			if _, err := overrides.Parse(c.Annotations, pl, ""); err != nil {
 				refused = append(refused, c.Namespace+"/"+c.Name)
 				if reason == "" {
 					reason = err.Error()

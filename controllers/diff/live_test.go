@@ -247,8 +247,18 @@ func TestLive(t *testing.T) {
 		})
 	}
 
-	// With the explicit override of B39 on the live class, the same removal deletes the class
-	// in use: a change (exit 1), no violation, and the report says what will fail.
+	// A proposed tree with misspelled Placement fields is refused with the positions, as
+	// plinth vet refuses it, before anything is compared with the cluster.
+	t.Run("typo", func(t *testing.T) {
+		r, err := diff.Live(ctx, []string{"testdata/typo"}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkTypoProblems(t, r)
+	})
+
+	// With the explicit override (plinth.dev/prune: force) on the live class, the same removal
+	// deletes the class in use: a change (exit 1), no violation, and the report says what will fail.
 	t.Run("removed-forced", func(t *testing.T) {
 		force := func(on bool) {
 			update(t, c, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "plinth-scratch"}}, func(sc *storagev1.StorageClass) {

@@ -107,6 +107,53 @@ func TestOfflineInvalid(t *testing.T) {
 	}
 }
 
+// TestOfflineRefusesMisspelledPlacementFields: a proposed tree whose Placements misspell
+// fields is a report of problems (exit 2), each at its file:line:col, not a clean diff.
+func TestOfflineRefusesMisspelledPlacementFields(t *testing.T) {
+	nodes, err := render.LoadNodes("testdata/nodes.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := diff.Offline([]string{"testdata/live/base"}, []string{"testdata/typo"}, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTypoProblems(t, r)
+}
+
+// checkTypoProblems wants the report of testdata/typo: exit 2 and one problem per misspelled
+// field, positioned in testdata/typo/placements.yaml, in the text output too.
+func checkTypoProblems(t *testing.T, r *diff.Report) {
+	t.Helper()
+	if got := r.ExitCode(); got != diff.ExitErrors {
+		t.Errorf("exit %d, want %d (errors)", got, diff.ExitErrors)
+	}
+	want := []string{
+		"testdata/typo/placements.yaml:14:19: Placement/fast: spec.storageClass.reclaimPolcy: field not allowed",
+		"testdata/typo/placements.yaml:15:26: Placement/fast: spec.storageClass.allowVolumeExpanson: field not allowed",
+		"testdata/typo/placements.yaml:16:16: Placement/fast: spec.storageClass.isdefault: field not allowed",
+		"testdata/typo/placements.yaml:18:13: Placement/fast: spec.filesystem.fstype: field not allowed",
+		"testdata/typo/placements.yaml:30:12: Placement/scratch: spec.stratgy: field not allowed",
+		"testdata/typo/placements.yaml:31:18: Placement/scratch: spec.spreadAccross: field not allowed",
+	}
+	var got []string
+	for _, p := range r.Problems {
+		got = append(got, p.String())
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var b bytes.Buffer
+	if err := diff.Write(&b, r, diff.FormatText); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		if pos, _, _ := strings.Cut(w, ": "); !strings.Contains(b.String(), pos) {
+			t.Errorf("text output lacks %s:\n%s", pos, b.String())
+		}
+	}
+}
+
 func TestFormatBytes(t *testing.T) {
 	for n, want := range map[int64]string{0: "0B", 512: "512B", 1024: "1Ki", 1536: "1.5Ki", 40 << 30: "40Gi", -(2 << 20): "-2Mi", 3 << 40: "3Ti"} {
 		if got := diff.FormatBytes(n); got != want {

@@ -1,7 +1,7 @@
 // Package drift describes how a live API object differs from what Plinth would apply: the
 // field paths that differ between the live object and the server-side dry-run of the desired
 // one. Comparing with the dry-run result (not the rendered object) leaves out server defaults
-// and fields other writers own, and status is never compared (field case B40).
+// and fields other writers own, and status is never compared.
 package drift
 
 import (

@@ -1,7 +1,7 @@
 // Package inventory keeps the record of every object the policy controller applied: one
 // ConfigMap in the controller's namespace whose data lists each object's identity and the
 // digest of the desired state last applied to it. Pruning trusts this record only, never
-// labels (field case B38: an operator may copy Plinth's labels onto objects it owns).
+// labels (an operator may copy Plinth's labels onto objects it owns).
 package inventory
 
 import (

@@ -28,7 +28,7 @@ func mustEntry(t *testing.T, u *unstructured.Unstructured) Entry {
 	return e
 }
 
-// TestStaleUsesInventoryOnly is field case B38: only what the last inventory holds and the
+// TestStaleUsesInventoryOnly: only what the last inventory holds and the
 // new render lacks is stale; objects outside the inventory are never candidates, whatever
 // their labels say.
 func TestStaleUsesInventoryOnly(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 
 // AnnotationPrune on a live object Plinth applied changes what happens when it leaves Git:
 // PruneValueDisabled keeps it (dropped from the inventory, never deleted), PruneValueForce on a
-// StorageClass deletes it even while PVCs use it (the explicit override of field case B39;
-// reported as a PrunedInUse warning saying what will fail).
+// StorageClass deletes it even while PVCs use it (the operator's explicit override; reported
+// as a PrunedInUse warning saying what will fail).
 const AnnotationPrune = "plinth.dev/prune"
 
 // Values of AnnotationPrune.
@@ -19,7 +19,7 @@ const (
 )
 
 // pruneDisabled are the prune opt-outs honoured on live objects: the object is dropped from
-// the inventory, never deleted (field case B39). Flux's own opt-out is honoured too, so an
+// the inventory, never deleted. Flux's own opt-out is honoured too, so an
 // object a kustomization marked keeps its meaning when Plinth applies it.
 var pruneDisabled = map[string]string{
 	AnnotationPrune:                     PruneValueDisabled,
@@ -47,8 +47,8 @@ func EffectiveReplacement(pl *policyv1.Placement) policyv1.Replacement {
 
 // ReplacementAllowed says whether the controller replaces (deletes, then creates) a
 // StorageClass whose immutable fields changed, under replacement policy p and the class's
-// usage: pvcs and pvs count the PVCs and PVs whose storageClassName names it (field cases
-// B35, B36). Always replaces; IfUnused only an unused class; Never (and "") never.
+// usage: pvcs and pvs count the PVCs and PVs whose storageClassName names it. Always
+// replaces; IfUnused only an unused class; Never (and "") never.
 func ReplacementAllowed(p policyv1.Replacement, pvcs, pvs int) bool {
 	switch p {
 	case policyv1.ReplacementAlways:
@@ -60,14 +60,15 @@ func ReplacementAllowed(p policyv1.Replacement, pvcs, pvs int) bool {
 }
 
 // PruneVerdict is what the controller does with an object that left the rendered set but is
-// still listed in the inventory (field cases B38, B39).
+// still listed in the inventory: only the inventory makes an object prunable (never its
+// labels), and a StorageClass in use is kept unless the operator forces it.
 type PruneVerdict string
 
 const (
 	// PruneDelete deletes the object.
 	PruneDelete PruneVerdict = "Delete"
 	// PruneDeleteInUse deletes a StorageClass that PVCs or PVs use, because the live class carries
-	// plinth.dev/prune: force (the explicit override of B39); reported as PrunedInUse.
+	// plinth.dev/prune: force (the operator's explicit override); reported as PrunedInUse.
 	PruneDeleteInUse PruneVerdict = "DeleteInUse"
 	// PruneKeepOptedOut drops the object from the inventory and never deletes it: it carries
 	// a prune opt-out (plinth.dev/prune or kustomize.toolkit.fluxcd.io/prune "disabled").

@@ -3,8 +3,8 @@
 // reads the live cluster (reads and server-side dry-runs only) and returns a Plan — the
 // objects to apply and why (created, changed by policy, drift to correct), the drift to report,
 // the StorageClasses whose immutable fields change with whether their Placement's replacement
-// policy allows replacing them now (field cases B35, B36), and the verdict on each object that
-// left the render (B38, B39).
+// policy allows replacing them now, and the verdict on each object that left the render
+// (chosen from the inventory, never by labels; kept while in use).
 //
 // The policy controller executes a Plan; `plinth diff` formats one. Both build it with Make and
 // the rules here (EffectiveReplacement, ReplacementAllowed, DecidePrune, CorrectDrift), so a

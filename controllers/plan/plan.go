@@ -29,7 +29,7 @@ type Input struct {
 	// Placements and Pools are the vetted policy objects (schema defaults filled in) by name.
 	Placements map[string]*policyv1.Placement
 	Pools      map[string]*policyv1.StoragePool
-	// Previous is the inventory the last reconcile wrote: the record prune trusts (B38).
+	// Previous is the inventory the last reconcile wrote: the only record prune trusts.
 	Previous *inventory.Inventory
 	// Kept, when set, keeps between calls what Make computed of each rendered object (see
 	// Kept); Desired must then hold the same pointer for an object whose render did not
@@ -447,7 +447,7 @@ func CorrectDrift(u *unstructured.Unstructured, places map[string]*policyv1.Plac
 }
 
 // prune decides every object of the previous inventory that left the rendered set — from the
-// inventory only (B38), never in use (B39). Objects already gone are left out.
+// inventory only (never by labels), never in use. Objects already gone are left out.
 func (p *Plan) prune(ctx context.Context, in Input, src Source) error {
 	keptNodes := map[string]bool{}
 	for _, e := range in.Previous.Stale(p.Rendered) {

@@ -12,6 +12,11 @@ const (
 	DriftedCondition = "Drifted"
 	// StoresReadyCondition says whether the pool's Stores report Ready; it never gates Ready.
 	StoresReadyCondition = "StoresReady"
+	// SyncedCondition says whether the revision the sync tool (Flux, Argo CD) last applied is
+	// the newest it tried: False when it refused a newer revision, so the object in the
+	// cluster, and what Plinth rendered from it, is older than Git. Absent when no sync tool
+	// applied the object. It never gates Ready.
+	SyncedCondition = "Synced"
 )
 
 // Reasons, PascalCase.
@@ -44,6 +49,17 @@ const (
 	ReasonStoresReady    = "StoresReady"
 	ReasonStoresNotReady = "StoresNotReady"
 	ReasonStoresUnknown  = "StoresNotReported"
+	// ReasonRevisionApplied surfaces with Synced=True: the sync tool applied the newest
+	// revision it tried.
+	ReasonRevisionApplied = "RevisionApplied"
+	// ReasonRevisionPending surfaces with Synced=Unknown while the sync tool has applied no
+	// revision yet (its first apply is in progress).
+	ReasonRevisionPending = "RevisionPending"
+	// ReasonRevisionRefused surfaces with Synced=False when the sync tool tried a newer
+	// revision and did not apply it (a Flux Kustomization whose lastAttemptedRevision is not
+	// its lastAppliedRevision while its Ready is False; an Argo CD sync that failed): the
+	// message names the revision applied, the one refused and the sync tool's reason.
+	ReasonRevisionRefused = "RevisionRefused"
 	// ReasonPruned surfaces as an event when an object left Git and was deleted.
 	ReasonPruned = "Pruned"
 	// ReasonDraining surfaces as an event when a Store that left Git still holds volumes.

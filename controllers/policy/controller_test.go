@@ -2,11 +2,13 @@ package policy_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fluxcd/pkg/apis/meta"
 	"github.com/fluxcd/pkg/runtime/conditions"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -88,17 +90,18 @@ func TestApplyStatusAndNodeSelector(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "afast")
 }
 
-// TestPruneInventoryOnlyAndInUse is field cases B38 and B39: an object carrying Plinth's
-// labels but absent from the inventory is never pruned; a StorageClass used by PVCs is kept
-// and reported on its Placement, which keeps its finalizer until the PVCs are gone; a class
-// with pruning disabled is never deleted.
+// TestPruneInventoryOnlyAndInUse: an object carrying Plinth's labels but absent from the
+// inventory is never pruned; a StorageClass used by PVCs is kept and reported on its Placement,
+// which keeps its finalizer until the PVCs are gone; a class with pruning disabled is never
+// deleted.
 func TestPruneInventoryOnlyAndInUse(t *testing.T) {
 	c := env(t)
 	node(t, c, "b1", map[string]string{"plinth.dev/storage": "b"})
 	p, proto := pool("bpool", "b", ""), localProtocol("blocal")
 	used, optout := placement("bused", "bpool", "blocal", "b-used"), placement("bkeep", "bpool", "blocal", "b-keep")
 	create(t, c, p, proto, used, optout)
-	// An operator's object with Plinth's labels, never applied by Plinth (B38).
+	// An operator's object with Plinth's labels, never applied by Plinth: labels never make an
+	// object prunable, only the inventory does.
 	foreign := &storagev1.StorageClass{
 		ObjectMeta:  metav1.ObjectMeta{Name: "b-foreign", Labels: map[string]string{policyv1.LabelManagedBy: "plinth", policyv1.LabelPlacement: "bused", policyv1.LabelPool: "bpool"}},
 		Provisioner: policyv1.DriverName,
@@ -196,7 +199,7 @@ func TestInvalidPolicyStalls(t *testing.T) {
 
 // TestDrift: hand edits and deletes of a StorageClass and a Store are reported as Drifted
 // under Report and corrected under Correct; another writer's annotation and server defaults
-// are no drift (B40).
+// are no drift.
 func TestDrift(t *testing.T) {
 	c := env(t)
 	node(t, c, "d1", map[string]string{"plinth.dev/storage": "d"})
@@ -208,7 +211,7 @@ func TestDrift(t *testing.T) {
 	var st storev1.Store
 	exists(t, c, &st, "dpool.d1")
 
-	// B40: another controller annotates the class, the agent writes Store status: no drift.
+	// Another controller annotates the class, the agent writes Store status: no drift.
 	sc := storageClass(t, c, "d-fast")
 	sc.Annotations = map[string]string{"other.example.com/seen": "yes"}
 	if err := c.Update(ctx, sc, client.FieldOwner("other-controller")); err != nil {
@@ -286,7 +289,7 @@ func TestDrift(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "dfast")
 }
 
-// TestImmutableReplacement is field cases B35 and B36: an fsType change needs a new
+// TestImmutableReplacement: an fsType change needs a new
 // StorageClass: under Never it is reported (ReplacementRequired, Stalled) while
 // allowVolumeExpansion is patched in place; under IfUnused it waits while a PVC uses the
 // class and replaces it once unused, keeping the default-class annotation.
@@ -377,6 +380,68 @@ func TestFluxRevision(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "ffast")
 }
 
+// TestFluxRefusedRevision: when Flux refused a newer revision (its dry-run failed), the policy
+// objects it applied say the revision actually applied, never the refused one, and Synced=False
+// names both; once Flux applies the newer revision, they follow it.
+func TestFluxRefusedRevision(t *testing.T) {
+	c := env(t)
+	const r1, r2 = "main@sha1:1111111111111111111111111111111111111111", "main@sha1:2222222222222222222222222222222222222222"
+	ks := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+		"metadata": map[string]any{"name": "refusing", "namespace": namespace},
+		"spec":     map[string]any{"path": "./policies"},
+		"status": map[string]any{"lastAppliedRevision": r1, "lastAttemptedRevision": r2, "conditions": []any{map[string]any{
+			"type": "Ready", "status": "False", "reason": "ReconciliationFailed", "lastTransitionTime": "2026-01-01T00:00:00Z",
+			"message": `Placement/rfast dry-run failed: .spec.storageClass.reclaimPolcy: field not declared in schema`,
+		}}},
+	}}
+	create(t, c, ks)
+	node(t, c, "r1", map[string]string{"plinth.dev/storage": "r"})
+	p, proto, pl := pool("rpool", "r", ""), localProtocol("rlocal"), placement("rfast", "rpool", "rlocal", "r-fast")
+	flux := map[string]string{"kustomize.toolkit.fluxcd.io/name": "refusing", "kustomize.toolkit.fluxcd.io/namespace": namespace}
+	pl.Labels, p.Labels = flux, flux
+	create(t, c, p, proto, pl)
+	startController(t)
+	for _, obj := range []client.Object{pl, p} {
+		waitReady(t, c, obj)
+		waitCondition(t, c, obj, policy.SyncedCondition, "False", policy.ReasonRevisionRefused)
+	}
+	if pl.Status.LastAppliedRevision != r1 || p.Status.LastAppliedRevision != r1 {
+		t.Errorf("lastAppliedRevision %q and %q, want the applied %s (not the refused %s)", pl.Status.LastAppliedRevision, p.Status.LastAppliedRevision, r1, r2)
+	}
+	if err := contains(conditions.GetMessage(pl, meta.ReadyCondition), "revision "+r1); err != nil {
+		t.Error(err)
+	}
+	if strings.Contains(conditions.GetMessage(pl, meta.ReadyCondition), r2) {
+		t.Errorf("Ready cites the refused revision: %s", conditions.GetMessage(pl, meta.ReadyCondition))
+	}
+	if err := contains(conditions.GetMessage(pl, policy.SyncedCondition), "revision "+r1+" is applied", "newer revision "+r2+" was not",
+		"Flux Kustomization "+namespace+"/refusing", "reclaimPolcy"); err != nil {
+		t.Error(err)
+	}
+	var m dto.Metric
+	if err := policy.PolicyCondition.WithLabelValues("Placement", "rfast", policy.SyncedCondition, "False").Write(&m); err != nil || m.GetGauge().GetValue() != 1 {
+		t.Errorf("plinth_policy_condition{type=Synced,status=False} of Placement rfast: %v %v, want 1 (what alerts read)", m.GetGauge().GetValue(), err)
+	}
+	if conditions.Get(proto, policy.SyncedCondition) != nil {
+		t.Errorf("Protocol applied by no sync tool has Synced: %+v", conditions.Get(proto, policy.SyncedCondition))
+	}
+
+	// Flux applies r2: a status write on the Kustomization, then any event on the set.
+	update(t, c, ks, func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, r2, "status", "lastAppliedRevision")
+		_ = unstructured.SetNestedSlice(u.Object, []any{map[string]any{"type": "Ready", "status": "True", "reason": "ReconciliationSucceeded",
+			"lastTransitionTime": "2026-01-01T00:01:00Z", "message": "Applied revision: " + r2}}, "status", "conditions")
+	})
+	update(t, c, pl, func(pl *policyv1.Placement) { pl.Annotations = map[string]string{"touched": "1"} })
+	waitCondition(t, c, pl, policy.SyncedCondition, "True", policy.ReasonRevisionApplied)
+	if pl.Status.LastAppliedRevision != r2 {
+		t.Errorf("lastAppliedRevision %q after Flux applied %s", pl.Status.LastAppliedRevision, r2)
+	}
+	deleteAll(t, c, pl, p, proto, ks)
+	gone(t, c, &policyv1.Placement{}, "rfast")
+}
+
 // TestStoreWithVolumesDrains: a node losing its pool label does not delete a Store that still
 // holds volumes: the Store and its Agent are kept and the Store is marked draining; once the
 // last VolumeState is gone, both are pruned.
@@ -422,7 +487,7 @@ func TestStoreWithVolumesDrains(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "gfast")
 }
 
-// TestReplacementWaitsForOldObject (B36): the old StorageClass is still present after its
+// TestReplacementWaitsForOldObject: the old StorageClass is still present after its
 // delete (a finalizer holds it terminating — the real API server's way of "the first Get after
 // Delete still returns the object"). The replacement is then a retryable wait reported as
 // ReplacementInProgress, not an error and not a second object; once the old class goes, the
@@ -469,7 +534,7 @@ func TestReplacementWaitsForOldObject(t *testing.T) {
 	gone(t, c, &policyv1.Placement{}, "hfast")
 }
 
-// TestPruneInUseForced (B39, the explicit override): an operator sets plinth.dev/prune: force
+// TestPruneInUseForced (the explicit override): an operator sets plinth.dev/prune: force
 // on a StorageClass PVCs use; when its Placement leaves Git the class is deleted anyway, the
 // Placement's finalizer is released, and a PrunedInUse warning says that existing PVs keep
 // working while expansion and the Pending PVCs will fail.

@@ -8,8 +8,8 @@
 // invalid set stalls, nothing is applied or pruned) → render → plan (controllers/plan: the
 // server-side dry-run diff of each object, drift, StorageClass replacements, prune verdicts,
 // decided without writing) → apply what policy changed and the drift the driftPolicy says to
-// correct → replace StorageClasses when the Placement allows it (B35, B36) → prune what left
-// the inventory ConfigMap, never anything in use (B38, B39) → write the inventory → read the
+// correct → replace StorageClasses when the Placement allows it → prune what left the
+// inventory ConfigMap (never by labels), never anything in use → write the inventory → read the
 // sync revisions. Each step records typed outcomes per policy object; a deferred function
 // then patches each policy object's status (kstatus Ready/Reconciling/Stalled, Drifted,
 // StoresReady, observedGeneration; setters in policyset_status.go) with a patch helper that

@@ -17,8 +17,8 @@ import (
 // KindPolicySet is the kind label of metrics about a reconcile of the whole policy set.
 const KindPolicySet = "PolicySet"
 
-// Metrics of the policy controller (DESIGN.md "Metrics"), registered with controller-runtime's
-// registry, served on the manager's metrics endpoint.
+// Metrics of the policy controller (docs/design.md, "Metrics"), registered with
+// controller-runtime's registry, served on the manager's metrics endpoint.
 var (
 	// ReconcileDuration is the duration of one reconcile of the policy set in seconds.
 	ReconcileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{

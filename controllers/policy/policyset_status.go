@@ -43,6 +43,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 		if !s.setInvalid {
 			setDrifted(p, p.out.drifted, p.out.corrected)
 		}
+		setSynced(p.setter, p.out.sync)
 		if pool, ok := p.obj.(*policyv1.StoragePool); ok && s.rendered != nil && s.complete {
 			setPoolStatus(pool, stores)
 		}
@@ -185,6 +186,30 @@ func readyMessage(p *policyObject, inUse map[string]int) string {
 		msg += "; revision " + rev
 	}
 	return msg
+}
+
+// setSynced sets Synced from what the sync tool said (rev); nil (it could not be read) keeps
+// the condition as it was, no sync tool removes it.
+func setSynced(obj conditions.Setter, rev *syncRevision) {
+	switch {
+	case rev == nil:
+	case rev.tool == "":
+		conditions.Delete(obj, SyncedCondition)
+	case rev.refused != "":
+		applied := rev.applied
+		if applied == "" {
+			applied = "none"
+		}
+		msg := fmt.Sprintf("revision %s is applied; newer revision %s was not: %s refused it", applied, rev.refused, rev.tool)
+		if rev.why != "" {
+			msg += ": " + rev.why
+		}
+		conditions.MarkFalse(obj, SyncedCondition, ReasonRevisionRefused, "%s", msg)
+	case rev.applied == "":
+		conditions.MarkUnknown(obj, SyncedCondition, ReasonRevisionPending, "%s has applied no revision yet", rev.tool)
+	default:
+		conditions.MarkTrue(obj, SyncedCondition, ReasonRevisionApplied, "revision %s applied by %s", rev.applied, rev.tool)
+	}
 }
 
 // setDrifted sets Drifted from the drift found and corrected in this reconcile.

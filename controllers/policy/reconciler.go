@@ -125,8 +125,10 @@ type outcome struct {
 	// applied and pruned are "Kind/name ..." of the objects it changed, for events.
 	applied, pruned []string
 	produced        []policyv1.ObjectReference
-	// revision is the sync revision its labels name.
+	// revision is the revision the sync tool applied (the one its labels name); sync is what
+	// the sync tool said (nil when it could not be read).
 	revision string
+	sync     *syncRevision
 }
 
 // track records obj with copies taken before any change.

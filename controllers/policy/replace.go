@@ -15,7 +15,7 @@ import (
 	"github.com/plinth-storage/plinth/controllers/storageclass"
 )
 
-// replace deletes live and creates desired in its place (B36): the new object is validated
+// replace deletes live and creates desired in its place: the new object is validated
 // first by a server dry-run create, the delete is preconditioned on live's UID, and an old
 // object still present afterwards means "wait", not failure. It returns done=false while
 // waiting.

@@ -66,20 +66,39 @@ func sourceOf(labels, annotations map[string]string, argoNamespace string) (dire
 	return "", nil
 }
 
+// syncRevision is what a sync tool says about the revisions of the objects it applies.
+type syncRevision struct {
+	// tool names the sync tool object ("Flux Kustomization flux-system/storage"); empty when
+	// the revision was stated directly or no sync tool object was found.
+	tool string
+	// applied is the revision whose objects are in the cluster: the last one the sync tool
+	// applied in full (empty when none is known).
+	applied string
+	// refused is a newer revision the sync tool tried and did not apply (empty when none);
+	// why is the sync tool's own message about it.
+	refused, why string
+}
+
 // revisionReader reads revisions from sync tool objects, once per object per reconcile.
 type revisionReader struct {
 	reader client.Reader
-	cache  map[syncSource]string
+	cache  map[syncSource]syncRevision
 }
 
-// revision returns the revision the sync tool is applying or applied: a Kustomization's
-// status.lastAttemptedRevision (else lastAppliedRevision), an Application's
-// status.sync.revision. ok is false when the sync tool object could not be read for another
-// reason than its absence (the caller keeps the revision it had).
-func (r *revisionReader) revision(ctx context.Context, labels, annotations map[string]string, argoNamespace string) (rev string, ok bool, err error) {
+// revision returns the revision the sync tool last applied, never one it only attempted: a
+// Flux Kustomization's status.lastAppliedRevision (kustomize-controller records no revision on
+// the objects it applies, and its dry-run of the whole set runs before any object of a
+// revision is applied, so the objects in the cluster are those of lastAppliedRevision), an
+// Argo CD Application's newest status.history entry (a sync that succeeded). refused is set
+// when the sync tool tried a newer revision and failed: a Kustomization whose
+// lastAttemptedRevision differs from lastAppliedRevision while its Ready condition is False,
+// an Application whose last operation failed on another revision. ok is false when the sync
+// tool object could not be read for another reason than its absence (the caller keeps what it
+// had).
+func (r *revisionReader) revision(ctx context.Context, labels, annotations map[string]string, argoNamespace string) (rev syncRevision, ok bool, err error) {
 	direct, src := sourceOf(labels, annotations, argoNamespace)
 	if src == nil {
-		return direct, true, nil
+		return syncRevision{applied: direct}, true, nil
 	}
 	if v, hit := r.cache[*src]; hit {
 		return v, true, nil
@@ -88,20 +107,76 @@ func (r *revisionReader) revision(ctx context.Context, labels, annotations map[s
 	u.SetGroupVersionKind(src.gvk)
 	if err := r.reader.Get(ctx, types.NamespacedName{Namespace: src.namespace, Name: src.name}, u); err != nil {
 		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-			r.cache[*src] = ""
-			return "", true, nil
+			r.cache[*src] = syncRevision{}
+			return syncRevision{}, true, nil
 		}
-		return "", false, fmt.Errorf("read %s %s/%s: %w", src.gvk.Kind, src.namespace, src.name, err)
+		return syncRevision{}, false, fmt.Errorf("read %s %s/%s: %w", src.gvk.Kind, src.namespace, src.name, err)
 	}
 	switch src.gvk {
 	case fluxKustomization:
-		rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAttemptedRevision")
-		if rev == "" {
-			rev, _, _ = unstructured.NestedString(u.Object, "status", "lastAppliedRevision")
-		}
+		rev = kustomizationRevision(u.Object)
+		rev.tool = "Flux Kustomization " + src.namespace + "/" + src.name
 	case argoApplication:
-		rev, _, _ = unstructured.NestedString(u.Object, "status", "sync", "revision")
+		rev = applicationRevision(u.Object)
+		rev.tool = "Argo CD Application " + src.namespace + "/" + src.name
 	}
 	r.cache[*src] = rev
 	return rev, true, nil
+}
+
+// kustomizationRevision reads a Flux Kustomization's status (kustomize.toolkit.fluxcd.io/v1):
+// the applied revision, and the attempted one as refused while Ready is False.
+func kustomizationRevision(obj map[string]any) syncRevision {
+	applied, _, _ := unstructured.NestedString(obj, "status", "lastAppliedRevision")
+	attempted, _, _ := unstructured.NestedString(obj, "status", "lastAttemptedRevision")
+	rev := syncRevision{applied: applied}
+	if attempted == "" || attempted == applied {
+		return rev
+	}
+	if status, msg := readyOf(obj); status == "False" {
+		rev.refused, rev.why = attempted, msg
+	}
+	return rev
+}
+
+// readyOf returns the status and message of the Ready condition in obj's status.conditions.
+func readyOf(obj map[string]any) (status, message string) {
+	conds, _, _ := unstructured.NestedSlice(obj, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if !ok || m["type"] != "Ready" {
+			continue
+		}
+		status, _ = m["status"].(string)
+		message, _ = m["message"].(string)
+		return status, message
+	}
+	return "", ""
+}
+
+// applicationRevision reads an Argo CD Application's status (argoproj.io/v1alpha1): the
+// revision of its newest history entry (history records successful syncs; status.sync.revision
+// is only the revision compared against, applied or not), and the revision of a last operation
+// that failed or errored as refused.
+func applicationRevision(obj map[string]any) syncRevision {
+	var rev syncRevision
+	hist, _, _ := unstructured.NestedSlice(obj, "status", "history")
+	if n := len(hist); n > 0 {
+		if h, ok := hist[n-1].(map[string]any); ok {
+			rev.applied, _ = h["revision"].(string)
+		}
+	}
+	phase, _, _ := unstructured.NestedString(obj, "status", "operationState", "phase")
+	if phase != "Failed" && phase != "Error" {
+		return rev
+	}
+	tried, _, _ := unstructured.NestedString(obj, "status", "operationState", "syncResult", "revision")
+	if tried == "" {
+		tried, _, _ = unstructured.NestedString(obj, "status", "operationState", "operation", "sync", "revision")
+	}
+	if tried != "" && tried != rev.applied {
+		rev.refused = tried
+		rev.why, _, _ = unstructured.NestedString(obj, "status", "operationState", "message")
+	}
+	return rev
 }

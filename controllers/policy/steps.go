@@ -427,17 +427,20 @@ func (r *Reconciler) saveInventory(ctx context.Context, s *scope) (bool, error) 
 	return false, nil
 }
 
-// readRevisions reads the sync revision of every policy object; one that cannot be read keeps
-// the last one.
+// readRevisions reads the sync revision of every policy object: the revision applied, and a
+// newer one the sync tool refused; an object whose sync tool cannot be read keeps the last
+// revision and its Synced condition.
 func (r *Reconciler) readRevisions(ctx context.Context, s *scope) (bool, error) {
-	rr := &revisionReader{reader: r.APIReader, cache: map[syncSource]string{}}
+	rr := &revisionReader{reader: r.APIReader, cache: map[syncSource]syncRevision{}}
 	for _, p := range s.objs {
 		rev, ok, err := rr.revision(ctx, p.obj.GetLabels(), p.obj.GetAnnotations(), r.ArgoNamespace)
 		if !ok {
 			ctrl.LoggerFrom(ctx).Info("cannot read the sync revision; keeping the last one", "object", klog.KObj(p.obj), "kind", p.kind, "error", err.Error())
-			rev = p.status.LastAppliedRevision
+			p.out.revision = p.status.LastAppliedRevision
+			continue
 		}
-		p.out.revision = rev
+		p.out.revision = rev.applied
+		p.out.sync = &rev
 	}
 	return false, nil
 }
@@ -473,7 +476,7 @@ func (ic indexedCounter) StoreUsage(ctx context.Context, name string) (plan.Usag
 	return plan.Usage{Volumes: len(vols.Items), Known: true}, nil
 }
 
-// forcedPruneMessage says what deleting an in-use StorageClass leaves behind (field case B39):
+// forcedPruneMessage says what deleting an in-use StorageClass leaves behind:
 // bound volumes keep working; resizing their claims is refused by admission without the class;
 // Pending claims are never provisioned.
 func forcedPruneMessage(class string, pvcs, pending int) string {

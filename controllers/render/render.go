@@ -300,7 +300,7 @@ func storageClass(pl *policyv1.Placement) storagev1.StorageClass {
 			policyv1.ParamFSType:    orDefault(pl.Spec.Filesystem.FSType, "ext4"),
 		},
 		// Written explicitly, never left to server defaults: a later explicit value would
-		// otherwise look like drift on an immutable field (field case B40).
+		// otherwise look like drift on an immutable field.
 		ReclaimPolicy:        &reclaim,
 		VolumeBindingMode:    &binding,
 		AllowVolumeExpansion: &expand,

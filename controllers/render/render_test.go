@@ -126,7 +126,7 @@ func TestDeterministic(t *testing.T) {
 	}
 	for _, sc := range a.StorageClasses {
 		if sc.ReclaimPolicy == nil || sc.VolumeBindingMode == nil || sc.AllowVolumeExpansion == nil {
-			t.Errorf("StorageClass %s leaves a field to server defaults (B40)", sc.Name)
+			t.Errorf("StorageClass %s leaves a field to server defaults: a later explicit value would change an immutable field", sc.Name)
 		}
 		if sc.Name == "plinth-local" && sc.Annotations["storageclass.kubernetes.io/is-default-class"] != "true" {
 			t.Errorf("plinth-local must be the default class")

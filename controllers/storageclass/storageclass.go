@@ -1,4 +1,4 @@
-// Package storageclass classifies changes to a StorageClass (field cases B35, B36):
+// Package storageclass classifies changes to a StorageClass and builds its replacement:
 // parameters, provisioner, reclaimPolicy and volumeBindingMode are immutable once created
 // (kubernetes pkg/apis/storage/validation ValidateStorageClassUpdate), so a change to them
 // needs a replacement (delete, then create), while allowVolumeExpansion, mountOptions, labels
@@ -34,7 +34,7 @@ func (c Change) String() string { return fmt.Sprintf("%s: %s → %s", c.Field, c
 // Diff lists the changes from live to desired in the fields render sets, sorted by field;
 // immutable changes and in-place changes are both listed. Server defaults on live
 // (reclaimPolicy Delete, volumeBindingMode Immediate) count as values only when desired sets
-// the field, which render always does (B40).
+// the field, which render always does.
 func Diff(live, desired *storagev1.StorageClass) []Change {
 	var out []Change
 	add := func(field, l, d string, immutable bool) {
@@ -114,7 +114,7 @@ func KeepImmutable(desired, live *storagev1.StorageClass) *storagev1.StorageClas
 }
 
 // Replacement returns the object to create in place of live: desired, keeping live's
-// default-class annotation when desired does not set one (B36: the cluster must not lose its
+// default-class annotation when desired does not set one (the cluster must not lose its
 // default class through a replacement).
 func Replacement(desired, live *storagev1.StorageClass) *storagev1.StorageClass {
 	out := desired.DeepCopy()

@@ -19,9 +19,9 @@ func sc(fsType string, expand bool, reclaim corev1.PersistentVolumeReclaimPolicy
 	}
 }
 
-// TestDiffB35 is field case B35: fsType changes need a replacement, allowVolumeExpansion is
+// TestFsTypeChangeNeedsReplacement: fsType changes need a replacement, allowVolumeExpansion is
 // patched in place; the same for provisioner, reclaimPolicy and volumeBindingMode.
-func TestDiffB35(t *testing.T) {
+func TestFsTypeChangeNeedsReplacement(t *testing.T) {
 	live := sc("xfs", false, corev1.PersistentVolumeReclaimDelete, storagev1.VolumeBindingWaitForFirstConsumer)
 	v2 := sc("ext4", true, corev1.PersistentVolumeReclaimDelete, storagev1.VolumeBindingWaitForFirstConsumer)
 	changes := Diff(live, v2)
@@ -66,9 +66,9 @@ func TestDiffB35(t *testing.T) {
 	}
 }
 
-// TestServerDefaultsB40: a live class the server defaulted (reclaimPolicy Delete,
+// TestServerDefaultsAreNoChange: a live class the server defaulted (reclaimPolicy Delete,
 // volumeBindingMode Immediate) equals a desired class that states those defaults.
-func TestServerDefaultsB40(t *testing.T) {
+func TestServerDefaultsAreNoChange(t *testing.T) {
 	live := sc("ext4", false, corev1.PersistentVolumeReclaimDelete, storagev1.VolumeBindingImmediate)
 	live.ReclaimPolicy, live.VolumeBindingMode, live.AllowVolumeExpansion = nil, nil, nil
 	desired := sc("ext4", false, corev1.PersistentVolumeReclaimDelete, storagev1.VolumeBindingImmediate)

@@ -2,10 +2,10 @@
 // with the rules the field taught:
 //
 //   - format only a blank device: probe with blkid first and never run mkfs on a device that is
-//     missing, unprobeable or already holds a filesystem or partition table (field case B15);
-//   - mount xfs with nouuid so a clone beside its origin mounts (B16);
+//     missing, unprobeable or already holds a filesystem or partition table;
+//   - mount xfs with nouuid so a clone beside its origin mounts;
 //   - decide "is it mounted" from /proc/self/mountinfo, never from stat, because stat of a dead
-//     mount returns EIO, ENOTCONN or ESTALE (B17), and never report an unmount as done while the
+//     mount returns EIO, ENOTCONN or ESTALE, and never report an unmount as done while the
 //     path is still listed there;
 //   - compare paths as the kernel lists them: a target or staging path reached through a
 //     symlink (a kubelet root dir that is a symlink) is listed under its resolved path, so
@@ -97,7 +97,7 @@ func (m *Mounter) MountPointsOf(dev string) ([]string, error) {
 }
 
 // Resolve returns path as mountinfo lists it: cleaned, with symlinks resolved. The last
-// element is resolved only when it can be (a dead mount's root fails every stat, B17); then its
+// element is resolved only when it can be (a dead mount's root fails every stat); then its
 // parent is resolved and the last element kept as given.
 func Resolve(path string) string {
 	clean := filepath.Clean(path)
@@ -142,7 +142,7 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 }
 
 // MountOptions returns the options a filesystem mount uses: the given ones plus nouuid for xfs
-// (B16: a clone carries its origin's UUID, and XFS refuses a second mount of one UUID).
+// (a clone carries its origin's UUID, and XFS refuses a second mount of one UUID).
 func MountOptions(fsType string, opts []string) []string {
 	out := slices.Clone(opts)
 	if fsType == "xfs" && !slices.Contains(out, "nouuid") {
@@ -153,15 +153,42 @@ func MountOptions(fsType string, opts []string) []string {
 
 // FormatAndMount mounts dev at target as fsType, running mkfs (with mkfsOptions) first only
 // when blkid says dev is blank. The device must exist (ErrDeviceNotFound otherwise: never mkfs
-// what cannot be probed, B15). target must exist.
+// what cannot be probed). target must exist.
+//
+// With mkfsOptions, a blank device is formatted here, with the defaults mount-utils uses
+// before the options (MkfsArgs): mount-utils puts its defaults after them, and mke2fs takes
+// the last of a repeated flag, so a "-m 1" would lose to its "-m0". A read-only mount of a
+// blank device is left to mount-utils, which refuses it.
 func (m *Mounter) FormatAndMount(dev, target, fsType string, mkfsOptions, options []string) error {
 	if fsType == "" {
 		fsType = "ext4"
 	}
-	if _, err := m.DiskFormat(dev); err != nil {
+	format, err := m.DiskFormat(dev)
+	if err != nil {
 		return fmt.Errorf("probe %s: %w", dev, err)
 	}
+	if format == "" && len(mkfsOptions) > 0 && !slices.Contains(options, "ro") {
+		args := MkfsArgs(fsType, mkfsOptions, dev)
+		if out, err := m.safe.Exec.Command("mkfs."+fsType, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("mkfs.%s %v: %w: %s", fsType, args, err, out)
+		}
+	}
 	return m.safe.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, MountOptions(fsType, options), nil, mkfsOptions)
+}
+
+// MkfsArgs returns the arguments of mkfs.<fsType> for dev: mount-utils' defaults (ext3 and
+// ext4: -F, -m0; xfs: -f), then opts, so that an option given wins over a default, then the
+// device.
+func MkfsArgs(fsType string, opts []string, dev string) []string {
+	var args []string
+	switch fsType {
+	case "ext3", "ext4":
+		args = []string{"-F", "-m0"}
+	case "xfs":
+		args = []string{"-f"}
+	}
+	args = append(args, opts...)
+	return append(args, dev)
 }
 
 // BindMount bind-mounts source (a directory or a device file) at target, read-only when ro.
@@ -174,7 +201,7 @@ func (m *Mounter) BindMount(source, target string, ro bool, options []string) er
 }
 
 // Unmount unmounts every mount stacked at path — also a dead one whose stat returns EIO,
-// ENOTCONN or ESTALE (B17), falling back to a forced, then lazy unmount — and removes path
+// ENOTCONN or ESTALE, falling back to a forced, then lazy unmount — and removes path
 // (a directory or a file) when removePath. It returns nil only when mountinfo no longer lists
 // path. A path that does not exist and is not mounted is success.
 func (m *Mounter) Unmount(path string, removePath bool) error {

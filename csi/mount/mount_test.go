@@ -54,7 +54,7 @@ func blkidType(t *testing.T, dev string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// B15: blank → mkfs; an existing filesystem is mounted as it is (data kept, no mkfs even when
+// Blank → mkfs; an existing filesystem is mounted as it is (data kept, no mkfs even when
 // another fsType is asked); a missing device is an error and nothing is formatted.
 func TestFormatOnlyBlankDevices(t *testing.T) {
 	m := New()
@@ -101,7 +101,7 @@ func TestFormatOnlyBlankDevices(t *testing.T) {
 	}
 }
 
-// B16: an xfs clone (same UUID) mounts beside its origin because xfs mounts use nouuid.
+// An xfs clone (same UUID) mounts beside its origin because xfs mounts use nouuid.
 func TestXFSCloneMountsBesideOrigin(t *testing.T) {
 	prereq.Commands(t, "mkfs.xfs")
 	m := New()
@@ -136,7 +136,7 @@ func TestXFSCloneMountsBesideOrigin(t *testing.T) {
 	}
 }
 
-// B17: a dead mount (xfs shut down: every stat returns EIO) is unmounted and removed; success
+// A dead mount (xfs shut down: every stat returns EIO) is unmounted and removed; success
 // only once mountinfo no longer lists it.
 func TestUnmountDeadMount(t *testing.T) {
 	prereq.Commands(t, "xfs_io")

@@ -149,7 +149,7 @@ func (in *Initiator) subsystems(nqn string) ([]subsystem, error) {
 	base := in.sys("class", "nvme-subsystem")
 	entries, err := os.ReadDir(base)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil // no NVMe at all: nothing connected (B26)
+		return nil, nil // no NVMe at all: nothing connected, not an error
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", base, err)
@@ -194,7 +194,7 @@ func (in *Initiator) connected(t Target) (bool, error) {
 				continue
 			}
 			if t.HostNQN != "" && readAttr(filepath.Join(ctrl, "hostnqn")) != t.HostNQN {
-				continue // another host identity is a separate connection (B25)
+				continue // another host identity is a separate connection
 			}
 			addr := readAttr(filepath.Join(ctrl, "address"))
 			if strings.Contains(addr, "traddr="+t.Address) && strings.Contains(addr, fmt.Sprintf("trsvcid=%d", t.Port)) {
@@ -251,7 +251,7 @@ func writeFabrics(options string) error {
 	return nil
 }
 
-// Connect connects to t unless this host is already connected to it (B25: a retried stage
+// Connect connects to t unless this host is already connected to it (a retried stage
 // reuses the controller; "already connected" from the kernel, EALREADY, is success) and returns
 // the namespace's block device, e.g. /dev/nvme1n1, waiting (bounded) for it to appear.
 func (in *Initiator) Connect(ctx context.Context, t Target) (string, error) {
@@ -363,7 +363,7 @@ func (in *Initiator) SubsystemNQNsOfVolume(volumeID string) ([]string, error) {
 }
 
 // Disconnect deletes every controller of the subsystem nqn on this node and returns once the
-// subsystem is gone from sysfs (bounded poll). Nothing connected is success (B26); a controller
+// subsystem is gone from sysfs (bounded poll). Nothing connected is success; a controller
 // that refuses to go is an error.
 func (in *Initiator) Disconnect(ctx context.Context, nqn string) error {
 	subs, err := in.subsystems(nqn)

@@ -134,7 +134,7 @@ const (
 	host = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
 )
 
-// B25: a retried stage reuses the existing controller; a kernel EALREADY is success; another
+// A retried stage reuses the existing controller; a kernel EALREADY is success; another
 // host NQN is a real new connection.
 func TestConnectIdempotent(t *testing.T) {
 	k := newFakeKernel(t)
@@ -179,7 +179,7 @@ func TestConnectIdempotent(t *testing.T) {
 	}
 }
 
-// B26: disconnect of an absent NQN is a no-op; a controller that refuses fails; success means gone.
+// Disconnect of an absent NQN is a no-op; a controller that refuses fails; success means gone.
 func TestDisconnect(t *testing.T) {
 	k := newFakeKernel(t)
 	in := k.initiator()

@@ -1,7 +1,7 @@
 // Package stage keeps the node plugin's stage records: one small JSON file per staged volume
 // holding what NodeUnstageVolume needs, because the CO sends only the volume id and the staging
-// path at unstage (CSI spec, NodeUnstageVolumeRequest) and the plugin may have restarted since
-// (field case B19). Records are written atomically: temp file in the same folder, fsync, rename,
+// path at unstage (CSI spec, NodeUnstageVolumeRequest) and the plugin may have restarted since,
+// its memory gone. Records are written atomically: temp file in the same folder, fsync, rename,
 // fsync of the folder — a crash leaves either the old record or the new one, never half of one.
 package stage
 

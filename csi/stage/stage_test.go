@@ -18,7 +18,7 @@ func TestSaveLoadRemove(t *testing.T) {
 	if err := d.Save(r); err != nil {
 		t.Fatal(err)
 	}
-	// A fresh Dir value stands for a restarted plugin (B19): only the disk holds the record.
+	// A fresh Dir value stands for a restarted plugin: only the disk holds the record.
 	got, err := Dir{Path: d.Path}.Load("vol-1")
 	if err != nil {
 		t.Fatal(err)

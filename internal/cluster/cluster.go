@@ -109,6 +109,10 @@ type Options struct {
 	// StartTimeout bounds each process's start-up and the wait for each
 	// Node to be Ready (default 120 s).
 	StartTimeout time.Duration
+	// LockWaiting, when set, is called at once when Start has to wait for
+	// the host's cluster lock (another cluster runs), with who holds it
+	// (LockHolder); Start then waits until ctx ends.
+	LockWaiting func(holder string)
 }
 
 // Cluster is a set of running nodes of one control plane. Its fields are
@@ -145,21 +149,27 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`)
 // clusters at once would tear down each other's.
 const lockPath = "/run/plinth-cluster.lock"
 
-// waitLock takes the host's cluster lock, waiting while another cluster holds it (tests of
-// several packages that each start a cluster take turns) until ctx ends; the error then says
-// that another cluster still runs.
-func waitLock(ctx context.Context, lock *os.File) error {
+// waitLock takes the lock on the open file lock (at path), waiting while another cluster holds
+// it (tests of several packages that each start a cluster take turns) until ctx ends; the
+// error then says that another cluster still runs, and who holds the lock. When it has to
+// wait, it calls waiting at once, before waiting, with the holder (LockHolder).
+func waitLock(ctx context.Context, lock *os.File, path string, waiting func(holder string)) error {
+	told := false
 	for {
 		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			return fmt.Errorf("lock %s: %w", lockPath, err)
+			return fmt.Errorf("lock %s: %w", path, err)
+		}
+		if !told && waiting != nil {
+			waiting(LockHolder(path))
+			told = true
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("another node cluster runs on this host (%s is locked; one at a time): %w", lockPath, context.Cause(ctx))
+			return fmt.Errorf("another node cluster runs on this host (%s is locked by %s; one at a time): %w", path, LockHolder(path), context.Cause(ctx))
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
@@ -197,7 +207,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := waitLock(ctx, lock); err != nil {
+	if err := waitLock(ctx, lock, lockPath, opts.LockWaiting); err != nil {
 		lock.Close()
 		return nil, err
 	}

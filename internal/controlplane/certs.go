@@ -16,7 +16,7 @@ import (
 )
 
 // GuestHostIP is the address qemu's guestfwd gives the host inside the guest
-// (DESIGN.md "Guest tests"); the API server's serving certificate names it.
+// (docs/design.md, "Guest tests"); the API server's serving certificate names it.
 const GuestHostIP = "10.0.2.100"
 
 // serviceIP is the first address of --service-cluster-ip-range, the

@@ -5,7 +5,7 @@
 //
 // Everything listens on free loopback ports; the API server serves TLS with a
 // certificate that also names 10.0.2.100 (the qemu guest's guestfwd address,
-// DESIGN.md "Guest tests"), authorizes with RBAC and signs service-account
+// docs/design.md, "Guest tests"), authorizes with RBAC and signs service-account
 // tokens. Certificates are generated in Go for each control plane, so two
 // control planes run side by side.
 //

@@ -36,7 +36,7 @@ var clusterVar = Variable{Name: "cluster", Label: "cluster", Query: `label_value
 func Capacity() Spec {
 	return Spec{
 		File: "capacity.json", UID: "plinth-capacity", Title: "Plinth / Capacity", Tags: []string{"plinth", "storage"},
-		Description: "Capacity of Plinth's pools and Stores (DESIGN.md \"Capacity\": available = (physical − reserve) × overcommit − provisioned), when they fill up, volumes by phase and mode, and PVC use as kubelet reports it.",
+		Description: "Capacity of Plinth's pools and Stores (available = (physical − reserve) × overcommit − provisioned, the one figure every part of Plinth uses), when they fill up, volumes by phase and mode, and PVC use as kubelet reports it.",
 		Variables: []Variable{
 			clusterVar,
 			{Name: "pool", Label: "pool", Query: `label_values(plinth_store_capacity_bytes{cluster=~"$cluster"}, pool)`},

@@ -179,6 +179,10 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err := checkNotRunning(e.Dir); err != nil {
 		return e, err
 	}
+	if holder, held := cluster.LockHeld(); held {
+		// Said at once: the nodes step waits for this lock, and nothing else would tell why.
+		e.rep.printf("… another node cluster holds %s (%s): dev up starts the control plane, then waits for that lock before starting nodes\n", cluster.LockPath, holder)
+	}
 	defer func() {
 		if err != nil {
 			e.failureTails()
@@ -314,6 +318,9 @@ func (e *Env) startNodes(ctx context.Context) (string, error) {
 	opts.Nodes = cluster.DefaultNodes(e.Opts.Nodes)
 	opts.Labels = map[string]string{StorageLabel: "dev"}
 	opts.StartTimeout = e.Opts.StartTimeout
+	opts.LockWaiting = func(holder string) {
+		e.rep.printf("… waiting for %s: another node cluster runs on this host, held by %s\n", cluster.LockPath, holder)
+	}
 	c, err := cluster.Start(ctx, opts)
 	if err != nil {
 		return "", err

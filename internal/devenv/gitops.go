@@ -311,7 +311,7 @@ func (e *Walk) Scenario(ctx context.Context) (*Summary, error) {
 	start := time.Now()
 	sum.ObserveStart = start
 	steps := []func(context.Context, *Summary) error{e.Policy, e.ShowRendered, e.Claim, e.PodIO, e.HandDrift, e.DriftAlert, e.CorrectDrift,
-		e.ChangePolicy, e.InvalidPolicy, e.Observe, e.PodGone, e.Release}
+		e.ChangePolicy, e.InvalidPolicy, e.Observe, e.PodGone, e.Release, e.ResolvedAlerts}
 	for _, s := range steps {
 		if err := s(ctx, sum); err != nil {
 			sum.Total = time.Since(start)

@@ -37,7 +37,54 @@ const (
 // Prometheus: the pool filled, a volume failed, drift in the kernel, a fencing refusal.
 var AlertsFiring = []string{"PlinthPoolNearlyFull", "PlinthVolumesFailed", "PlinthDriftPersisting", "PlinthFencingRejections"}
 
-// volumeID is the CSI volume id of a CSI name (DESIGN.md "Names and keys").
+// AlertsResolved are the alerts the scenario's faults fire (AlertsFiring, and
+// PlinthPolicyNotReady while the invalid commit stands): each must be resolved before dev up
+// hands over (--keep) or stops.
+var AlertsResolved = append(append([]string(nil), AlertsFiring...), "PlinthPolicyNotReady")
+
+// ResolvedAlerts ends the scenario: it waits until none of AlertsResolved fires in Prometheus
+// (the faults were undone; range windows end AlertWindow after), so a user who keeps the
+// environment up starts from a quiet Prometheus. Other Plinth alerts still firing are named,
+// not waited for.
+func (e *Walk) ResolvedAlerts(ctx context.Context, _ *Summary) error {
+	return e.step("alerts of the injected faults resolved in Prometheus: "+strings.Join(AlertsResolved, ", "), nil, func() (string, error) {
+		began := time.Now()
+		var firing map[string]int
+		err := poll(ctx, AlertWindow+2*time.Minute, func() error {
+			var err error
+			if firing, err = monitoring.Firing(ctx, e.Prom.API); err != nil {
+				return err
+			}
+			var still []string
+			for _, name := range AlertsResolved {
+				if n := firing[name]; n > 0 {
+					still = append(still, fmt.Sprintf("%s ×%d", name, n))
+				}
+			}
+			if len(still) > 0 {
+				return fmt.Errorf("still firing: %s", strings.Join(still, ", "))
+			}
+			return nil
+		})
+		if err != nil {
+			return "", fmt.Errorf("Prometheus %s /api/v1/alerts: %w", e.Prom.URL, err)
+		}
+		detail := fmt.Sprintf("none firing (waited %.1fs)", time.Since(began).Seconds())
+		var others []string
+		for name, n := range firing {
+			if strings.HasPrefix(name, "Plinth") {
+				others = append(others, fmt.Sprintf("%s ×%d", name, n))
+			}
+		}
+		sort.Strings(others)
+		if len(others) > 0 {
+			detail += "; other Plinth alerts firing: " + strings.Join(others, ", ")
+		}
+		return detail, nil
+	})
+}
+
+// volumeID is the CSI volume id of a CSI name (docs/design.md, "Names and keys").
 func volumeID(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "vol-" + hex.EncodeToString(sum[:])[:40]

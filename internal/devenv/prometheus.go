@@ -18,7 +18,8 @@ import (
 const (
 	// ServiceMonitorFile is the shipped ServiceMonitor the scrape configuration is generated from.
 	ServiceMonitorFile = "kustomize/monitoring/servicemonitor.yaml"
-	// PrometheusRuleFile is the shipped PrometheusRule Prometheus evaluates (every "for" removed).
+	// PrometheusRuleFile is the shipped PrometheusRule Prometheus evaluates (every "for"
+	// removed, range windows cut to AlertWindow).
 	PrometheusRuleFile = "kustomize/monitoring/prometheusrule.yaml"
 	// DashboardsDir holds the generated dashboards whose panels the scenario evaluates.
 	DashboardsDir = "kustomize/monitoring/dashboards"
@@ -26,6 +27,11 @@ const (
 	ClusterLabel = "plinth-dev"
 	// ScrapeInterval is every job's scrape and the rules' evaluation interval.
 	ScrapeInterval = 3 * time.Second
+	// AlertWindow caps the rules' range windows (monitoring.LiveRulesWindow): an alert made by a
+	// fault the scenario injects and undoes (the fencing refusal: an increase over [15m])
+	// resolves within it, before dev up hands over; long enough for the alert step to read
+	// every alert firing at once.
+	AlertWindow = 3 * time.Minute
 )
 
 // schedulerComponent is plinth-scheduler's app.kubernetes.io/component label.
@@ -67,7 +73,7 @@ func (e *Env) startPrometheus(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rules, err := monitoring.LiveRules(filepath.Join(e.Root, PrometheusRuleFile))
+	rules, err := monitoring.LiveRulesWindow(filepath.Join(e.Root, PrometheusRuleFile), AlertWindow)
 	if err != nil {
 		return "", err
 	}
@@ -104,8 +110,8 @@ func (e *Env) startPrometheus(ctx context.Context) (string, error) {
 	for _, c := range want {
 		total += c
 	}
-	return fmt.Sprintf("Prometheus %s (pid %d): %d targets up every %s — job %s from %s (%v), kubelets through the API server's node proxy, plinth-scheduler's /metrics; rules of %s (for: removed)",
-		prom.URL, prom.Proc.PID(), total, ScrapeInterval, monitoring.ServiceMonitorJob(sm), ServiceMonitorFile, want, PrometheusRuleFile), nil
+	return fmt.Sprintf("Prometheus %s (pid %d): %d targets up every %s — job %s from %s (%v), kubelets through the API server's node proxy, plinth-scheduler's /metrics; rules of %s (for: removed, windows cut to %s)",
+		prom.URL, prom.Proc.PID(), total, ScrapeInterval, monitoring.ServiceMonitorJob(sm), ServiceMonitorFile, want, PrometheusRuleFile, AlertWindow), nil
 }
 
 // stopDiscovery ends the HTTP discovery server.

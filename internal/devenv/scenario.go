@@ -26,14 +26,17 @@ import (
 
 // The quickstart's names (examples/quickstart).
 const (
-	QuickstartPool       = "dev"
-	QuickstartPlacement  = "dev"
-	QuickstartProtocol   = "local"
-	QuickstartClass      = "plinth-dev"
-	QuickstartPVC        = "data"
-	QuickstartNamespace  = "default"
-	QuickstartPod        = "app"
-	quickstartPolicyYAML = "pool.yaml protocol.yaml placement.yaml"
+	QuickstartPool      = "dev"
+	QuickstartPlacement = "dev"
+	QuickstartProtocol  = "local"
+	QuickstartClass     = "plinth-dev"
+	// QuickstartSnapshotClass is the VolumeSnapshotClass the quickstart Placement renders
+	// (spec.snapshotClass): a new user snapshots a PVC of plinth-dev with it.
+	QuickstartSnapshotClass = "plinth-dev"
+	QuickstartPVC           = "data"
+	QuickstartNamespace     = "default"
+	QuickstartPod           = "app"
+	quickstartPolicyYAML    = "pool.yaml protocol.yaml placement.yaml"
 )
 
 // Walk is the quickstart scenario and the cases beyond it, driving a running
@@ -190,11 +193,16 @@ func (e *Walk) verb() string {
 // StorageClass of Plinth's driver, Agents, Stores) and the capacity the agent
 // reported on the quickstart's Store.
 func (e *Walk) ShowRendered(ctx context.Context, _ *Summary) error {
-	return e.step("rendered StorageClasses, Agents, Stores; Store capacity from each node's agent", []string{"controller", "agent"}, func() (string, error) {
+	return e.step("rendered StorageClasses, VolumeSnapshotClasses, Agents, Stores; Store capacity from each node's agent", []string{"controller", "agent"}, func() (string, error) {
 		err := poll(ctx, 2*time.Minute, func() error {
 			var sc storagev1.StorageClass
 			if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartClass}, &sc); err != nil {
 				return err
+			}
+			vsc := &unstructured.Unstructured{}
+			vsc.SetGroupVersionKind(volumeSnapshotClassGVK)
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: QuickstartSnapshotClass}, vsc); err != nil {
+				return fmt.Errorf("VolumeSnapshotClass %s: %w", QuickstartSnapshotClass, err)
 			}
 			for _, n := range e.Nodes.Nodes {
 				store := storev1.StoreName(QuickstartPool, n.Name)
@@ -228,6 +236,18 @@ func (e *Walk) rendered(ctx context.Context) (string, error) {
 		}
 		lines = append(lines, fmt.Sprintf("StorageClass %s: placement %s, fstype %s, binding %s, allowVolumeExpansion %v",
 			sc.Name, sc.Parameters[policyv1.ParamPlacement], sc.Parameters[policyv1.ParamFSType], deref(sc.VolumeBindingMode), deref(sc.AllowVolumeExpansion)))
+	}
+	snapClasses := &unstructured.UnstructuredList{}
+	snapClasses.SetGroupVersionKind(volumeSnapshotClassGVK.GroupVersion().WithKind("VolumeSnapshotClassList"))
+	if err := e.Client.List(ctx, snapClasses); err != nil {
+		return "", err
+	}
+	for _, vsc := range snapClasses.Items {
+		driver, _, _ := unstructured.NestedString(vsc.Object, "driver")
+		policy, _, _ := unstructured.NestedString(vsc.Object, "deletionPolicy")
+		if driver == policyv1.DriverName {
+			lines = append(lines, fmt.Sprintf("VolumeSnapshotClass %s: deletionPolicy %s", vsc.GetName(), policy))
+		}
 	}
 	var agents storev1.AgentList
 	if err := e.Client.List(ctx, &agents); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -69,7 +70,18 @@ func StartPrometheus(ctx context.Context, start Starter, bin, dir string, config
 // with every "for" removed: a scenario runs minutes, not the 15 to 30 minutes the rules wait.
 // The expressions stay the shipped ones; the "for" durations are covered by test/manifests'
 // promtool unit tests.
-func LiveRules(file string) ([]byte, error) {
+func LiveRules(file string) ([]byte, error) { return LiveRulesWindow(file, 0) }
+
+// rangeSelector matches a range selector's duration in PromQL, such as "[15m]" or "[1h30m]"
+// (a subquery's "[1h:5m]" does not match).
+var rangeSelector = regexp.MustCompile(`\[([0-9]+(?:ms|[smhdwy])(?:[0-9]+(?:ms|[smhdwy]))*)\]`)
+
+// LiveRulesWindow is LiveRules with every range selector longer than maxWindow cut to
+// maxWindow (0 keeps them): a Prometheus that lives for a scenario holds only its minutes, and
+// an alert made true by a fault injected and then undone (an increase over [15m] of a counter)
+// resolves maxWindow after the undo instead of 15 minutes. Errors: the file cannot be read, is
+// no PrometheusRule, or has no groups.
+func LiveRulesWindow(file string, maxWindow time.Duration) ([]byte, error) {
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
@@ -85,10 +97,23 @@ func LiveRules(file string) ([]byte, error) {
 	if len(groups) == 0 {
 		return nil, fmt.Errorf("%s: no spec.groups", file)
 	}
+	cut := "[" + model.Duration(maxWindow).String() + "]"
 	for _, g := range groups {
 		rules, _ := g.(map[string]any)["rules"].([]any)
 		for _, r := range rules {
-			delete(r.(map[string]any), "for")
+			rule := r.(map[string]any)
+			delete(rule, "for")
+			expr, ok := rule["expr"].(string)
+			if !ok || maxWindow <= 0 {
+				continue
+			}
+			rule["expr"] = rangeSelector.ReplaceAllStringFunc(expr, func(sel string) string {
+				d, err := model.ParseDuration(sel[1 : len(sel)-1])
+				if err != nil || time.Duration(d) <= maxWindow {
+					return sel
+				}
+				return cut
+			})
 		}
 	}
 	return yaml.Marshal(map[string]any{"groups": groups})

@@ -219,3 +219,83 @@ func checkBounds(t *testing.T, s *Schema, path string, crd apiextv1.JSONSchemaPr
 		}
 	}
 }
+
+// optionRules computes, from the schema's tables (#Mke2fs, #MkfsXFS, #MountOptions,
+// #Ext4MountOptions, #XFSMountOptions), the regular expressions the Placement CRD's CEL rules
+// must hold for fsType: one for the mkfs arguments joined by spaces (a flag, with its value
+// after a space or attached, or a switch), one for each mount option.
+func optionRules(t *testing.T, s *Schema, fsType string) (mkfs, mount string) {
+	t.Helper()
+	def := func(name string) cue.Value { return s.Root.LookupPath(cue.ParsePath(name)) }
+	strs := func(v cue.Value) []string {
+		var out []string
+		if err := v.Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	values := func(v cue.Value) map[string]string {
+		out := map[string]string{}
+		if err := v.Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	bare := func(re string) string { return strings.TrimSuffix(strings.TrimPrefix(re, "^"), "$") }
+	mk, fsMount := def("#Mke2fs"), def("#Ext4MountOptions")
+	if fsType == "xfs" {
+		mk, fsMount = def("#MkfsXFS"), def("#XFSMountOptions")
+	}
+	tokens := strs(mk.LookupPath(cue.ParsePath("switches")))
+	vals := values(mk.LookupPath(cue.ParsePath("values")))
+	for _, f := range sortedKeys(vals) {
+		tokens = append(tokens, f+" ?("+bare(vals[f])+")")
+	}
+	tok := "(" + strings.Join(tokens, "|") + ")"
+	mkfs = "^(" + tok + "( " + tok + ")*)?$"
+
+	common := def("#MountOptions")
+	opts := append(strs(common.LookupPath(cue.ParsePath("switches"))), strs(fsMount.LookupPath(cue.ParsePath("switches")))...)
+	mvals := values(fsMount.LookupPath(cue.ParsePath("values")))
+	for k, v := range values(common.LookupPath(cue.ParsePath("values"))) {
+		mvals[k] = v
+	}
+	for _, k := range sortedKeys(mvals) {
+		opts = append(opts, k+"=("+bare(mvals[k])+")")
+	}
+	mount = "^(" + strings.Join(opts, "|") + ")$"
+	return mkfs, mount
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// TestCRDOptionRulesAgree: the Placement CRD's CEL rules on filesystem options hold the
+// expressions of the schema's allow-lists (optionRules), so the API server refuses what vet
+// refuses (test/controlplane runs a corpus through both on the real API server).
+func TestCRDOptionRulesAgree(t *testing.T) {
+	s, err := Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := loadCRD(t, "Placement").Properties["spec"]
+	var rules []string
+	for _, r := range spec.XValidations {
+		rules = append(rules, r.Rule)
+	}
+	all := strings.Join(rules, "\n")
+	for _, fsType := range []string{"ext4", "xfs"} {
+		mkfs, mount := optionRules(t, s, fsType)
+		for what, re := range map[string]string{"mkfs": mkfs, "mount": mount} {
+			if !strings.Contains(all, "'"+strings.ReplaceAll(re, `\`, `\\`)+"'") {
+				t.Errorf("the Placement CRD's spec rules lack the %s %s expression of the schema; the rule must hold\n'%s'", fsType, what, strings.ReplaceAll(re, `\`, `\\`))
+			}
+		}
+	}
+}

@@ -80,11 +80,12 @@ var placementField struct {
 	schema *Schema
 }
 
-// CheckPlacementField judges value (a Go value that encodes to JSON: a string, a []string) as
-// the Placement spec field at path (YAML names from spec down, such as
-// ["filesystem", "mkfsOptions"]) by the same schema as a Placement document. It returns nil
-// when the schema accepts it, or an error naming the rule it breaks; an unknown path is an
-// error too.
+// CheckPlacementField judges value (a Go value that encodes to JSON: a string, a []string, a
+// map such as {"fsType": "xfs", "mountOptions": [...]}) as the Placement spec field at path
+// (YAML names from spec down, such as ["filesystem"]) by the same schema as a Placement
+// document, the checks that span the field's members included (the option allow-lists of
+// #Filesystem judge fsType, mkfsOptions and mountOptions together). It returns nil when the
+// schema accepts it, or an error naming the rule it breaks; an unknown path is an error too.
 func CheckPlacementField(path []string, value any) error {
 	placementField.Lock()
 	defer placementField.Unlock()

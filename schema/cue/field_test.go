@@ -20,6 +20,10 @@ func TestCheckPlacementField(t *testing.T) {
 		{[]string{"filesystem", "mkfsOptions"}, "-m 0", "mismatched types"},
 		{[]string{"filesystem", "mountOptions"}, []string{"noatime"}, ""},
 		{[]string{"filesystem", "nosuch"}, "x", "no field spec.filesystem.nosuch"},
+		// The whole filesystem: its options judged for its fsType.
+		{[]string{"filesystem"}, map[string]any{"fsType": "xfs", "mkfsOptions": []string{"-m", "crc=1"}, "mountOptions": []string{"logbsize=64k"}}, ""},
+		{[]string{"filesystem"}, map[string]any{"fsType": "xfs", "mkfsOptions": []string{"-m", "0"}}, `mkfs.xfs argument "0": the value of -m must match`},
+		{[]string{"filesystem"}, map[string]any{"mountOptions": []string{"noexec", "exec"}}, `"exec" contradicts "noexec"`},
 	} {
 		err := CheckPlacementField(tc.path, tc.value)
 		switch {

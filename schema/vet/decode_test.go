@@ -69,7 +69,7 @@ func TestAppendJSON(t *testing.T) {
 
 // TestVetDecodesWhatTheSchemaJudged vets documents whose typed decode needs the CUE reading
 // of YAML: a port in hexadecimal and a queue size in octal (syntax appendJSON declines, so the
-// CUE value is decoded) and mkfs options that YAML 1.1 would read as booleans.
+// CUE value is decoded) and an mkfs option value (the label "on") that YAML 1.1 would read as a boolean.
 func TestVetDecodesWhatTheSchemaJudged(t *testing.T) {
 	v, err := NewVetter()
 	if err != nil {
@@ -77,7 +77,7 @@ func TestVetDecodesWhatTheSchemaJudged(t *testing.T) {
 	}
 	doc := "apiVersion: policy.plinth.dev/v1alpha1\nkind: Protocol\nmetadata: {name: p}\nspec:\n  nvmeofTcp: {port: 0x1144, maxQueueSize: 0o100, bindCIDR: 10.0.0.0/8}\n---\n" +
 		"apiVersion: policy.plinth.dev/v1alpha1\nkind: StoragePool\nmetadata: {name: s}\nspec:\n  backend: {file: {directory: /var/lib/plinth}}\n---\n" +
-		"apiVersion: policy.plinth.dev/v1alpha1\nkind: Placement\nmetadata: {name: x}\nspec:\n  poolRef: {name: s}\n  protocolRef: {name: p}\n  storageClass: {name: x}\n  filesystem: {mkfsOptions: [y, on]}\n"
+		"apiVersion: policy.plinth.dev/v1alpha1\nkind: Placement\nmetadata: {name: x}\nspec:\n  poolRef: {name: s}\n  protocolRef: {name: p}\n  storageClass: {name: x}\n  filesystem: {mkfsOptions: [-L, on]}\n"
 	pol, problems := v.Vet(LoadBytes("doc.yaml", []byte(doc)))
 	if len(problems) > 0 {
 		t.Fatalf("problems: %v", problems)
@@ -89,7 +89,7 @@ func TestVetDecodesWhatTheSchemaJudged(t *testing.T) {
 	if tcp == nil || tcp.Port != 4420 || tcp.MaxQueueSize != 64 {
 		t.Errorf("nvmeofTcp decoded as %+v, want port 4420 and maxQueueSize 64", tcp)
 	}
-	if fs := pol.Placements[0].Spec.Filesystem; !reflect.DeepEqual(fs.MkfsOptions, []string{"y", "on"}) {
-		t.Errorf("filesystem decoded as %+v, want mkfsOptions [y on]", fs)
+	if fs := pol.Placements[0].Spec.Filesystem; !reflect.DeepEqual(fs.MkfsOptions, []string{"-L", "on"}) {
+		t.Errorf("filesystem decoded as %+v, want mkfsOptions [-L on]", fs)
 	}
 }

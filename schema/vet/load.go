@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -141,28 +140,12 @@ func (s *Set) loadDir(dir string) error {
 	if kustomizationFile(dir) != "" {
 		return s.loadKustomization(dir)
 	}
-	var files []string
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != dir && strings.HasPrefix(d.Name(), ".") {
-				return filepath.SkipDir
-			}
-			if path != dir && kustomizationFile(path) != "" {
-				files = append(files, path+string(filepath.Separator))
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if ext := filepath.Ext(path); ext == ".yaml" || ext == ".yml" {
-			files = append(files, path)
-		}
-		return nil
-	})
+	kdirs, files, err := walkPolicyDir(dir)
 	if err != nil {
 		return err
+	}
+	for _, k := range kdirs {
+		files = append(files, k+string(filepath.Separator))
 	}
 	sort.Strings(files)
 	for _, f := range files {

@@ -79,11 +79,11 @@ func TestPlinthCRDsAndStoragePoolRoundTrip(t *testing.T) {
 	_, dyn := clients(t, cp.Admin)
 	crds := installCRDs(ctx, t, dyn, crdDir(t))
 	if len(crds) < 6 {
-		t.Errorf("want the 6 CRDs of DESIGN.md (3 policy, 3 runtime), got %d", len(crds))
+		t.Errorf("want the 6 CRDs of docs/design.md (3 policy, 3 runtime), got %d", len(crds))
 	}
 	for _, crd := range crds {
 		if scope, _, _ := unstructured.NestedString(crd.Object, "spec", "scope"); scope != "Cluster" {
-			t.Errorf("CRD %s: scope %q, DESIGN.md says every custom resource is cluster-scoped", crd.GetName(), scope)
+			t.Errorf("CRD %s: scope %q, docs/design.md says every custom resource is cluster-scoped", crd.GetName(), scope)
 		}
 	}
 

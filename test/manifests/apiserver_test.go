@@ -52,21 +52,7 @@ func startCluster(t *testing.T) *cluster {
 	// kinds they match and writes the result into their status (testNodeScope reads it).
 	cp := controlplane.ForTest(t, controlplane.Options{ControllerManager: true,
 		Controllers: []string{"validatingadmissionpolicy-status-controller"}})
-	c := &cluster{cp: cp, cfg: cp.Admin.Config, warnings: &warnings{}}
-	cfg := rest.CopyConfig(cp.Admin.Config)
-	cfg.WarningHandler = c.warnings
-	var err error
-	if c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if c.kube, err = kubernetes.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	c := clientsOf(t, cp)
 	ctx := t.Context()
 	var files []string
 	for _, dir := range []string{crdBases, "crds"} {
@@ -82,6 +68,27 @@ func startCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
+	return c
+}
+
+// clientsOf is a cluster of cp's clients as its admin, with nothing installed.
+func clientsOf(t *testing.T, cp *controlplane.ControlPlane) *cluster {
+	t.Helper()
+	c := &cluster{cp: cp, cfg: cp.Admin.Config, warnings: &warnings{}}
+	cfg := rest.CopyConfig(cp.Admin.Config)
+	cfg.WarningHandler = c.warnings
+	var err error
+	if c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
 	return c
 }
 
@@ -205,6 +212,7 @@ func TestAPIServer(t *testing.T) {
 	t.Run("key distribution", func(t *testing.T) { testKeyDistribution(t, c) })
 	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
 	t.Run("Helm chart server-side dry-run", func(t *testing.T) { testHelmChartDryRun(t, c) })
+	t.Run("kubectl get stores prints sizes", func(t *testing.T) { testStoreColumns(t, c) })
 }
 
 // Every object of every kustomization is accepted by the real API server (server-side apply,
@@ -410,4 +418,58 @@ func testRBAC(t *testing.T, c *cluster) {
 func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
 	controlplane.Eventually(t, timeout, 200*time.Millisecond, what, f)
+}
+
+// kubectl get stores shows sizes people read (Size, Provisioned, Available in binary units),
+// as the API server's table for the Store CRD's printer columns gives them to kubectl; the
+// bytes stay in the wide output.
+func testStoreColumns(t *testing.T, c *cluster) {
+	ctx := t.Context()
+	gvr := schema.GroupVersionResource{Group: "storage.plinth.dev", Version: "v1alpha1", Resource: "stores"}
+	st := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "storage.plinth.dev/v1alpha1", "kind": "Store",
+		"metadata": map[string]any{"name": "fast.columns"},
+		"spec":     map[string]any{"pool": "fast", "nodeName": "columns", "backend": map[string]any{"file": map[string]any{"directory": "/var/lib/plinth"}}},
+	}}
+	created, err := c.dyn.Resource(gvr).Create(ctx, st, metav1.CreateOptions{FieldManager: fieldManager})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.dyn.Resource(gvr).Delete(context.Background(), "fast.columns", metav1.DeleteOptions{}) })
+	const total, avail = int64(100) << 30, int64(1<<30) * 43 / 2
+	created.Object["status"] = map[string]any{
+		"capacity":     map[string]any{"total": total, "allocatable": total, "provisioned": int64(0), "available": avail},
+		"capacityText": map[string]any{"total": "100Gi", "provisioned": "0", "available": "21.5Gi"},
+	}
+	if _, err := c.dyn.Resource(gvr).UpdateStatus(ctx, created, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := c.kube.CoreV1().RESTClient().Get().AbsPath("/apis/storage.plinth.dev/v1alpha1/stores/fast.columns").
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table metav1.Table
+	if err := yaml.Unmarshal(raw, &table); err != nil {
+		t.Fatal(err)
+	}
+	if len(table.Rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(table.Rows))
+	}
+	narrow, wide := map[string]any{}, map[string]any{}
+	for i, col := range table.ColumnDefinitions {
+		if col.Priority == 0 {
+			narrow[col.Name] = table.Rows[0].Cells[i]
+		} else {
+			wide[col.Name] = table.Rows[0].Cells[i]
+		}
+	}
+	for name, want := range map[string]any{"Size": "100Gi", "Provisioned": "0", "Available": "21.5Gi"} {
+		if narrow[name] != want {
+			t.Errorf("column %s = %v, want %v (columns %v)", name, narrow[name], want, narrow)
+		}
+	}
+	if got, ok := wide["Available bytes"].(float64); !ok || int64(got) != avail {
+		t.Errorf("wide column Available bytes = %v, want %d", wide["Available bytes"], avail)
+	}
 }

@@ -271,7 +271,7 @@ func TestWorkloadShapes(t *testing.T) {
 	t.Run("csi", func(t *testing.T) {
 		drv := find(t, objs, "CSIDriver", "csi.plinth.dev")
 		if v, _, _ := unstructured.NestedBool(drv.Object, "spec", "attachRequired"); !v {
-			t.Error("CSIDriver: attachRequired is false (DESIGN: ControllerPublish)")
+			t.Error("CSIDriver: attachRequired is false (docs/design.md, \"ControllerPublish\": NVMe-oF needs publish)")
 		}
 		dep := find(t, objs, "Deployment", "plinth-csi-controller")
 		var names []string

@@ -12,9 +12,10 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v4/pkg/chart/common"
+	chartutil "helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -145,12 +146,12 @@ func renderChart(t *testing.T, values string) (objs, crds []*unstructured.Unstru
 	if err != nil {
 		t.Fatal(err)
 	}
-	vals, err := chartutil.ReadValues([]byte(values))
+	vals, err := common.ReadValues([]byte(values))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "plinth", Namespace: namespace, IsInstall: true},
-		chartutil.DefaultCapabilities)
+	rv, err := chartutil.ToRenderValues(ch, vals, common.ReleaseOptions{Name: "plinth", Namespace: namespace, IsInstall: true},
+		common.DefaultCapabilities)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,6 +263,14 @@ agent:
   resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
 controller:
   resources: {limits: {cpu: "2", memory: 1Gi}}
+imagePullPolicy: Always
+imagePullSecrets: [{name: regcred}]
+csiNode:
+  tolerations: []
+  priorityClassName: plinth-node
+  resources: {requests: {cpu: 10m, memory: 32Mi}}
+csiController:
+  sidecarResources: {requests: {cpu: 5m, memory: 16Mi}}
 `
 
 // What each value changes, and nothing else.
@@ -313,13 +322,57 @@ func TestHelmChartValues(t *testing.T) {
 			t.Errorf("csi-attacher image %s changed", c["image"])
 		}
 	}
-	// Every workload running the plinth image (controller, agent, CSI controller and node);
-	// the scheduler's image and everything else stay.
-	if changed != 4 {
-		t.Errorf("%d objects changed by the values, want 4", changed)
+	// Every workload (imagePullPolicy and imagePullSecrets reach them all); the scheduler's
+	// image and everything else stay.
+	workloads := 0
+	for _, o := range objs {
+		if k := o.GetKind(); k != "Deployment" && k != "DaemonSet" {
+			continue
+		}
+		workloads++
+		for _, c := range slices.Concat(podContainers(o, "initContainers"), podContainers(o, "containers")) {
+			if c["imagePullPolicy"] != "Always" {
+				t.Errorf("%s container %s: imagePullPolicy %v, want Always", ID(o), c["name"], c["imagePullPolicy"])
+			}
+		}
+		secrets, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "imagePullSecrets")
+		if b, _ := json.Marshal(secrets); string(b) != `[{"name":"regcred"}]` {
+			t.Errorf("%s imagePullSecrets %s, want regcred", ID(o), b)
+		}
 	}
-	if sd := find(t, objs, "Deployment", "plinth-scheduler"); canonical(t, sd) != defs[ID(sd)] {
-		t.Errorf("values changed the scheduler Deployment")
+	if changed != workloads || workloads != 5 {
+		t.Errorf("%d objects changed by the values, want the %d workloads (5)", changed, workloads)
+	}
+	sd := find(t, objs, "Deployment", "plinth-scheduler")
+	if img := podContainers(sd, "containers")[0]["image"]; !strings.HasPrefix(img.(string), "ghcr.io/plinth-storage/plinth-scheduler:") {
+		t.Errorf("values changed the scheduler's image: %v", img)
+	}
+	// The node plugin: its tolerations narrowed to none, its priority class and resources set.
+	node := find(t, objs, "DaemonSet", "plinth-csi-node")
+	if tol, found, _ := unstructured.NestedSlice(node.Object, "spec", "template", "spec", "tolerations"); len(tol) != 0 || !found {
+		t.Errorf("csi-node tolerations %v (set %v), want [] (every shipped one removed)", tol, found)
+	}
+	if pc, _, _ := unstructured.NestedString(node.Object, "spec", "template", "spec", "priorityClassName"); pc != "plinth-node" {
+		t.Errorf("csi-node priorityClassName %q, want plinth-node", pc)
+	}
+	if res, _ := json.Marshal(podContainers(node, "containers")[0]["resources"]); string(res) != `{"requests":{"cpu":"10m","memory":"32Mi"}}` {
+		t.Errorf("csi-node resources %s", res)
+	}
+	if pc, _, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "priorityClassName"); pc != "system-node-critical" {
+		t.Errorf("agent priorityClassName %q, want the shipped system-node-critical", pc)
+	}
+	// The CSI controller's sidecars get sidecarResources, its Plinth container keeps its own.
+	for _, c := range podContainers(csi, "containers") {
+		res, _ := json.Marshal(c["resources"])
+		own := strings.Contains(c["image"].(string), "/plinth:")
+		if sidecar := string(res) == `{"requests":{"cpu":"5m","memory":"16Mi"}}`; sidecar == own {
+			t.Errorf("csi-controller container %s (image %s): resources %s", c["name"], c["image"], res)
+		}
+	}
+	// Shipped tolerations stay when the value is left out.
+	dtol, _, _ := unstructured.NestedSlice(find(t, def, "DaemonSet", "plinth-csi-node").Object, "spec", "template", "spec", "tolerations")
+	if b, _ := json.Marshal(dtol); string(b) != `[{"operator":"Exists"}]` {
+		t.Errorf("default csi-node tolerations %s, want the shipped [{operator: Exists}]", b)
 	}
 }
 

@@ -16,8 +16,8 @@ import (
 
 const dashboardsDir = "../../kustomize/monitoring/dashboards"
 
-// designMetrics is the table of DESIGN.md "Metrics" (name → labels): the names shared by code,
-// dashboards and alerts.
+// designMetrics is the table of docs/design.md, "Metrics" (name → labels): the names shared by
+// code, dashboards and alerts.
 var designMetrics = map[string][]string{
 	"plinth_policy_reconcile_duration_seconds": {"kind"},
 	"plinth_policy_reconcile_errors_total":     {"kind"},
@@ -31,7 +31,7 @@ var designMetrics = map[string][]string{
 	"plinth_csi_operation_duration_seconds":    {"method", "code"},
 }
 
-// beyondDesign are metrics the code registers that DESIGN.md's table does not list but that
+// beyondDesign are metrics the code registers that docs/design.md's table does not list but that
 // alerts or dashboards need; each is reported to the lead to be added to the table.
 var beyondDesign = map[string]string{
 	"plinth_policy_condition":              "policies not Ready (Fleet drift dashboard, PlinthPolicyNotReady alert); registered by controllers/policy",
@@ -72,12 +72,12 @@ func TestDesignMetricsAreRegistered(t *testing.T) {
 	for name, labels := range designMetrics {
 		m, ok := reg[name]
 		if !ok {
-			t.Errorf("DESIGN.md metric %s is registered nowhere in the code", name)
+			t.Errorf("docs/design.md metric %s is registered nowhere in the code", name)
 			continue
 		}
 		got, want := slices.Sorted(slices.Values(m.Labels)), slices.Sorted(slices.Values(labels))
 		if !slices.Equal(got, want) {
-			t.Errorf("%s (%s): labels %v, DESIGN.md says %v", name, m.Source, m.Labels, labels)
+			t.Errorf("%s (%s): labels %v, docs/design.md says %v", name, m.Source, m.Labels, labels)
 		}
 	}
 	for name := range beyondDesign {
@@ -92,7 +92,7 @@ func TestDesignMetricsAreRegistered(t *testing.T) {
 		}
 	}
 	sort.Strings(extra)
-	t.Logf("registered, not in DESIGN.md's table: %v", extra)
+	t.Logf("registered, not in docs/design.md's table: %v", extra)
 }
 
 // A PromQL expression with its origin, for messages.
@@ -193,7 +193,7 @@ var (
 )
 
 // Every metric name in alerts and dashboards is a series of a registered metric listed in
-// DESIGN.md (or in beyondDesign), and every label matcher names a label of that metric.
+// docs/design.md (or in beyondDesign), and every label matcher names a label of that metric.
 func TestAlertsAndDashboardsUseKnownMetrics(t *testing.T) {
 	reg := registered(t)
 	series := map[string]Metric{}
@@ -212,7 +212,7 @@ func TestAlertsAndDashboardsUseKnownMetrics(t *testing.T) {
 			}
 			_, inDesign := designMetrics[m.Name]
 			if _, ok := beyondDesign[m.Name]; !ok && !inDesign {
-				t.Errorf("%s: %s is registered (%s) but not in DESIGN.md's table", e.where, m.Name, m.Source)
+				t.Errorf("%s: %s is registered (%s) but not in docs/design.md's table", e.where, m.Name, m.Source)
 			}
 			used[m.Name] = true
 		}
@@ -238,7 +238,7 @@ func TestAlertsAndDashboardsUseKnownMetrics(t *testing.T) {
 	}
 	for name := range designMetrics {
 		if !used[name] {
-			t.Logf("DESIGN.md metric %s appears in no alert or dashboard", name)
+			t.Logf("docs/design.md metric %s appears in no alert or dashboard", name)
 		}
 	}
 }

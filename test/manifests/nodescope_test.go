@@ -100,7 +100,8 @@ type write struct {
 // rest of the RBAC: an agent whose token is bound to a pod on node A writes node A's Agent,
 // Store and VolumeState (status patches, the finalizer update) and is refused every write to
 // node B's, and an update that would move its own VolumeState to node B; a token bound to no
-// pod carries no node and is refused even on node A; the CSI node plugin bound to node A patches
+// pod carries no node and is refused even on node A, and so is a request with no user extra at
+// all (impersonated), with the policies' Forbidden message; the CSI node plugin bound to node A patches
 // its Node's initiator label and host NQN annotation and is refused node B's Node and any other
 // label of its own.
 func testNodeScope(t *testing.T, c *cluster) {
@@ -139,6 +140,16 @@ func testNodeScope(t *testing.T, c *cluster) {
 	}
 	unbound.BearerToken = tok.Status.Token
 	agentUnbound := newClient(unbound)
+	// The agent's and plugin's ServiceAccounts impersonated without Impersonate-Extra headers:
+	// a request whose user info has no extra at all (as from a client certificate), which the
+	// policies must refuse in their own words, not with a CEL evaluation error.
+	noExtra := func(sa string) client.Client {
+		cfg := rest.CopyConfig(c.cfg)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + namespace + ":" + sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
+		return newClient(cfg)
+	}
+	agentNoExtra, csiNodeNoExtra := noExtra("plinth-agent"), noExtra("plinth-csi-node")
 	csiNode := newClient(boundToken(t, ctx, c, "plinth-csi-node", "csi-node-a", nodeA))
 
 	opts := func(dryRun bool) []client.SubResourcePatchOption {
@@ -212,6 +223,9 @@ func testNodeScope(t *testing.T, c *cluster) {
 		{"agent A: moves VolumeState of A to B", false, update(agent, volOf(nodeA), toNodeB)},
 		{"agent bound to no pod: status of Agent A", false, statusPatch(agentUnbound, agentOf(nodeA), agentStatus)},
 		{"agent bound to no pod: status of VolumeState of A", false, statusPatch(agentUnbound, volOf(nodeA), volStatus)},
+		{"agent without user extra: status of Agent A", false, statusPatch(agentNoExtra, agentOf(nodeA), agentStatus)},
+		{"agent without user extra: status of VolumeState of A", false, statusPatch(agentNoExtra, volOf(nodeA), volStatus)},
+		{"CSI node without user extra: initiator label of Node A", false, patch(csiNodeNoExtra, nodeOf(nodeA), initiator)},
 		{"CSI node A: initiator label of Node B", false, patch(csiNode, nodeOf(nodeB), initiator)},
 		{"CSI node A: another label of Node A", false, patch(csiNode, nodeOf(nodeA), `{"metadata":{"labels":{"node-role.kubernetes.io/storage":""}}}`)},
 		{"CSI node A: unschedulable Node A", false, patch(csiNode, nodeOf(nodeA), `{"spec":{"unschedulable":true}}`)},
@@ -219,7 +233,7 @@ func testNodeScope(t *testing.T, c *cluster) {
 
 	// RBAC and the admission policies are read from informers: wait (dry run, no effect) until
 	// the first allowed write passes and one refused write of each policy is refused.
-	probes := []write{cases[0], cases[5], cases[7], cases[12]}
+	probes := []write{cases[0], cases[5], cases[7], cases[15]}
 	for _, p := range probes {
 		waitFor(t, 60*time.Second, "policies in force: "+p.what, func() error {
 			err := p.do(ctx, true)
@@ -271,11 +285,14 @@ func testNodeScope(t *testing.T, c *cluster) {
 			if !strings.Contains(err.Error(), "may ") && !strings.Contains(err.Error(), "carry no node") {
 				t.Errorf("%s: refused without the policy's message: %v", w.what, err)
 			}
+			if strings.Contains(w.what, "without user extra") && !strings.Contains(err.Error(), "carry no node") {
+				t.Errorf("%s: refused without the message of a caller that carries no node: %v", w.what, err)
+			}
 			t.Logf("%s: %v", w.what, err)
 		}
 	}
-	if allowed != 5 || refused != 10 {
-		t.Errorf("%d writes allowed and %d refused, want 5 and 10", allowed, refused)
+	if allowed != 5 || refused != 13 {
+		t.Errorf("%d writes allowed and %d refused, want 5 and 13", allowed, refused)
 	}
 
 	// What was allowed landed, what was refused did not.

@@ -401,7 +401,7 @@ func stage(t *testing.T, ctx context.Context, p *Plinth, pv *corev1.PersistentVo
 	t.Logf("%s published, staged at %s, published at %s, 4 Mi written", id, staging, target)
 }
 
-// volumeID is the CSI volume id of a CSI name (DESIGN.md "Names and keys").
+// volumeID is the CSI volume id of a CSI name (docs/design.md, "Names and keys").
 func volumeID(name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return "vol-" + hex.EncodeToString(sum[:])[:40]

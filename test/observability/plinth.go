@@ -201,7 +201,7 @@ func Start(ctx context.Context, opts Options) (_ *Plinth, err error) {
 		}
 		p.Targets = append(p.Targets, monitoring.Target{Job: monitoring.JobPlinth, Address: fmt.Sprintf("127.0.0.1:%d", mport), Component: c.component, Node: c.node})
 	}
-	// csi-provisioner outside a pod (DESIGN.md "Tests without a kubelet").
+	// csi-provisioner outside a pod (docs/design.md, "Real nodes").
 	if _, err := p.CP.StartProcess(ctx, controlplane.ProcessSpec{
 		Name: controlplane.BinCSIProvisioner, Binary: controlplane.BinCSIProvisioner,
 		Args: []string{"--csi-address=" + p.ControllerSocket, "--kubeconfig=" + kc, "--leader-election=false", "--timeout=60s", "--v=2",
@@ -287,7 +287,7 @@ func (p *Plinth) installCRDs(ctx context.Context, root string) error {
 }
 
 // registerNodes creates the Nodes, their status and the storage node's CSINode, standing in
-// for kubelet's registration and the CSI node registrar (DESIGN.md "Tests without a kubelet").
+// for kubelet's registration and the CSI node registrar (docs/design.md, "Real nodes").
 func (p *Plinth) registerNodes(ctx context.Context) error {
 	for _, name := range []string{StorageNode, OtherNode} {
 		labels := map[string]string{"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", corev1.LabelTopologyZone: Zones[name]}

@@ -9,7 +9,8 @@
 # (test/tools/csi-sanity), flux-controllers (flux-source-controller and
 # flux-kustomize-controller in one go build from test/tools/flux-controllers), flux-crds
 # (their CRDs from the module cache into bin/crds/flux/), snapshot-crds (the
-# snapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue.
+# snapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue, helm (the helm CLI from
+# test/tools/helm, for test/manifests' install/upgrade/uninstall of charts/plinth).
 # Versions come from test/tools/versions.env only.
 #
 # Idempotent: each binary has a stamp in bin/.stamps/<name> (version, Go
@@ -124,6 +125,7 @@ build_peer() { # NAME
 	# Upstream's Makefiles stamp the version the same way (sidecars: main.version,
 	# csi-sanity: main.VERSION); -X of a variable a binary lacks is ignored.
 	local ldflags="-s -w -X main.version=$PEER_VER -X main.VERSION=$PEER_VER"
+	[[ -z ${PEER_VERSION_VARS[$PEER_NAME]:-} ]] || ldflags+=" -X ${PEER_VERSION_VARS[$PEER_NAME]}=$PEER_VER"
 	local k="$PEER_NAME $PEER_VER $GOVER cgo=$CGO_ENABLED mod=$(hash_files "$dir/go.mod" "$dir/go.sum") ld=$(sha256sum <<<"$ldflags" | cut -c1-8)"
 	# Binary names: the peer's own, then the last path element of each further main package
 	# of its line (csi-snapshotter's module also builds snapshot-controller).
@@ -284,7 +286,7 @@ targets=("$@")
 # compiled about half of their 1317 packages (stopped there), so roughly 12 CPU-minutes cold,
 # 6-7 min wall on 2 idle cores, less in CI where the other peers' packages are cached; with
 # the packages cached, 30 CPU-seconds (the two links).
-((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds)
+((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds helm)
 built_groups=()
 for t in "${targets[@]}"; do
 	case $t in

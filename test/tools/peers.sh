@@ -10,6 +10,7 @@ PEERS=(
 	"csi-sanity github.com/kubernetes-csi/csi-test/v5 CSI_SANITY_VERSION github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity"
 	"flux-source-controller github.com/fluxcd/source-controller FLUX_SOURCE_CONTROLLER_VERSION github.com/fluxcd/source-controller"
 	"flux-kustomize-controller github.com/fluxcd/kustomize-controller FLUX_KUSTOMIZE_CONTROLLER_VERSION github.com/fluxcd/kustomize-controller"
+	"helm helm.sh/helm/v4 HELM_VERSION helm.sh/helm/v4/cmd/helm"
 )
 
 # Groups: peers whose pins are a patch apart share ONE module under test/tools/<group>/ and
@@ -18,6 +19,12 @@ PEERS=(
 # dependencies move to the highest patch among them). The CSI sidecars pin client-go
 # v0.37.0-v0.37.1, Flux's two controllers v0.36.2-v0.36.4 (and one controller-runtime).
 PEER_GROUPS=(csi-sidecars flux-controllers)
+
+# Version variables a peer's own Makefile sets with -X besides main.version (helm reports
+# internal/version.version in `helm version`, and its default is only "v4.3" without it).
+declare -A PEER_VERSION_VARS=(
+	[helm]=helm.sh/helm/v4/internal/version.version
+)
 GROUP_csi_sidecars=(csi-provisioner csi-attacher csi-resizer csi-snapshotter)
 GROUP_flux_controllers=(flux-source-controller flux-kustomize-controller)
 

@@ -1,5 +1,5 @@
--- Argo CD health of Plinth's policy objects from their kstatus conditions (DESIGN.md:
--- every Plinth kind carries status.conditions Ready, Reconciling, Stalled and
+-- Argo CD health of Plinth's policy objects from their kstatus conditions (docs/design.md,
+-- "Names": every Plinth kind carries status.conditions Ready, Reconciling, Stalled and
 -- status.observedGeneration). The same script serves every policy kind: argocd-cm.yaml embeds it.
 local hs = {}
 if obj.status == nil or obj.status.conditions == nil then

@@ -9,7 +9,7 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// capState says whether a Store's reported capacity can be used (B29).
+// capState says whether a Store's reported capacity can be used.
 type capState uint8
 
 const (
@@ -22,7 +22,7 @@ const (
 )
 
 // Reasons the Filter reports, one per capState, so an operator can tell a node without an
-// agent from a broken report from a full store (B29). They are the first words of the
+// agent from a broken report from a full store. They are the first words of the
 // status message; FilterReason* constants are stable for tests and docs.
 const (
 	FilterReasonNoStore       = "no Store of the pool on this node"
@@ -77,7 +77,7 @@ func free(available, reserved int64) int64 {
 	return available - reserved
 }
 
-// fits is the byte-exact test of B31: a request equal to the free bytes fits, one byte
+// fits is the byte-exact test (no GiB rounding): a request equal to the free bytes fits, one byte
 // more does not; a zero request always fits.
 func fits(available, reserved, request int64) bool {
 	return request <= free(available, reserved)
@@ -100,7 +100,7 @@ const scoreHoldsVolumes = -1
 // bytes the top score, Binpack the fewest. Targets are linear in bytes between the smallest
 // and largest raw value; then, walking the distinct raw values in order, each gets at least
 // one point more than the previous, so nodes with different free bytes get different scores
-// whenever there are at most 101 distinct values (B28: what TopoLVM's log2-of-GiB lost);
+// whenever there are at most 101 distinct values (what TopoLVM's log2-of-GiB lost);
 // with more, scores are still monotonic. One value only (or all equal): everyone gets the
 // top score, so the plugin is neutral among them.
 func normalize(scores fwk.NodeScoreList, binpack bool) {

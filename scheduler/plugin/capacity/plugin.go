@@ -387,8 +387,8 @@ func (p *Plugin) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *corev1.
 }
 
 // Reserve books the pod's local requests on the chosen node so the next pods see them as
-// taken (B30) until the Store's report includes the volumes, Unreserve, or the timeout.
-// A node that left the scheduler's snapshot (B33) is refused.
+// taken (two pods never get the same free bytes) until the Store's report includes the
+// volumes, Unreserve, or the timeout. A node that left the scheduler's snapshot is refused.
 func (p *Plugin) Reserve(ctx context.Context, cs fwk.CycleState, pod *corev1.Pod, nodeName string) *fwk.Status {
 	st, ok := readState(cs)
 	if !ok || len(st.claims) == 0 {

@@ -16,9 +16,10 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// B28: scores are monotonic in free bytes and strictly ordered where free bytes differ;
-// a node with no room is filtered. Spreadout and Binpack are mirror images.
-func TestB28ScoreMonotonicSmallCapacities(t *testing.T) {
+// TestScoreMonotonicSmallCapacities: scores are monotonic in free bytes and strictly ordered
+// where free bytes differ; a node with no room is filtered. Spreadout and Binpack are mirror
+// images.
+func TestScoreMonotonicSmallCapacities(t *testing.T) {
 	for _, tc := range []struct {
 		class string
 		order []string // strictly increasing score
@@ -106,9 +107,9 @@ func seq(n int, step int64) []int64 {
 	return v
 }
 
-// B29: a node without a Store, without capacity, with invalid or zero capacity is
-// unschedulable with a distinct reason, never a panic; a pod without our claims is skipped.
-func TestB29BadCapacityData(t *testing.T) {
+// TestBadCapacityData: a node without a Store, without capacity, with invalid or zero capacity
+// is unschedulable with a distinct reason, never a panic; a pod without our claims is skipped.
+func TestBadCapacityData(t *testing.T) {
 	f := newFixture(t)
 	f.store("pool-a", "n1", &storev1.Capacity{Total: 100 * GiB, Allocatable: 100 * GiB, Available: 100 * GiB})
 	f.store("pool-a", "n2", nil)
@@ -177,9 +178,10 @@ func TestDrainingStoreTakesNoNewVolumes(t *testing.T) {
 	}
 }
 
-// B30: the first pod's Reserve books the space; the second sees none on that node; Unreserve
-// gives it back; a claim bound and then counted by the agent releases the booking.
-func TestB30RaceForSameSpace(t *testing.T) {
+// TestRaceForSameSpace: the first pod's Reserve books the space; the second sees none on that
+// node; Unreserve gives it back; a claim bound and then counted by the agent releases the
+// booking.
+func TestRaceForSameSpace(t *testing.T) {
 	f := newFixture(t)
 	f.store("pool-a", "x", avail(2*GiB))
 	x := mkNode("x", nil)
@@ -220,7 +222,56 @@ func TestB30RaceForSameSpace(t *testing.T) {
 	}
 }
 
-// B30, timeout path: bookings not accounted for by the agent expire.
+// A Store report releases only the bookings it accounts for: two claims bound on one node,
+// a report that counts one volume releases one booking and keeps the other's bytes taken; a
+// report that shrank releases none; the next report that counts both releases the rest.
+func TestStoreReportReleasesOnlyBookingsItCounts(t *testing.T) {
+	f := newFixture(t)
+	now := time.Unix(1000, 0)
+	f.p.cache.now = func() time.Time { return now }
+	f.store("pool-a", "x", avail(10*GiB))
+	x := mkNode("x", nil)
+	ctx := context.Background()
+	book := func(name string, size int64) {
+		t.Helper()
+		p := f.pod(name, "binpack", size)
+		r := f.cycle(p, x)
+		if !r.filter["x"].IsSuccess() {
+			t.Fatalf("%s filtered: %v", name, r.filter["x"])
+		}
+		if s := f.p.Reserve(ctx, r.state, p, "x"); !s.IsSuccess() {
+			t.Fatal(s)
+		}
+		now = now.Add(time.Second)
+	}
+	book("p1", 3*GiB)
+	book("p2", 2*GiB)
+	f.p.cache.claimBound("default/p1-c0")
+	f.p.cache.claimBound("default/p2-c0")
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 5*GiB {
+		t.Fatalf("booked before any report: %d, want %d", got, 5*GiB)
+	}
+	// The report counts p2's volume only (2 GiB more provisioned).
+	f.store("pool-a", "x", avail(8*GiB))
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 3*GiB {
+		t.Fatalf("after a report counting one volume: booked %d, want %d (p1's)", got, 3*GiB)
+	}
+	if s := f.cycle(f.pod("p3", "binpack", 6*GiB), x).filter["x"]; s.IsSuccess() {
+		t.Fatal("p3 (6 GiB) fits where 8 GiB are free of which 3 GiB are still booked")
+	}
+	// A volume of someone else deleted: provisioned shrinks below the bookings' baseline.
+	f.store("pool-a", "x", avail(12*GiB))
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 3*GiB {
+		t.Fatalf("after a report that shrank: booked %d, want %d", got, 3*GiB)
+	}
+	// The report now counts p1's volume as well.
+	f.store("pool-a", "x", avail(9*GiB))
+	if got := f.p.cache.reservedOn("pool-a", "x"); got != 0 {
+		t.Fatalf("after a report counting both volumes: booked %d, want 0", got)
+	}
+}
+
+// Two pods racing, timeout path: bookings not accounted for by the agent expire.
 func TestBookingTimeout(t *testing.T) {
 	f := newFixture(t)
 	now := time.Unix(1000, 0)
@@ -239,8 +290,8 @@ func TestBookingTimeout(t *testing.T) {
 	}
 }
 
-// B31: byte-exact boundaries, no GiB rounding, zero means no demand.
-func TestB31Boundaries(t *testing.T) {
+// TestByteExactBoundaries: byte-exact boundaries, no GiB rounding, zero means no demand.
+func TestByteExactBoundaries(t *testing.T) {
 	const alloc = 117 * GiB // 125627793408
 	for _, tc := range []struct {
 		req  int64
@@ -266,9 +317,9 @@ func TestB31Boundaries(t *testing.T) {
 	}
 }
 
-// B33: Reserve refuses a node that left the snapshot; Filter and Score only see snapshot
-// nodes, so a Store whose Node vanished is never chosen.
-func TestB33NodeVanished(t *testing.T) {
+// TestNodeVanished: Reserve refuses a node that left the snapshot; Filter and Score only see
+// snapshot nodes, so a Store whose Node vanished is never chosen.
+func TestNodeVanished(t *testing.T) {
 	f := newFixture(t)
 	f.nodes["here"] = true
 	f.store("pool-a", "here", avail(GiB))

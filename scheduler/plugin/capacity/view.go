@@ -1,6 +1,9 @@
 package capacity
 
 import (
+	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,8 +81,9 @@ func newView(ttl time.Duration) *view {
 	}
 }
 
-// storeKey returns the slot key of a Store from its labels (DESIGN.md: look Stores up by
-// plinth.dev/pool and plinth.dev/node), falling back to its spec for a Store without them.
+// storeKey returns the slot key of a Store from its labels (docs/design.md, "Names and keys":
+// look Stores up by plinth.dev/pool and plinth.dev/node), falling back to its spec for a Store
+// without them.
 func storeKey(st *storev1.Store) slotKey {
 	k := slotKey{pool: st.Labels[policyv1.LabelPool], node: st.Labels[policyv1.LabelNode]}
 	if k.pool == "" {
@@ -141,10 +145,55 @@ func (c *view) upsertStore(st *storev1.Store) {
 		s.available, s.provisioned = 0, 0
 	}
 	m[k.node] = s
-	for claim, b := range c.bookings {
-		if b.key == k && b.bound && s.provisioned != b.provisioned {
-			c.releaseLocked(claim)
+	for _, b := range c.bookings {
+		// Volumes deleted since the booking: its volume is measured from here on.
+		if b.key == k && b.provisioned > s.provisioned {
+			b.provisioned = s.provisioned
 		}
+	}
+	c.releaseAccountedLocked(k)
+}
+
+// releaseAccountedLocked releases the bound bookings of slot k that the Store's report now
+// accounts for, and only those: the report's provisioned bytes grew by G since the earliest
+// baseline among them, and bookings are released oldest first while their bytes fit in G (a
+// booking also needs the report to have grown by its own bytes since its own baseline). A
+// report that counts one of two new volumes releases one booking; the other's bytes stay
+// taken until a report counts them too, or the booking times out. A report that shrank
+// (volumes deleted meanwhile) releases nothing and lowers the baselines (upsertStore):
+// holding a booking too long only delays a pod, releasing it too early lets two pods take
+// the same space. Callers hold mu's write lock.
+func (c *view) releaseAccountedLocked(k slotKey) {
+	s, ok := c.slotLocked(k)
+	if !ok || !s.hasStore {
+		return
+	}
+	var bound []string
+	base := int64(math.MaxInt64)
+	for claim, b := range c.bookings {
+		if b.key == k && b.bound {
+			bound = append(bound, claim)
+			base = min(base, b.provisioned)
+		}
+	}
+	growth := s.provisioned - base
+	if len(bound) == 0 || growth <= 0 {
+		return
+	}
+	slices.SortFunc(bound, func(a, b string) int {
+		if c := c.bookings[a].at.Compare(c.bookings[b].at); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	var accounted int64
+	for _, claim := range bound {
+		b := c.bookings[claim]
+		if accounted+b.bytes > growth || s.provisioned-b.provisioned < b.bytes {
+			continue
+		}
+		accounted += b.bytes
+		c.releaseLocked(claim)
 	}
 }
 
@@ -232,8 +281,8 @@ func (c *view) unreserve(pod types.UID) {
 	}
 }
 
-// claimBound notes that a claim got its PV; the booking goes once the Store's report has
-// changed since the booking (the volume is then counted in provisioned).
+// claimBound notes that a claim got its PV; the booking goes once the Store's report
+// accounts for its volume (releaseAccountedLocked), at once when the Store is gone.
 func (c *view) claimBound(claim string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -242,9 +291,11 @@ func (c *view) claimBound(claim string) {
 		return
 	}
 	b.bound = true
-	if s, ok := c.slotLocked(b.key); !ok || !s.hasStore || s.provisioned != b.provisioned {
+	if s, ok := c.slotLocked(b.key); !ok || !s.hasStore {
 		c.releaseLocked(claim)
+		return
 	}
+	c.releaseAccountedLocked(b.key)
 }
 
 // claimDeleted drops the claim's booking.

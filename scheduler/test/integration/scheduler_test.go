@@ -118,7 +118,7 @@ func TestPlinthCapacityWithRealScheduler(t *testing.T) {
 			t.Fatalf("third spreadout pod chose %q, want sp-a (bookings of in-flight pods counted)", got)
 		}
 	})
-	t.Run("B31 exact boundary", func(t *testing.T) {
+	t.Run("exact boundary", func(t *testing.T) {
 		e := e.with(t)
 		e.pool("bd", "Binpack", map[string]int64{"bd-a": 117 * GiB})
 		e.createClaimPod("bd-over", "bd", 117*GiB+1)
@@ -127,7 +127,7 @@ func TestPlinthCapacityWithRealScheduler(t *testing.T) {
 		}
 		e.expectUnschedulable("bd-over", capacity.FilterReasonInsufficient)
 	})
-	t.Run("B29 B33 nodes without capacity and vanished nodes are never chosen", func(t *testing.T) {
+	t.Run("nodes without capacity and vanished nodes are never chosen", func(t *testing.T) {
 		e := e.with(t)
 		e.pool("nc", "Spreadout", map[string]int64{"nc-ok": 2 * GiB})
 		e.node("nc-nostore", nil)
@@ -144,7 +144,7 @@ func TestPlinthCapacityWithRealScheduler(t *testing.T) {
 			}
 		}
 	})
-	t.Run("B30 twenty pods at once never overcommit", func(t *testing.T) {
+	t.Run("twenty pods at once never overcommit", func(t *testing.T) {
 		e := e.with(t)
 		// 3 nodes × 5 GiB, 20 pods × 1 GiB: exactly 15 fit, at most 5 per node.
 		e.pool("race", "Spreadout", map[string]int64{"race-a": 5 * GiB, "race-b": 5 * GiB, "race-c": 5 * GiB})

@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// Capacity arithmetic of DESIGN.md "Capacity", shared by the agents (which publish a Store's
+// Capacity arithmetic of docs/design.md, "Capacity", shared by the agents (which publish a Store's
 // status.capacity) and `plinth diff` (which predicts it): one definition, so a prediction
 // cannot disagree with what the agent will report.
 

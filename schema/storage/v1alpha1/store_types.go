@@ -1,6 +1,9 @@
 package v1alpha1
 
 import (
+	"math"
+	"strconv"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	policyv1alpha1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -42,6 +45,46 @@ type Capacity struct {
 	// is overwritten), the zvols' usedbysnapshots (ZFS). Not part of provisioned.
 	// +optional
 	Snapshots int64 `json:"snapshots,omitempty"`
+}
+
+// CapacityText is a Store's capacity in binary units for people, as HumanBytes writes it
+// ("931.5Gi"): kubectl's columns (CRD additionalPrinterColumns) print an integer as it is and
+// have no format for bytes, so the agent writes these next to the bytes of Capacity, which
+// stay the numbers every part uses.
+type CapacityText struct {
+	// Total is Capacity.Total, such as "100Gi".
+	Total string `json:"total"`
+	// Provisioned is Capacity.Provisioned.
+	Provisioned string `json:"provisioned"`
+	// Available is Capacity.Available.
+	Available string `json:"available"`
+}
+
+// HumanBytes writes n bytes in the largest binary unit (Ki, Mi, Gi, Ti, Pi, Ei: powers of
+// 1024, the suffixes of Kubernetes quantities) that leaves at least 1, truncated to one
+// decimal and without a trailing ".0": 1536 → "1.5Ki", 1073741824 → "1Gi", 1023 → "1023",
+// 0 → "0". Truncated, never rounded up, so an available size is never overstated. Negative
+// n is written with a leading "-".
+func HumanBytes(n int64) string {
+	if n < 0 {
+		if n == math.MinInt64 {
+			return "-8Ei"
+		}
+		return "-" + HumanBytes(-n)
+	}
+	const units = "KMGTPE"
+	if n < 1024 {
+		return strconv.FormatInt(n, 10)
+	}
+	u, div := -1, int64(1)
+	for u+1 < len(units) && n/div >= 1024 {
+		u, div = u+1, div*1024
+	}
+	whole, tenths := n/div, int64(uint64(n%div)*10/uint64(div)) // uint64: (n%div)*10 passes 2^63 in Ei
+	if tenths == 0 {
+		return strconv.FormatInt(whole, 10) + string(units[u]) + "i"
+	}
+	return strconv.FormatInt(whole, 10) + "." + strconv.FormatInt(tenths, 10) + string(units[u]) + "i"
 }
 
 // CacheCapacity is the cache space of a Store whose volumes have a bcache cache (the LVM
@@ -91,6 +134,9 @@ type StoreStatus struct {
 	// Capacity in bytes.
 	// +optional
 	Capacity *Capacity `json:"capacity,omitempty"`
+	// CapacityText is Capacity in binary units (HumanBytes), for kubectl's columns.
+	// +optional
+	CapacityText *CapacityText `json:"capacityText,omitempty"`
 	// Thin is the thin pool usage, for thin backends.
 	// +optional
 	Thin *ThinUsage `json:"thin,omitempty"`
@@ -117,8 +163,11 @@ type StoreStatus struct {
 // +kubebuilder:resource:scope=Cluster,categories=plinth
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
-// +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.capacity.available`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.capacityText.total`
+// +kubebuilder:printcolumn:name="Provisioned",type=string,JSONPath=`.status.capacityText.provisioned`
+// +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.capacityText.available`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Available bytes",type=integer,JSONPath=`.status.capacity.available`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Store struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -28,7 +28,7 @@ import (
 )
 
 // GuestForwardAddr is the address on which the guest reaches host services
-// forwarded with Options.GuestForwards (qemu guestfwd; DESIGN.md "Guest tests").
+// forwarded with Options.GuestForwards (qemu guestfwd; docs/design.md, "Guest tests").
 const GuestForwardAddr = "10.0.2.100"
 
 // Kernel flavors of test/kernel/setup.sh (Options.Flavor).
