@@ -2,81 +2,110 @@ package csi
 
 import (
 	"context"
+	"errors"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/nvme"
+	"github.com/plinth-storage/plinth/internal/hostkeys"
 	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
 // DefaultAuthNamespace is the namespace of the DH-HMAC-CHAP host Secrets in the shipped
 // manifests (the controller's).
 const DefaultAuthNamespace = "plinth-system"
 
-// The node plugin reads its own node's host Secret (nvme-auth-<node>) by name, uncached.
-//
-// +kubebuilder:rbac:groups="",namespace=plinth-system,resources=secrets,verbs=get
+// The node plugin holds no Secret permission: it gets its keys from the controller's key server
+// (Options.Keys, docs/design.md#key-distribution).
 
-// hostSecrets puts this node's DH-HMAC-CHAP secrets into t for a volume whose protocol asks
-// for mode (only DHHMACCHAP is known). Errors are gRPC statuses that name the Secret, never
-// its data: FAILED_PRECONDITION when this kernel cannot authenticate or the Secret is missing,
+// hostSecrets puts this node's DH-HMAC-CHAP secrets toward storage node target into t for a
+// volume whose protocol asks for mode (only DHHMACCHAP is known). target is the publish
+// context's PublishTargetNode, or "" for a publication made before it existed (the Agent whose
+// status.address is t.Address names it then). Errors are gRPC statuses that never hold a key:
+// FAILED_PRECONDITION when this kernel cannot authenticate or the keys are missing, refused,
 // for another host NQN or malformed (the CO retries; the controller makes the Secret once the
-// node's host NQN is known).
-func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode string, bidirectional bool) error {
+// node's host NQN is known), UNAVAILABLE when they could not be asked for.
+func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode, target string, bidirectional bool) error {
 	if mode != string(policyv1.AuthDHHMACCHAP) {
 		return status.Errorf(codes.InvalidArgument, "publish context asks for authentication %q: only %s is known", mode, policyv1.AuthDHHMACCHAP)
 	}
 	if !d.initiator.AuthUsable() {
 		return status.Errorf(codes.FailedPrecondition, "node %s: the volume needs DH-HMAC-CHAP but this kernel has no NVMe host authentication (CONFIG_NVME_HOST_AUTH, Linux 6.0 or newer built with it)", d.opts.NodeName)
 	}
-	if d.live == nil {
-		return status.Error(codes.FailedPrecondition, "the volume needs DH-HMAC-CHAP: no API server to read the host Secret from")
+	if d.keys == nil {
+		return status.Error(codes.FailedPrecondition, "the volume needs DH-HMAC-CHAP: no key server or API server to get the host keys from")
 	}
-	ns := d.opts.AuthNamespace
-	if ns == "" {
-		ns = DefaultAuthNamespace
-	}
-	name := nvmeauth.SecretName(d.opts.NodeName)
-	var sec corev1.Secret
-	if err := d.live.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sec); apierrors.IsNotFound(err) {
-		return status.Errorf(codes.FailedPrecondition, "host Secret %s/%s not found (the controller makes it once this node's host NQN is known)", ns, name)
-	} else if err != nil {
-		return status.Errorf(codes.Unavailable, "read host Secret %s/%s: %v", ns, name, err)
-	}
-	if got := sec.Annotations[nvmeauth.AnnotationHostNQN]; got != d.hostNQN {
-		return status.Errorf(codes.FailedPrecondition, "host Secret %s/%s is for host NQN %q, this node is %q", ns, name, got, d.hostNQN)
-	}
-	key, ctrlKey := string(sec.Data[nvmeauth.KeyHostSecret]), string(sec.Data[nvmeauth.KeyCtrlSecret])
-	if _, _, err := nvmeauth.Decode(key); err != nil {
-		return status.Errorf(codes.FailedPrecondition, "host Secret %s/%s, key %s: %v", ns, name, nvmeauth.KeyHostSecret, err)
-	}
-	t.DHCHAPSecret = key
-	if bidirectional {
-		if _, _, err := nvmeauth.Decode(ctrlKey); err != nil {
-			return status.Errorf(codes.FailedPrecondition, "host Secret %s/%s, key %s: %v", ns, name, nvmeauth.KeyCtrlSecret, err)
+	if target == "" {
+		var err error
+		if target, err = d.targetAt(ctx, t.Address); err != nil {
+			return err
 		}
-		t.DHCHAPCtrlSecret = ctrlKey
+	}
+	k, err := d.keys.HostKey(ctx, d.opts.NodeName, target)
+	switch {
+	case errors.Is(err, hostkeys.ErrNotFound) || errors.Is(err, hostkeys.ErrUnusable) || errors.Is(err, hostkeys.ErrRefused):
+		return status.Errorf(codes.FailedPrecondition, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+	case err != nil:
+		return status.Errorf(codes.Unavailable, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+	}
+	if k.HostNQN != d.hostNQN {
+		return status.Errorf(codes.FailedPrecondition, "the keys of node %s are for host NQN %q, this node is %q (the controller makes them anew)", d.opts.NodeName, k.HostNQN, d.hostNQN)
+	}
+	if _, _, err := nvmeauth.Decode(k.Key); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "host key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+	}
+	t.DHCHAPSecret = k.Key
+	if bidirectional {
+		if _, _, err := nvmeauth.Decode(k.CtrlKey); err != nil {
+			return status.Errorf(codes.FailedPrecondition, "controller key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+		}
+		t.DHCHAPCtrlSecret = k.CtrlKey
 	}
 	return nil
 }
 
-// optionalHostSecret puts this node's host secret into t when the node has a usable one and the
-// kernel can authenticate, for volumes that do not ask for authentication: nvmet keeps one key
-// per host entry, shared by every subsystem that allows the host, so once a volume with
-// DH-HMAC-CHAP allows this node, the target asks for the key on its other subsystems too. The
-// kernel authenticates only when the target asks (the connect response's AUTHREQ), so a key
-// given to a target that does not ask costs nothing. Without a Secret nothing is added.
-func (d *Driver) optionalHostSecret(ctx context.Context, t *nvme.Target) {
-	if d.live == nil || !d.initiator.AuthUsable() {
+// targetAt returns the name of the Agent whose status.address is address (the storage node of
+// a publication made before publish contexts named it). FAILED_PRECONDITION when none is.
+func (d *Driver) targetAt(ctx context.Context, address string) (string, error) {
+	if d.live == nil {
+		return "", status.Error(codes.FailedPrecondition, "the publish context names no storage node and there is no API server to find it")
+	}
+	var agents storev1.AgentList
+	if err := d.live.List(ctx, &agents); err != nil {
+		return "", status.Errorf(codes.Unavailable, "list the Agents: %v", err)
+	}
+	if a := agentAt(agents.Items, address); a != nil {
+		return a.Name, nil
+	}
+	return "", status.Errorf(codes.FailedPrecondition, "no Agent reports address %q: its storage node is unknown", address)
+}
+
+// agentAt returns the Agent whose status.address is address, or nil.
+func agentAt(agents []storev1.Agent, address string) *storev1.Agent {
+	for i := range agents {
+		if address != "" && agents[i].Status.Address == address {
+			return &agents[i]
+		}
+	}
+	return nil
+}
+
+// optionalHostSecret puts this node's host secret for the storage node into t when the node
+// has usable keys and the kernel can authenticate, for volumes that do not ask for
+// authentication: nvmet keeps one key per host entry, shared by every subsystem that allows
+// the host, so once a volume with DH-HMAC-CHAP allows this node, the target asks for the key on
+// its other subsystems too. The kernel authenticates only when the target asks (the connect
+// response's AUTHREQ), so a key given to a target that does not ask costs nothing. Without
+// keys nothing is added.
+func (d *Driver) optionalHostSecret(ctx context.Context, t *nvme.Target, target string) {
+	if d.keys == nil || !d.initiator.AuthUsable() {
 		return
 	}
 	u := *t
-	if err := d.hostSecrets(ctx, &u, string(policyv1.AuthDHHMACCHAP), false); err == nil {
+	if err := d.hostSecrets(ctx, &u, string(policyv1.AuthDHHMACCHAP), target, false); err == nil {
 		t.DHCHAPSecret = u.DHCHAPSecret
 	}
 }

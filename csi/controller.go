@@ -53,6 +53,9 @@ const (
 	// secrets themselves never travel in the publish context (it is kept in VolumeAttachments).
 	PublishAuth              = "auth"
 	PublishAuthBidirectional = "authBidirectional"
+	// PublishTargetNode names the storage node (the Node of the volume's Store): the node
+	// plugin asks for its keys toward that node (docs/design.md#key-distribution).
+	PublishTargetNode = "targetNode"
 )
 
 // controller is the CSI Controller service. It reads and writes only API objects.
@@ -753,6 +756,11 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		PublishAddress: done.Status.Export.Address,
 		PublishPort:    strconv.Itoa(int(done.Status.Export.Port)),
 	}
+	target, err := s.storeNode(ctx, done)
+	if err != nil {
+		return nil, err
+	}
+	pc[PublishTargetNode] = target
 	if t := done.Spec.Policy.ProtocolSpec.NVMeoFTCP; t != nil {
 		if t.CtrlLossTmo != nil {
 			pc[PublishCtrlLossTmo] = strconv.Itoa(int(*t.CtrlLossTmo))

@@ -316,6 +316,14 @@ func TestPublishNVMe(t *testing.T) {
 	if err := e.c.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
 		t.Fatal(err)
 	}
+	// the storage node, whose keys the node plugin asks the key server for
+	var st storev1.Store
+	if err := e.c.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
+		t.Fatal(err)
+	}
+	if pc[csi.PublishTargetNode] == "" || pc[csi.PublishTargetNode] != st.Spec.NodeName {
+		t.Errorf("publish context %s = %q, want the Store's node %q", csi.PublishTargetNode, pc[csi.PublishTargetNode], st.Spec.NodeName)
+	}
 	if len(vs.Spec.Publications) != 1 || vs.Spec.Publications[0].HostNQN != "nqn.2014-08.org.nvmexpress:uuid:pub-a" || vs.Spec.PublicationGeneration != 1 {
 		t.Errorf("publications %+v generation %d", vs.Spec.Publications, vs.Spec.PublicationGeneration)
 	}

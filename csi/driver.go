@@ -30,6 +30,7 @@ import (
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
 	"github.com/plinth-storage/plinth/internal/failpoint"
+	"github.com/plinth-storage/plinth/internal/hostkeys"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -56,8 +57,13 @@ type Options struct {
 	StateDir string
 	// HostNQNFile is the node's host NQN file (default /etc/nvme/hostnqn).
 	HostNQNFile string
-	// AuthNamespace holds the DH-HMAC-CHAP host Secrets (default DefaultAuthNamespace); the
-	// node plugin reads its own node's, by name.
+	// Keys gives the node plugin this node's DH-HMAC-CHAP keys toward a storage node
+	// (docs/design.md#key-distribution): the controller's key server (hostkeys.Client, what the
+	// shipped manifests run). Nil reads this node's master Secret in AuthNamespace itself
+	// (hostkeys.Secrets: credentials that may get Secrets there).
+	Keys hostkeys.Source
+	// AuthNamespace holds the DH-HMAC-CHAP host Secrets (default DefaultAuthNamespace), read
+	// when Keys is nil.
 	AuthNamespace string
 	// WaitTimeout bounds each wait for the agent (create, delete, expand, publish) when the
 	// caller's context has no earlier deadline (default 5 minutes).
@@ -92,8 +98,9 @@ type Driver struct {
 	log  logr.Logger
 
 	scheme *runtime.Scheme
-	kube   client.Client // cache-backed reads in controller modes, direct otherwise
-	live   client.Reader // direct reads where freshness matters
+	kube   client.Client   // cache-backed reads in controller modes, direct otherwise
+	live   client.Reader   // direct reads where freshness matters
+	keys   hostkeys.Source // this node's DH-HMAC-CHAP keys (Options.Keys)
 	hub    *hub[*storev1.VolumeState]
 	snaps  *hub[*storev1.VolumeSnapshotState] // snapshot.go
 
@@ -161,6 +168,7 @@ func New(opts Options) (*Driver, error) {
 		opts.VolumeHealthInterval = DefaultVolumeHealthInterval
 	}
 	d := &Driver{
+		keys:      opts.Keys,
 		opts:      opts,
 		log:       opts.Log,
 		scheme:    Scheme(),

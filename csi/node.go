@@ -223,13 +223,13 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		}
 		if pc[PublishAuth] != "" {
 			// never a connect without the secret the target asks for
-			if err := s.d.hostSecrets(ctx, &t, pc[PublishAuth], pc[PublishAuthBidirectional] == "true"); err != nil {
+			if err := s.d.hostSecrets(ctx, &t, pc[PublishAuth], pc[PublishTargetNode], pc[PublishAuthBidirectional] == "true"); err != nil {
 				return nil, err
 			}
 		} else {
 			// a volume without authentication on a target whose host entry has this node's key
 			// (another volume asked for it): the target asks for the key on every subsystem
-			s.d.optionalHostSecret(ctx, &t)
+			s.d.optionalHostSecret(ctx, &t, pc[PublishTargetNode])
 		}
 		rec.Kind, rec.NQN = stage.KindNVMeoFTCP, t.NQN
 		// Record first: a crash after connecting must still let unstage disconnect.

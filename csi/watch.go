@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/plinth-storage/plinth/internal/hostkeys"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -119,6 +120,13 @@ func (d *Driver) connect(ctx context.Context) error {
 		return fmt.Errorf("api client: %w", err)
 	}
 	d.kube, d.live = direct, direct
+	if d.keys == nil {
+		ns := d.opts.AuthNamespace
+		if ns == "" {
+			ns = DefaultAuthNamespace
+		}
+		d.keys = hostkeys.Secrets{Reader: direct, Namespace: ns}
+	}
 	if !d.controllerMode() {
 		return nil
 	}

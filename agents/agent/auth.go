@@ -7,18 +7,16 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/hostkeys"
 	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// errAuthSecret marks a host Secret that is missing, for another host or malformed: the
+// errAuthSecret marks host keys that are missing, refused, for another host or malformed: the
 // VolumeState reports ReasonAuthSecretMissing and the host stays out of the ACL.
 var errAuthSecret = errors.New("host secret not usable")
 
@@ -31,12 +29,12 @@ type hostSecrets struct {
 	behind bool
 }
 
-// hostAuth returns the DH-HMAC-CHAP setting of every host the volume allows, from the hosts'
-// Secrets (nvmeauth.SecretName(node) in Options.AuthNamespace), or nil when the volume's
-// frozen protocol does not ask for authentication. A host whose Secret is missing, for another
-// host NQN or malformed is left out of the map and named in the returned error (wrapping
-// errAuthSecret; the other hosts are still served); any other error (reading the API) is
-// returned alone. Errors name the Secret, never its data.
+// hostAuth returns the DH-HMAC-CHAP setting of every host the volume allows, with the keys of
+// each (host, this node) pair from Options.Keys (docs/design.md#key-distribution), or nil when
+// the volume's frozen protocol does not ask for authentication. A host whose keys are missing,
+// refused, for another host NQN or malformed is left out of the map and named in the returned
+// error (wrapping errAuthSecret; the other hosts are still served); any other error (asking
+// the key server or the API) is returned alone. Errors never hold a key.
 func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[string]nvmet.HostAuth, hostSecrets, error) {
 	meta := hostSecrets{keyIDs: map[string]string{}}
 	p := vs.Spec.Policy.ProtocolSpec.NVMeoFTCP
@@ -61,33 +59,32 @@ func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[strin
 		if _, ok := out[pub.HostNQN]; ok {
 			continue
 		}
-		name := nvmeauth.SecretName(pub.NodeName)
-		var sec corev1.Secret
-		if err := n.reader.Get(ctx, client.ObjectKey{Namespace: n.opts.AuthNamespace, Name: name}, &sec); err != nil {
-			if apierrors.IsNotFound(err) {
-				unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s of node %s not found (the controller makes it once the node's host NQN is known)", errAuthSecret, n.opts.AuthNamespace, name, pub.NodeName))
-				continue
-			}
-			return nil, meta, fmt.Errorf("read Secret %s/%s: %w", n.opts.AuthNamespace, name, err)
+		k, err := n.keys.HostKey(ctx, pub.NodeName, n.opts.NodeName)
+		switch {
+		case errors.Is(err, hostkeys.ErrNotFound) || errors.Is(err, hostkeys.ErrUnusable) || errors.Is(err, hostkeys.ErrRefused):
+			unusable = append(unusable, fmt.Errorf("%w: keys of node %s: %w", errAuthSecret, pub.NodeName, err))
+			continue
+		case err != nil:
+			return nil, meta, fmt.Errorf("keys of node %s: %w", pub.NodeName, err)
 		}
-		if got := sec.Annotations[nvmeauth.AnnotationHostNQN]; got != pub.HostNQN {
-			unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s is for host NQN %q, the publication to node %s names %q", errAuthSecret, n.opts.AuthNamespace, name, got, pub.NodeName, pub.HostNQN))
+		if k.HostNQN != pub.HostNQN {
+			unusable = append(unusable, fmt.Errorf("%w: the keys of node %s are for host NQN %q, the publication names %q (the controller makes them anew)", errAuthSecret, pub.NodeName, k.HostNQN, pub.HostNQN))
 			continue
 		}
-		a := nvmet.HostAuth{Key: string(sec.Data[nvmeauth.KeyHostSecret]), CtrlKey: string(sec.Data[nvmeauth.KeyCtrlSecret]), Hash: hash, DHGroup: group}
+		a := nvmet.HostAuth{Key: k.Key, CtrlKey: k.CtrlKey, Hash: hash, DHGroup: group}
 		if _, _, err := nvmeauth.Decode(a.Key); err != nil {
-			unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s key %s: %w", errAuthSecret, n.opts.AuthNamespace, name, nvmeauth.KeyHostSecret, err))
+			unusable = append(unusable, fmt.Errorf("%w: host key of node %s: %w", errAuthSecret, pub.NodeName, err))
 			continue
 		}
 		if a.CtrlKey != "" {
 			if _, _, err := nvmeauth.Decode(a.CtrlKey); err != nil {
-				unusable = append(unusable, fmt.Errorf("%w: Secret %s/%s key %s: %w", errAuthSecret, n.opts.AuthNamespace, name, nvmeauth.KeyCtrlSecret, err))
+				unusable = append(unusable, fmt.Errorf("%w: controller key of node %s: %w", errAuthSecret, pub.NodeName, err))
 				continue
 			}
 		}
 		out[pub.HostNQN] = a
-		meta.keyIDs[pub.HostNQN] = sec.Annotations[nvmeauth.AnnotationKeyID]
-		if nvmeauth.KeyGenerationOf(sec.Annotations) < wantGeneration {
+		meta.keyIDs[pub.HostNQN] = k.KeyID
+		if k.KeyGeneration < wantGeneration {
 			meta.behind = true
 		}
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/fencing"
 	"github.com/plinth-storage/plinth/agents/nvmet"
 	"github.com/plinth-storage/plinth/internal/failpoint"
+	"github.com/plinth-storage/plinth/internal/hostkeys"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -49,10 +50,10 @@ type node struct {
 	// events records Warning events on the node's objects (fencing refusals, a duplicate
 	// host NQN).
 	events events.EventRecorder
-	// reader reads uncached what the node's cache does not hold: other Agents and Nodes, and
-	// the host Secrets of DH-HMAC-CHAP by name (no Secret informer, so the agent needs only
-	// "get" on Secrets of one namespace).
+	// reader reads uncached what the node's cache does not hold: other Agents and Nodes.
 	reader client.Reader
+	// keys gives the DH-HMAC-CHAP keys of the hosts its volumes allow (Options.Keys).
+	keys hostkeys.Source
 	// nqnChecked is the host NQN this process last checked against the other nodes'
 	// (agent_controller.go); guarded by mu.
 	nqnChecked string
@@ -119,7 +120,6 @@ func CacheOptions(nodeName string) cache.Options {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates;volumesnapshotstates,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status;volumestates/status;volumesnapshotstates/status,verbs=get;patch;update
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers;volumesnapshotstates/finalizers,verbs=update
-// +kubebuilder:rbac:groups="",namespace=plinth-system,resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -149,11 +149,15 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	// Without a boot id (a /proc without it) every boot looks the same: a missing export is
 	// then always drift, as before boots were told apart.
 	bootID, _ := os.ReadFile(filepath.Join(opts.ProcRoot, "sys", "kernel", "random", "boot_id"))
+	if opts.Keys == nil {
+		opts.Keys = hostkeys.Secrets{Reader: mgr.GetAPIReader(), Namespace: opts.AuthNamespace}
+	}
 	n := &node{
 		bootID: strings.TrimSpace(string(bootID)),
 		opts:   opts,
 		client: mgr.GetClient(),
 		reader: mgr.GetAPIReader(),
+		keys:   opts.Keys,
 		marks:  marks,
 		target: nvmet.New(opts.NVMetRoot),
 		wake:   make(chan event.GenericEvent, 1024),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/hostkeys"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -68,9 +69,14 @@ type Options struct {
 	// Version is reported in Agent status.
 	Version string
 
+	// Keys gives the DH-HMAC-CHAP keys of the hosts its volumes with authentication allow,
+	// for this node as target (docs/design.md#key-distribution): the controller's key server
+	// (hostkeys.Client, what the shipped manifests run). Nil reads the hosts' master Secrets in
+	// AuthNamespace itself (hostkeys.Secrets: credentials that may get Secrets there).
+	Keys hostkeys.Source
 	// AuthNamespace is the namespace of the per-host DH-HMAC-CHAP Secrets the controller
-	// makes (internal/nvmeauth; default $POD_NAMESPACE, then DefaultAuthNamespace). The agent
-	// only GETs the Secrets of the hosts its volumes allow, by name, uncached.
+	// makes (internal/nvmeauth; default $POD_NAMESPACE, then DefaultAuthNamespace), read when
+	// Keys is nil.
 	AuthNamespace string
 
 	// HostNQNFile is the host NQN file (default /etc/nvme/hostnqn).

@@ -24,6 +24,7 @@ func newAgentCommand() *cobra.Command {
 		verbosity  int
 		qps        float32
 		burst      int
+		keys       keyServerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "agent --node NAME",
@@ -57,6 +58,9 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 				return &exitError{code: exitUsage, err: err}
 			}
 			opts.Version = version
+			if ks := keys.source(); ks != nil {
+				opts.Keys = ks
+			}
 			ctx := ctrl.SetupSignalHandler()
 			mode, err := clientLimits(ctx, cmd, cfg, qps, burst)
 			ctrl.Log.Info("client-side rate limit", "mode", mode, "qps", cfg.QPS, "burst", cfg.Burst, "probeError", errString(err))
@@ -76,7 +80,8 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 	f.StringVar(&opts.ProbeAddr, "health-probe-bind-address", agent.DefaultProbeAddr, "listen address of /healthz and /readyz (\"0\" disables)")
 	f.StringVar(&opts.HostNQNFile, "host-nqn-file", agent.DefaultHostNQNFile, "file holding this node's NVMe host NQN")
 	f.StringVar(&opts.NVMetRoot, "nvmet-root", "/sys/kernel/config/nvmet", "nvmet configfs tree")
-	f.StringVar(&opts.AuthNamespace, "auth-namespace", "", "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node> (default $POD_NAMESPACE, then "+agent.DefaultAuthNamespace+")")
+	f.StringVar(&opts.AuthNamespace, "auth-namespace", "", "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node>, read without --key-server (default $POD_NAMESPACE, then "+agent.DefaultAuthNamespace+")")
+	keys.bind(f)
 	f.IntVar(&verbosity, "v", 0, "log verbosity (0 info, 1 debug)")
 	f.Float32Var(&qps, "kube-api-qps", agent.DefaultKubeAPIQPS, "requests per second to the API server (client-side limit; client-go's own default of 5 delays every volume's status writes). "+clientLimitHelp)
 	f.IntVar(&burst, "kube-api-burst", agent.DefaultKubeAPIBurst, "burst of requests to the API server above --kube-api-qps. "+clientLimitHelp)

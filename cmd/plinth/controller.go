@@ -20,13 +20,13 @@ func init() { subcommands = append(subcommands, newControllerCommand) }
 
 func newControllerCommand() *cobra.Command {
 	var (
-		kubeconfig, metricsAddr, healthAddr, namespace, inventoryName string
-		leaderElection                                                bool
-		leaderElectionNamespace, fieldManager, argoNamespace          string
-		logFormat, logLevel                                           string
-		resync                                                        time.Duration
-		qps                                                           float32
-		burst                                                         int
+		kubeconfig, metricsAddr, healthAddr, namespace, inventoryName       string
+		leaderElection                                                      bool
+		leaderElectionNamespace, fieldManager, argoNamespace, keyServerAddr string
+		logFormat, logLevel                                                 string
+		resync                                                              time.Duration
+		qps                                                                 float32
+		burst                                                               int
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -83,6 +83,7 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 				LeaderElection: leaderElection, LeaderElectionNamespace: leaderElectionNamespace,
 				Namespace: namespace, InventoryName: inventoryName, FieldManager: fieldManager,
 				ArgoNamespace: argoNamespace, Resync: resync, Logger: logger, QPS: qps, Burst: burst,
+				KeyServerAddr: keyServerAddr,
 			})
 			if err != nil {
 				return err
@@ -100,6 +101,7 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 	f.StringVar(&namespace, "namespace", "", "namespace of the inventory ConfigMap, usually the controller's own (default: $POD_NAMESPACE)")
 	f.StringVar(&inventoryName, "inventory-name", inventory.DefaultName, "name of the inventory ConfigMap")
 	f.StringVar(&fieldManager, "field-manager", policy.DefaultFieldManager, "server-side apply field manager of every write")
+	f.StringVar(&keyServerAddr, "key-server-bind-address", "", `address of the DH-HMAC-CHAP key server (HTTPS; agents and node plugins get their keys there, docs/design.md#key-distribution); "" serves none`)
 	f.StringVar(&argoNamespace, "argocd-namespace", "argocd", "namespace of Argo CD's Applications, to read the synced revision")
 	f.DurationVar(&resync, "resync-interval", 10*time.Minute, "reconcile this often without events (revision refresh, missed drift); 0 disables")
 	f.Float32Var(&qps, "kube-api-qps", 50, "requests per second to the API server (client-side limit). "+clientLimitHelp)

@@ -31,6 +31,7 @@ func newCSICommand() *cobra.Command {
 		verbosity   int
 		qps         float32
 		burst       int
+		keys        keyServerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "csi --mode controller|node|all --endpoint unix:///csi/csi.sock",
@@ -75,6 +76,9 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			opts.Registerer = reg
+			if ks := keys.source(); ks != nil {
+				opts.Keys = ks
+			}
 			d, err := csi.New(opts)
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
@@ -106,7 +110,8 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config")
 	f.StringVar(&opts.StateDir, "state-dir", "/var/lib/plinth/node", "folder of the node's stage records")
 	f.StringVar(&opts.HostNQNFile, "host-nqn-file", "/etc/nvme/hostnqn", "the node's NVMe host NQN")
-	f.StringVar(&opts.AuthNamespace, "auth-namespace", csi.DefaultAuthNamespace, "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node> (the controller's); the node plugin reads its own node's")
+	f.StringVar(&opts.AuthNamespace, "auth-namespace", csi.DefaultAuthNamespace, "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node> (the controller's); without --key-server the node plugin reads its own node's")
+	keys.bind(f)
 	f.DurationVar(&opts.WaitTimeout, "wait-timeout", 5*time.Minute, "bound of each wait for the agent when the caller sets no earlier deadline")
 	f.StringVar(&metricsAddr, "metrics-address", "", "serve Prometheus metrics on this address (e.g. :8080); empty disables")
 	f.StringVar(&healthAddr, "health-address", ":9474", "serve the liveness check /healthz on this address (may equal --metrics-address); empty disables")

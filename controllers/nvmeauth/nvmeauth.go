@@ -2,9 +2,10 @@
 // (DH-HMAC-CHAP): when a Protocol asks for it (spec.nvmeofTcp.auth.mode DHHMACCHAP), every Node
 // with a host NQN (annotation plinth.dev/host-nqn, set by the CSI node plugin) gets the Secret
 // nvme-auth-<node> in the controller's namespace, with a host secret and a controller secret
-// generated with crypto/rand in the DHHC-1 representation (internal/nvmeauth). Storage nodes'
-// agents write them into nvmet's host entries; the node's CSI node plugin presents them when
-// it connects.
+// generated with crypto/rand in the DHHC-1 representation (internal/nvmeauth). They are masters:
+// the KeyServer (keyserver.go) hands out the secrets derived from them for one storage node, to
+// that storage node's agent (which writes them into nvmet's host entries) and to the host's CSI
+// node plugin (which presents them when it connects); neither reads a Secret.
 //
 // A Secret gets new keys when the node's host NQN changes or when the hash of the Protocols
 // changes (the key length follows it), and a new host secret when their keyGeneration rises

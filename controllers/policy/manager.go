@@ -25,6 +25,7 @@ import (
 	"github.com/plinth-storage/plinth/controllers/inventory"
 	"github.com/plinth-storage/plinth/controllers/liveness"
 	nvmeauthctrl "github.com/plinth-storage/plinth/controllers/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/hostkeys"
 	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -57,6 +58,13 @@ type Options struct {
 	Logger logr.Logger
 	// SkipNameValidation allows more than one manager per process (tests).
 	SkipNameValidation bool
+	// KeyServerAddr, when set, serves the DH-HMAC-CHAP key server there (HTTPS, every replica;
+	// controllers/nvmeauth KeyServer, docs/design.md#key-distribution); "" serves none.
+	KeyServerAddr string
+	// KeyServerHosts are extra names of its certificate (tests: 127.0.0.1).
+	KeyServerHosts []string
+	// KeyServerListening, when set, receives the key server's bound address (tests bind port 0).
+	KeyServerListening chan<- string
 	// WrapClient, when set, wraps the client the reconciler writes with (tests count writes).
 	WrapClient func(client.Client) client.Client
 }
@@ -146,6 +154,14 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 	}
 	if err := (&nvmeauthctrl.Reconciler{Client: mgr.GetClient(), Namespace: o.Namespace, SkipNameValidation: o.SkipNameValidation}).SetupWithManager(mgr); err != nil {
 		return nil, nil, fmt.Errorf("set up nvme-auth controller: %w", err)
+	}
+	if o.KeyServerAddr != "" {
+		ks := &nvmeauthctrl.KeyServer{Keys: hostkeys.Secrets{Reader: mgr.GetClient(), Namespace: o.Namespace}, Reader: mgr.GetAPIReader(),
+			Reviewer: mgr.GetClient(), Namespace: o.Namespace, Audience: hostkeys.Audience}
+		if err := mgr.Add(&nvmeauthctrl.KeyServerRunnable{Addr: o.KeyServerAddr, Server: ks, Reader: mgr.GetAPIReader(), Client: mgr.GetClient(),
+			Namespace: o.Namespace, Hosts: o.KeyServerHosts, Listening: o.KeyServerListening}); err != nil {
+			return nil, nil, fmt.Errorf("add the key server: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, nil, err

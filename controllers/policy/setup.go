@@ -66,6 +66,7 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=kustomize.toolkit.fluxcd.io,resources=kustomizations,verbs=get
 // +kubebuilder:rbac:groups=argoproj.io,resources=applications,verbs=get
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 
 // SetupWithManager registers the indexes and the controller: every watched event enqueues
 // the one policy-set request, so bursts collapse into one reconcile.

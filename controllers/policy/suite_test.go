@@ -218,8 +218,9 @@ type controller struct {
 	stop   func()
 }
 
-// startController runs the controller until the test ends (or stop is called).
-func startController(t *testing.T) *controller {
+// startController runs the controller until the test ends (or stop is called); with, when
+// given, changes its options.
+func startController(t *testing.T, with ...func(*policy.Options)) *controller {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	wc := &writeCounter{}
@@ -227,11 +228,15 @@ func startController(t *testing.T) *controller {
 	if testing.Verbose() {
 		logger = zap.New(zap.UseDevMode(true), zap.WriteTo(os.Stderr))
 	}
-	mgr, r, err := policy.NewManager(ctx, policy.Options{
+	o := policy.Options{
 		Config: suite.cp.Admin.Config, MetricsAddr: "0", HealthAddr: "0",
 		Namespace: namespace, Logger: logger, Resync: 0, SkipNameValidation: true,
 		WrapClient: func(c client.Client) client.Client { wc.Client = c; return wc },
-	})
+	}
+	for _, f := range with {
+		f(&o)
+	}
+	mgr, r, err := policy.NewManager(ctx, o)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

@@ -1,9 +1,11 @@
 // Package nvmeauth is what the controller, the agent and the CSI node plugin share about NVMe
 // in-band authentication (DH-HMAC-CHAP, NVMe Base Specification 2.0, 8.13.5): the secret
-// representation the kernel and nvme-cli use, and the Kubernetes Secret that carries one host's
-// secrets from the controller (which generates them) to the storage nodes' agents (which write
-// them into nvmet's hosts/<hostnqn>/dhchap_* attributes) and to the host's node plugin (which
-// passes them to the kernel's fabrics connect, as nvme connect --dhchap-secret does).
+// representation the kernel and nvme-cli use, the Kubernetes Secret that holds one host's master
+// secrets (generated and read by the controller only), and the derivation of the secrets of one
+// (host, storage node) pair from them: what the storage node's agent writes into nvmet's
+// hosts/<hostnqn>/dhchap_* attributes and the host's node plugin passes to the kernel's fabrics
+// connect (as nvme connect --dhchap-secret does), both handed out by the controller's key server
+// (docs/design.md#key-distribution).
 //
 // Secret values never go into errors, logs, events or conditions: the functions here name
 // the Secret, never print its data.
@@ -11,12 +13,16 @@ package nvmeauth
 
 import (
 	"bytes"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"strconv"
 	"strings"
@@ -178,4 +184,52 @@ func KeyGenerationOf(annotations map[string]string) int64 {
 		return 0
 	}
 	return n
+}
+
+// Derivation labels: what a derived key is for, so that a host key and a controller key made
+// from equal masters still differ.
+const (
+	labelHostKey = "plinth.dev/nvme-dhchap host key"
+	labelCtrlKey = "plinth.dev/nvme-dhchap ctrl key"
+)
+
+// DeriveHostKey returns the secret host node presents to (and the target checks on) the storage
+// node target: HMAC(master key, label ‖ 0x00 ‖ target) with the SHA-2 of the master key's length
+// (32 bytes SHA-256, 48 SHA-384, 64 SHA-512), so the derived key has the master's length, in the
+// DHHC-1 representation with transformation 00. master is a host's dhchap-secret (KeyHostSecret);
+// target a Node name. Every target gets another key: a storage node that holds one can
+// authenticate as the host to itself only (docs/design.md#threat-model). Errors wrap
+// ErrMalformed for a master that does not decode; they never hold the secret.
+func DeriveHostKey(master, target string) (string, error) {
+	return derive(master, labelHostKey, target)
+}
+
+// DeriveCtrlKey is DeriveHostKey for the controller secret of bidirectional authentication
+// (KeyCtrlSecret), with its own label.
+func DeriveCtrlKey(master, target string) (string, error) {
+	return derive(master, labelCtrlKey, target)
+}
+
+func derive(master, label, target string) (string, error) {
+	key, _, err := Decode(master)
+	if err != nil {
+		return "", err
+	}
+	if target == "" {
+		return "", errors.New("derive a DH-HMAC-CHAP key: no target node")
+	}
+	var h func() hash.Hash
+	switch len(key) {
+	case 32:
+		h = sha256.New
+	case 48:
+		h = sha512.New384
+	default:
+		h = sha512.New
+	}
+	m := hmac.New(h, key)
+	m.Write([]byte(label))
+	m.Write([]byte{0})
+	m.Write([]byte(target))
+	return Encode(m.Sum(nil))
 }

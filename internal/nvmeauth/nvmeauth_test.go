@@ -139,3 +139,49 @@ func TestKeyIDAndGeneration(t *testing.T) {
 		}
 	}
 }
+
+// A derived key has its master's length, is the same for the same (master, target), differs for
+// another target, another master and between host and controller keys, and matches a value
+// computed independently (Python's hmac: HMAC-SHA256 of the 32-byte master 00..1f over the label, a zero byte
+// and "node-t"), so that the agent, the node plugin and the key server agree across versions.
+func TestDeriveKeyPerTarget(t *testing.T) {
+	for _, n := range []int{32, 48, 64} {
+		master, err := Encode(seq(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, _ := Generate(map[int]string{32: "sha256", 48: "sha384", 64: "sha512"}[n])
+		a1, err := DeriveHostKey(master, "node-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a2, _ := DeriveHostKey(master, "node-a")
+		b, _ := DeriveHostKey(master, "node-b")
+		c, _ := DeriveCtrlKey(master, "node-a")
+		o, _ := DeriveHostKey(other, "node-a")
+		if a1 != a2 {
+			t.Errorf("%d bytes: two derivations for one target differ", n)
+		}
+		seen := map[string]string{}
+		for what, k := range map[string]string{"master": master, "target a": a1, "target b": b, "ctrl key": c, "other master": o} {
+			if prev, ok := seen[k]; ok {
+				t.Errorf("%d bytes: %s and %s give the same key", n, prev, what)
+			}
+			seen[k] = what
+			if key, tr, err := Decode(k); err != nil || len(key) != n || tr != 0 {
+				t.Errorf("%d bytes, %s: %d bytes, transformation %d, %v", n, what, len(key), tr, err)
+			}
+		}
+	}
+	master, _ := Encode(seq(32))
+	got, _ := DeriveHostKey(master, "node-t")
+	if want := "DHHC-1:00:U4E7Q6w9yrMxBTcfgc4H6dXM89+LyODNdgO3eUPYsygnh0m8:"; got != want {
+		t.Errorf("DeriveHostKey(00..1f, node-t) = %s, want %s", got, want)
+	}
+	if _, err := DeriveHostKey("DHHC-1:00:AAAA:", "node-a"); !errors.Is(err, ErrMalformed) {
+		t.Errorf("malformed master: %v, want ErrMalformed", err)
+	}
+	if _, err := DeriveHostKey(master, ""); err == nil {
+		t.Error("no target: no error")
+	}
+}

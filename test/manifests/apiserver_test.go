@@ -209,6 +209,7 @@ func TestAPIServer(t *testing.T) {
 	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
 	t.Run("CSI node start-up under its RBAC", func(t *testing.T) { testCSINodeStartup(t, c) })
 	t.Run("node-scoped agent and CSI node", func(t *testing.T) { testNodeScope(t, c) })
+	t.Run("key distribution", func(t *testing.T) { testKeyDistribution(t, c) })
 	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
 	t.Run("Helm chart server-side dry-run", func(t *testing.T) { testHelmChartDryRun(t, c) })
 	t.Run("kubectl get stores prints sizes", func(t *testing.T) { testStoreColumns(t, c) })
@@ -314,6 +315,8 @@ func testRBAC(t *testing.T, c *cluster) {
 			allow("create", "", "secrets", "", namespace), allow("watch", "", "secrets", "", namespace), allow("delete", "", "secrets", "", namespace),
 			deny("get", "", "secrets", "", "default"), deny("list", "", "secrets", "", ""), deny("patch", "", "secrets", "", namespace),
 			deny("patch", "kustomize.toolkit.fluxcd.io", "kustomizations", "", "flux-system"),
+			// the key server reviews its callers' tokens
+			allow("create", "authentication.k8s.io", "tokenreviews", "", ""),
 		},
 		"plinth-agent": {
 			allow("watch", sto, "agents", "", ""), allow("patch", sto, "agents", "status", ""), allow("list", sto, "stores", "", ""),
@@ -324,8 +327,8 @@ func testRBAC(t *testing.T, c *cluster) {
 			// the Nodes, read uncached for another node presenting this node's host NQN; never written
 			allow("list", "", "nodes", "", ""), allow("get", "", "nodes", "", ""), deny("patch", "", "nodes", "", ""), deny("update", "", "nodes", "", ""),
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", namespace),
-			// host Secrets by name in its namespace; no listing, nothing elsewhere
-			allow("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("get", "", "secrets", "", "default"),
+			// no Secret at all: host keys come from the controller's key server
+			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("get", "", "secrets", "", "default"),
 		},
 		"plinth-csi-controller": {
 			allow("create", sto, "volumestates", "", ""), allow("update", sto, "volumestates", "", ""), allow("delete", sto, "volumestates", "", ""),
@@ -351,7 +354,8 @@ func testRBAC(t *testing.T, c *cluster) {
 			// a staged volume's VolumeState read by name (volume health); no listing, no writes
 			allow("get", sto, "volumestates", "", ""), deny("list", sto, "volumestates", "", ""), deny("update", sto, "volumestates", "", ""),
 			deny("patch", "", "pods", "", namespace),
-			allow("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
+			// no Secret at all: its node's keys come from the controller's key server
+			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
 			deny("get", "", "secrets", "", "default"),
 		},
 		"plinth-scheduler": {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -63,6 +64,31 @@ func boundToken(t *testing.T, ctx context.Context, c *cluster, sa, pod, node str
 	return cfg
 }
 
+// applyRBAC applies kustomize/rbac (RBAC and the node-scope admission policies) and returns a
+// maker of controller-runtime clients (the built-in kinds and Plinth's runtime kinds) for a
+// REST config.
+func applyRBAC(t *testing.T, c *cluster) func(*rest.Config) client.Client {
+	t.Helper()
+	for _, o := range allBuilds(t)["rbac"] {
+		if err := c.apply(t, t.Context(), o, false); err != nil {
+			t.Fatalf("apply %s: %v", ID(o), err)
+		}
+	}
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, storev1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func(cfg *rest.Config) client.Client {
+		cl, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+}
+
 // write is one request of a node-scope case: what it does and whether the policies let it through.
 type write struct {
 	what    string
@@ -80,24 +106,7 @@ type write struct {
 // label of its own.
 func testNodeScope(t *testing.T, c *cluster) {
 	ctx := t.Context()
-	for _, o := range allBuilds(t)["rbac"] {
-		if err := c.apply(t, ctx, o, false); err != nil {
-			t.Fatalf("apply %s: %v", ID(o), err)
-		}
-	}
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{storev1.AddToScheme, corev1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			t.Fatal(err)
-		}
-	}
-	newClient := func(cfg *rest.Config) client.Client {
-		cl, err := client.New(cfg, client.Options{Scheme: scheme})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cl
-	}
+	newClient := applyRBAC(t, c)
 	admin := newClient(c.cfg)
 
 	const nodeA, nodeB = "scope-node-a", "scope-node-b"

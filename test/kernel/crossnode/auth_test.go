@@ -35,11 +35,11 @@ const impersonatorHostID = "00000000-0000-4000-8000-0000000000c3"
 // controller's nvme-auth reconciler makes worker A's host Secret (a DHHC-1 host and controller
 // secret of 32 bytes for sha256, annotated with A's host NQN); both guests' kernels report host
 // and target authentication as Agent capabilities; publishing a volume of that class to A makes
-// the agent write A's host entry (dhchap_key and dhchap_ctrl_key equal to the Secret's,
-// dhchap_hash hmac(sha256), dhchap_dhgroup ffdhe2048) and allow A; A stages the volume
+// the agent write A's host entry (dhchap_key and dhchap_ctrl_key equal to the Secret's derived
+// for the storage node, dhchap_hash hmac(sha256), dhchap_dhgroup ffdhe2048) and allow A; A stages the volume
 // (authenticated both ways) and its data verifies. Another kernel presenting A's NQN is refused
 // by the target without a secret and with a wrong one, and admitted with the right one (so the
-// secret, not anything else, decides). A volume without authentication staged on A afterwards
+// secret, not anything else, decides); the host entry never holds A's master secrets. A volume without authentication staged on A afterwards
 // still connects (the shared host entry asks A for its key there too). Unpublishing both
 // removes A's host entry, key included.
 func (s *suite) testAuth(t *testing.T) {
@@ -65,7 +65,9 @@ func (s *suite) testAuth(t *testing.T) {
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: authkeys.SecretName(workerA)}, &sec); err != nil {
 		t.Fatalf("host Secret of %s: %v", workerA, err)
 	}
-	hostKey, ctrlKey := string(sec.Data[authkeys.KeyHostSecret]), string(sec.Data[authkeys.KeyCtrlSecret])
+	// What A presents to the storage node and the storage node holds for A: A's secrets
+	// derived for that target (docs/design.md#key-distribution), never the master's.
+	hostKey, ctrlKey := forStorage(t, &sec)
 	for name, k := range map[string]string{"host": hostKey, "controller": ctrlKey} {
 		if b, _, err := authkeys.Decode(k); err != nil || len(b) != 32 {
 			t.Fatalf("%s secret of %s: %d bytes, %v; want a DHHC-1 secret of 32 bytes", name, sec.Name, len(b), err)
@@ -108,6 +110,9 @@ func (s *suite) testAuth(t *testing.T) {
 		if entry[k] != w {
 			t.Errorf("configfs hosts/%s/%s differs from the Secret's (len %d, want len %d)", hostNQNA, k, len(entry[k]), len(w))
 		}
+	}
+	if entry["dhchap_key"] == string(sec.Data[authkeys.KeyHostSecret]) || entry["dhchap_ctrl_key"] == string(sec.Data[authkeys.KeyCtrlSecret]) {
+		t.Errorf("configfs hosts/%s holds A's master secrets, not the ones derived for %s", hostNQNA, storageNode)
 	}
 	if hosts, anyHost := s.allowedHosts(t, v.nqn); anyHost != "0" || len(hosts) != 1 || hosts[0] != hostNQNA {
 		t.Errorf("ACL of %s: allow_any_host=%s hosts %v, want only %s", v.nqn, anyHost, hosts, hostNQNA)
@@ -204,6 +209,20 @@ done; true`, v.nqn)); strings.Fields(out) == nil || strings.Fields(out)[0] != ho
 	}
 }
 
+// forStorage returns the host and controller secrets of a host's master Secret derived for the
+// storage node, as the agent and node plugin derive them.
+func forStorage(t *testing.T, sec *corev1.Secret) (host, ctrl string) {
+	t.Helper()
+	host, err := authkeys.DeriveHostKey(string(sec.Data[authkeys.KeyHostSecret]), storageNode)
+	if err != nil {
+		t.Fatalf("derive from Secret %s: %v", sec.Name, err)
+	}
+	if ctrl, err = authkeys.DeriveCtrlKey(string(sec.Data[authkeys.KeyCtrlSecret]), storageNode); err != nil {
+		t.Fatalf("derive from Secret %s: %v", sec.Name, err)
+	}
+	return host, ctrl
+}
+
 // hostEntry reads the storage guest's nvmet host entry of nqn: attribute → value.
 func (s *suite) hostEntry(t *testing.T, nqn string) map[string]string {
 	t.Helper()
@@ -264,7 +283,7 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: authkeys.SecretName(workerA)}, &sec); err != nil {
 		t.Fatal(err)
 	}
-	newKey, newCtrlKey := string(sec.Data[authkeys.KeyHostSecret]), string(sec.Data[authkeys.KeyCtrlSecret])
+	newKey, newCtrlKey := forStorage(t, &sec)
 	keyID := sec.Annotations[authkeys.AnnotationKeyID]
 	if newKey == oldKey || newCtrlKey != oldCtrlKey || keyID == "" || keyID == sec0.Annotations[authkeys.AnnotationKeyID] ||
 		sec.Annotations[authkeys.AnnotationKeyGeneration] != "1" || sec.UID != sec0.UID {
