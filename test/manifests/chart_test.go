@@ -114,18 +114,8 @@ func TestHelmChartImageDefaults(t *testing.T) {
 			images[name] = ref
 		}
 	}
-	data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vals struct {
-		Images map[string]struct{ Repository, Tag string }
-	}
-	if err := yaml.Unmarshal(data, &vals); err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]string{}
-	for name, im := range vals.Images {
+	for name, im := range chartImages(t) {
 		got[name] = im.Repository + ":" + im.Tag
 	}
 	if len(got) != len(images) {
@@ -403,4 +393,21 @@ func testHelmChartDryRun(t *testing.T, c *cluster) {
 		t.Errorf("only %d objects rendered", n)
 	}
 	t.Logf("%d objects of charts/plinth accepted by server-side dry-run", n)
+}
+
+// chartImage is one entry of the chart's values.yaml images map.
+type chartImage struct{ Repository, Tag string }
+
+// chartImages reads the images map of the chart's values.yaml, by component.
+func chartImages(t *testing.T) map[string]chartImage {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vals struct{ Images map[string]chartImage }
+	if err := yaml.Unmarshal(data, &vals); err != nil {
+		t.Fatal(err)
+	}
+	return vals.Images
 }

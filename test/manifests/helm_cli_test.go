@@ -86,19 +86,9 @@ func decodeStream(data string) ([]*unstructured.Unstructured, error) {
 // values as YAML and the image references they name.
 func registryValues(t *testing.T, reg string) (string, []name.Tag) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vals struct {
-		Images map[string]struct{ Repository, Tag string }
-	}
-	if err := yaml.Unmarshal(data, &vals); err != nil {
-		t.Fatal(err)
-	}
 	images := map[string]any{}
 	var refs []name.Tag
-	for n, im := range vals.Images {
+	for n, im := range chartImages(t) {
 		tag, err := registry.Target(im.Repository+":"+im.Tag, reg, false)
 		if err != nil {
 			t.Fatal(err)
