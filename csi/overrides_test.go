@@ -161,7 +161,7 @@ func sidecarOverrides(t *testing.T, s *sidecars, placement string) {
 	mkfs := policyv1.OverrideAnnotations[policyv1.OverrideMkfsOptions]
 	strategy := policyv1.OverrideAnnotations[policyv1.OverrideStrategy]
 	ok, refused := s.pvc("ok", "1Gi"), s.pvc("refused", "1Gi")
-	ok.Annotations = map[string]string{mkfs: "-m 0"}
+	ok.Annotations = map[string]string{mkfs: "-i size=512"} // the placement is xfs
 	refused.Annotations = map[string]string{strategy: "Spreadout"}
 	for _, p := range []*corev1.PersistentVolumeClaim{ok, refused} {
 		if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
@@ -177,7 +177,7 @@ func sidecarOverrides(t *testing.T, s *sidecars, placement string) {
 		if err := c.Get(ctx, client.ObjectKey{Name: storev1.VolumeID(pvc.Spec.VolumeName)}, vs); err != nil {
 			return err
 		}
-		if vs.Spec.Policy.Overrides[mkfs] != "-m 0" || !slices.Equal(vs.Spec.Policy.Filesystem.MkfsOptions, []string{"-m", "0"}) {
+		if vs.Spec.Policy.Overrides[mkfs] != "-i size=512" || !slices.Equal(vs.Spec.Policy.Filesystem.MkfsOptions, []string{"-i", "size=512"}) {
 			return fmt.Errorf("frozen policy %+v", vs.Spec.Policy)
 		}
 		return nil
