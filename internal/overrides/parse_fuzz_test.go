@@ -9,17 +9,19 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
-// FuzzParse feeds arbitrary PVC override annotations (a user writes them) to Parse, with a
-// placement that allows every override and one that allows none. Properties: no panic; nil
+// FuzzParse feeds arbitrary PVC override annotations (a user writes them) to Parse, for a
+// volume of ext4, xfs, an unknown filesystem or the placement's, with a placement that allows
+// every override and one that allows none. Properties: no panic; nil
 // without an override annotation; a placement that allows none refuses any; an error names
 // one of the annotations given; an accepted Set records exactly the override annotations
 // given, judges them the same way twice, and Apply leaves the placement's own slices alone.
 func FuzzParse(f *testing.F) {
-	f.Add(true, " -m  0 ", true, "noatime, nosuid", true, "Spreadout")
-	f.Add(false, "", true, "noatime,,nosuid", false, "")
-	f.Add(true, "-O ^has_journal", false, "", true, "binpack")
-	f.Add(false, "", false, "", false, "")
-	f.Fuzz(func(t *testing.T, hasMkfs bool, mkfs string, hasMount bool, mount string, hasStrategy bool, strategy string) {
+	f.Add(true, " -m  0 ", true, "noatime, nosuid", true, "Spreadout", uint8(0))
+	f.Add(false, "", true, "noatime,,nosuid", false, "", uint8(1))
+	f.Add(true, "-O ^has_journal", false, "", true, "binpack", uint8(2))
+	f.Add(false, "", false, "", false, "", uint8(3))
+	f.Fuzz(func(t *testing.T, hasMkfs bool, mkfs string, hasMount bool, mount string, hasStrategy bool, strategy string, fs uint8) {
+		fsType := []string{"", "ext4", "xfs", "btrfs"}[fs%4]
 		ann := map[string]string{"unrelated.example/x": "y"}
 		given := map[string]string{}
 		for _, o := range []struct {
@@ -39,7 +41,7 @@ func FuzzParse(f *testing.F) {
 		none := &policyv1.Placement{}
 		none.Name = "none"
 
-		o, err := Parse(ann, none)
+		o, err := Parse(ann, none, fsType)
 		if len(given) == 0 {
 			if o != nil || err != nil {
 				t.Fatalf("no override annotation, placement %s: %+v, %v", none.Name, o, err)
@@ -47,8 +49,8 @@ func FuzzParse(f *testing.F) {
 		} else if err == nil {
 			t.Fatalf("placement %s allows no override, accepted %v", none.Name, given)
 		}
-		o, err = Parse(ann, all)
-		o2, err2 := Parse(ann, all)
+		o, err = Parse(ann, all, fsType)
+		o2, err2 := Parse(ann, all, fsType)
 		if (err == nil) != (err2 == nil) || (o == nil) != (o2 == nil) {
 			t.Fatalf("two judgements of %v differ: %+v, %v and %+v, %v", given, o, err, o2, err2)
 		}
@@ -69,8 +71,8 @@ func FuzzParse(f *testing.F) {
 		}
 		own := policyv1.Filesystem{MkfsOptions: []string{"-b", "4096"}, MountOptions: make([]string, 1, 8)}
 		own.MountOptions[0] = "discard"
-		fs, s := own, policyv1.StrategyBinpack
-		o.Apply(&fs, &s)
+		applied, s := own, policyv1.StrategyBinpack
+		o.Apply(&applied, &s)
 		if !slices.Equal(own.MkfsOptions, []string{"-b", "4096"}) || !slices.Equal(own.MountOptions[:cap(own.MountOptions)][:1], []string{"discard"}) ||
 			slices.ContainsFunc(own.MountOptions[1:cap(own.MountOptions)], func(s string) bool { return s != "" }) {
 			t.Fatalf("Apply of %v changed the placement's own options: %+v", given, own)
