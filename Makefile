@@ -116,6 +116,29 @@ test-integration: testbin images $(CUE) skipcheck ## [root] Every test of the ma
 test-scheduler: testbin skipcheck ## The scheduler module's unit and integration tests (real scheduler, real API server).
 	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 20m ./... | $(SKIPCHECK) json -phase scheduler -dir $(SKIPS)
 
+# The race lane: the main module's unit tests and its host-integration packages (real API
+# server, loop devices) with the race detector, then the scheduler module's. The race detector
+# needs cgo, so this lane alone sets CGO_ENABLED=1 (gcc: hack/install-deps.sh) and builds with
+# its own build cache entries. Left out (RACE_EXCLUDE, a grep -E on import paths): the suites
+# that only drive real nodes, images or qemu guests (their Plinth code runs in the packages
+# kept), and hack/. Skips go through skipcheck as phase race.
+RACE_EXCLUDE ?= /test/(e2e|upgrade|observability|images|kernel/|manifests)|/internal/(cluster|deploy|imagebuild)$$|/hack/
+test-race: testbin $(CUE) skipcheck ## [root] The race detector over the unit and host-integration tests of both modules (CGO_ENABLED=1 for this lane only); RACE_EXCLUDE names the real-node, image and guest suites it leaves out.
+	CGO_ENABLED=1 PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -race -json -count=1 -timeout 30m $$(go list ./... | grep -vE '$(RACE_EXCLUDE)') | $(SKIPCHECK) json -phase race -dir $(SKIPS)
+	cd scheduler && CGO_ENABLED=1 PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -race -json -count=1 -timeout 20m ./... | $(SKIPCHECK) json -phase race-scheduler -dir $(SKIPS)
+
+# Fuzzing: every Fuzz target of the main module (files *_test.go), one after another, each for
+# FUZZTIME with one worker. Plain go test runs their seeds (testdata/fuzz/<FuzzName>/ and f.Add).
+FUZZTIME ?= 10s
+fuzz: $(CUE) ## Fuzz every Fuzz target of the main module for FUZZTIME each (default 10s, one worker); a failing input lands in the package's testdata/fuzz/<FuzzName>/: fix the bug and commit the input as a seed.
+	@failed=; for f in $$(git ls-files -co --exclude-standard '*_test.go' | xargs grep -l '^func Fuzz'); do \
+		for n in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz ./$$(dirname $$f) $$n for $(FUZZTIME)"; \
+			PLINTH_CUE=$(CUE) go test -run '^$$' -fuzz "^$$n\$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$(dirname $$f)/ | grep -v '^fuzz: elapsed' || failed="$$failed $$n"; \
+		done; \
+	done; \
+	test -z "$$failed" || { echo "fuzz targets that failed:$$failed" >&2; exit 1; }
+
 test-kernel: test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server, then NVMe-oF across two guests with link faults.
 
 test-kernel-guest: kernel-assets skipcheck ## The agents' kernel suites in one qemu guest.
@@ -132,7 +155,9 @@ test-kernel-crossnode: kernel-assets testbin skipcheck ## NVMe-oF across two gue
 
 # make test's two lanes. A guest runs on one host core (software emulation, -smp 1), so the
 # single-guest kernel phases run beside the host phases instead of after them; the two-guest
-# crossnode phase, which needs both cores, runs alone afterwards.
+# crossnode phase, which needs both cores, runs alone afterwards. With make -j2, test-race and
+# fuzz (goals after the lanes) start only as a lane ends: they fill the time the shorter lane
+# leaves rather than a third core the machine lacks.
 # Each lane runs its phases one after another (sub-makes), whatever make's -j.
 test-lane-host:
 	$(MAKE) test-integration
@@ -154,10 +179,13 @@ dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' ma
 	mkdir -p docs/dashboards
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 30m -run TestDevScenario ./test/e2e/
 
-test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes), then the two-guest phase.
+# make test's fuzz budget per target (make fuzz; about 20 targets).
+CI_FUZZTIME ?= 5s
+
+test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes); the race lane, then a short fuzz of every target, take the place of whichever lane ends first; then the two-guest phase.
 	rm -rf $(SKIPS)
 	$(MAKE) testbin images kernel-assets skipcheck $(CUE)
-	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel
+	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel test-race fuzz FUZZTIME=$(CI_FUZZTIME)
 	$(MAKE) test-kernel-crossnode
 	$(MAKE) test-skips
 
@@ -198,4 +226,4 @@ dev-flux: dev ## [root] Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: push test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: push test-race fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

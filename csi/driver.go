@@ -368,7 +368,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 const strippedSecret = "***stripped***"
 
 // stripSecrets returns the text form of a CSI message whose fields marked csi_secret (CSI spec
-// "Secrets Requirements") have their values replaced.
+// "Secrets Requirements") have their values replaced and whose unknown fields are left out.
 func stripSecrets(m any) string {
 	pm, ok := m.(proto.Message)
 	if !ok || pm == nil {
@@ -380,6 +380,9 @@ func stripSecrets(m any) string {
 }
 
 func strip(m protoreflect.Message) {
+	// Fields this build of the CSI spec does not know print as raw bytes; one may be a secret
+	// field of a newer spec version a CO sends, so none is logged.
+	m.SetUnknown(nil)
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		if secret, _ := proto.GetExtension(fd.Options(), csipb.E_CsiSecret).(bool); secret {
 			if fd.IsMap() {

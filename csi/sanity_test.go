@@ -48,7 +48,13 @@ func buildPlinth(t testing.TB, _ string) string {
 			return
 		}
 		built.path = filepath.Join(dir, "plinth")
-		cmd := exec.Command("go", "build", "-o", built.path, "./cmd/plinth")
+		args := []string{"build", "-o", built.path}
+		if raceEnabled {
+			// the race lane: the plugin processes run with the race detector too, and their
+			// packages come from the build cache the race-built tests filled
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/plinth")...)
 		cmd.Dir = root // same environment as the test: the build cache serves it
 		if b, err := cmd.CombinedOutput(); err != nil {
 			built.err = fmt.Errorf("go build ./cmd/plinth: %v\n%s", err, b)

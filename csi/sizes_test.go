@@ -50,21 +50,3 @@ func TestInRange(t *testing.T) {
 		t.Error("InRange disagrees with CreateVolume's idempotency rule (size within required..limit)")
 	}
 }
-
-func FuzzRoundSize(f *testing.F) {
-	f.Add(int64(1), int64(0), int64(4<<20))
-	f.Add(int64(1073741825), int64(2147483648), int64(4<<20))
-	f.Fuzz(func(t *testing.T, req, lim, unit int64) {
-		got, err := RoundSize(req, lim, unit)
-		if err != nil {
-			return
-		}
-		u := unit
-		if u <= 0 {
-			u = DefaultExtentBytes
-		}
-		if got <= 0 || got < req || (lim > 0 && got > lim) || got%u != 0 {
-			t.Fatalf("RoundSize(%d, %d, %d) = %d", req, lim, unit, got)
-		}
-	})
-}

@@ -8,6 +8,8 @@
 # test/kernel/zfs.sh (zfs/spl modules for the guest kernel from Debian contrib's zfs-dkms):
 # gcc-12 (Debian's kernel headers set CC=gcc-12), make, libc6-dev, libelf1 + libssl3
 # (linux-kbuild tools); the ZFS userland copied into the guest needs libtirpc3, libudev1.
+# make test-race: the race detector needs cgo: gcc (the gcc command; gcc-12 alone installs only
+# gcc-12) and libc6-dev.
 # test/manifests, test/observability: prometheus (promtool check/test rules; /usr/bin/prometheus run by the real-data test; its service is not started).
 # make images / test/images: apt-get download and dpkg-deb fetch and unpack the node image's packages.
 # Real nodes (internal/cluster) and test/images: containerd (its service is not started, see
@@ -17,7 +19,7 @@
 # distribution; its service is not started: each test runs its own on loopback).
 set -euo pipefail
 pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools bcache-tools nvme-cli e2fsprogs xfsprogs cpio util-linux fdisk xz-utils zstd binutils coreutils git make
-	gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus
+	gcc gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus
 	containerd runc containernetworking-plugins iptables iproute2 docker-registry)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

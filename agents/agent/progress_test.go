@@ -37,8 +37,11 @@ func testProgressMark(t *testing.T, e *env) {
 	slow := newVolumeState("progress-slow", nodeName, pool, s.Name, mib, local, decl)
 
 	release := make(chan struct{})
+	// The hook runs in the agent's workers while this goroutine's Create decodes the API
+	// server's answer into slow: it reads a copy of the name, never the object.
+	slowName := slow.Name
 	hook := func(id string) error {
-		if id != slow.Name {
+		if id != slowName {
 			return nil
 		}
 		select {

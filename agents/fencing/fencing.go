@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -206,15 +207,32 @@ func (s *Store) Load(id string) (m Mark, found bool, err error) {
 	if err != nil {
 		return Mark{}, false, fmt.Errorf("fencing mark %s: %w", id, err)
 	}
+	m, err = decodeMark(data)
+	if err != nil {
+		return Mark{}, false, fmt.Errorf("fencing mark %s: %w", s.Path(id), err)
+	}
+	return m, true, nil
+}
+
+// decodeMark parses the content of a mark file: one JSON object of Mark's fields (no other
+// field) with a UID and no negative generation, and nothing after it but white space. Errors
+// wrap ErrCorrupt.
+func decodeMark(data []byte) (Mark, error) {
+	var m Mark
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
-		return Mark{}, false, fmt.Errorf("fencing mark %s: %v: %w", s.Path(id), err, ErrCorrupt)
+		return Mark{}, fmt.Errorf("%v: %w", err, ErrCorrupt)
+	}
+	// Decode stops after the first JSON value: a mark followed by more (a second object,
+	// stray bytes) is not a mark this agent wrote, and is refused rather than half-read.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Mark{}, fmt.Errorf("data after the mark: %w", ErrCorrupt)
 	}
 	if m.UID == "" || m.Generation < 0 || m.PublicationGeneration < 0 {
-		return Mark{}, false, fmt.Errorf("fencing mark %s: missing uid or negative generation: %w", s.Path(id), ErrCorrupt)
+		return Mark{}, fmt.Errorf("missing uid or negative generation: %w", ErrCorrupt)
 	}
-	return m, true, nil
+	return m, nil
 }
 
 // Save writes the mark of id durably: a temp file in the same directory,

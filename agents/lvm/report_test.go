@@ -102,31 +102,6 @@ func TestParseBad(t *testing.T) {
 	}
 }
 
-func FuzzParseReports(f *testing.F) {
-	for _, n := range []string{"vgs-thin.json", "lvs-thin.json", "lvs-inactive.json", "vgs-empty.json", "lvs-empty.json"} {
-		f.Add(readTestdata(f, n))
-	}
-	f.Add([]byte(`{"report":[{"lv":[{"lv_name":"x","lv_size":"1","data_percent":"NaN"}]}]}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		vgs, err := ParseVGs(data)
-		if err == nil {
-			for _, vg := range vgs {
-				if vg.Name == "" || vg.SizeBytes < 0 || vg.FreeBytes < 0 || vg.ExtentBytes < 0 {
-					t.Fatalf("accepted bad vg %+v", vg)
-				}
-			}
-		}
-		lvs, err := ParseLVs(data)
-		if err == nil {
-			for _, lv := range lvs {
-				if lv.Name == "" || lv.SizeBytes < 0 || lv.DataPercent < 0 || lv.DataPercent > 100 || lv.MetadataPercent != lv.MetadataPercent {
-					t.Fatalf("accepted bad lv %+v", lv)
-				}
-			}
-		}
-	})
-}
-
 func BenchmarkParseLVs(b *testing.B) {
 	data := readTestdata(b, "lvs-thin.json")
 	b.ReportAllocs()

@@ -135,6 +135,9 @@ func (t table) gaps() []gap {
 	align := AlignBytes / t.SectorSize
 	var out []gap
 	add := func(from, to int64) { // [from, to) in sectors
+		// never past the usable area: a partition listed beyond lastlba (a table sfdisk read
+		// from another disk's image, or a lastlba missing) is no licence to allocate there
+		to = min(to, t.LastLBA+1)
 		s := (from + align - 1) / align * align
 		n := (to - s) / align * align
 		if n > 0 {

@@ -104,41 +104,6 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-// FuzzParseDatasets: any input parses or errors, never panics; a parsed row
-// has a name and a type and no negative sizes.
-func FuzzParseDatasets(f *testing.F) {
-	f.Add(readTestdata(f, "zfs-list-parent.txt"))
-	f.Add(readTestdata(f, "zfs-list-one.txt"))
-	f.Add([]byte("a\tvolume\t1\t2\t3\t-\t-\t0\t-\n"))
-	f.Fuzz(func(t *testing.T, in []byte) {
-		ds, err := ParseDatasets(in)
-		if err != nil {
-			return
-		}
-		for _, d := range ds {
-			if d.Name == "" || d.Type == "" || d.UsedBytes < 0 || d.VolSizeBytes < 0 || d.AvailableBytes < 0 {
-				t.Fatalf("bad row %+v from %q", d, in)
-			}
-		}
-	})
-}
-
-// FuzzParsePools: as FuzzParseDatasets for zpool list.
-func FuzzParsePools(f *testing.F) {
-	f.Add(readTestdata(f, "zpool-list.txt"))
-	f.Fuzz(func(t *testing.T, in []byte) {
-		ps, err := ParsePools(in)
-		if err != nil {
-			return
-		}
-		for _, p := range ps {
-			if p.Name == "" || p.SizeBytes < 0 || p.FreeBytes < 0 {
-				t.Fatalf("bad row %+v from %q", p, in)
-			}
-		}
-	})
-}
-
 // TestClassifyRecorded: the messages of testdata/stderr.txt, recorded in the
 // guest, each prefixed with the typed error classify must give ("-" = none).
 func TestClassifyRecorded(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -87,7 +88,9 @@ func ParseVolBlockSize(s string) (int64, error) {
 		mult, s = 1024, t
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || validVolBlockSize(n*mult) != nil {
+	// n beyond MaxInt64/1024 would wrap in n*mult: "18014398509481992K" is 2^64+8192 bytes,
+	// which wrapped to a valid 8K.
+	if err != nil || n > math.MaxInt64/mult || validVolBlockSize(n*mult) != nil {
 		return 0, fmt.Errorf("volblocksize %q: want 4K, 8K, 16K, 32K, 64K or 128K: %w", s, backend.ErrInvalidArgument)
 	}
 	return n * mult, nil

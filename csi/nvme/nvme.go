@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -197,12 +198,27 @@ func (in *Initiator) connected(t Target) (bool, error) {
 				continue // another host identity is a separate connection
 			}
 			addr := readAttr(filepath.Join(ctrl, "address"))
-			if strings.Contains(addr, "traddr="+t.Address) && strings.Contains(addr, fmt.Sprintf("trsvcid=%d", t.Port)) {
+			// Whole fields, not substrings: a controller to 10.0.0.10:44201 is not one to
+			// 10.0.0.1:4420, and taking it for one would skip the connect that stage needs.
+			if addressField(addr, "traddr") == t.Address && addressField(addr, "trsvcid") == strconv.Itoa(int(t.Port)) {
 				return true, nil
 			}
 		}
 	}
 	return false, nil
+}
+
+// addressField returns the value of key in a controller's address attribute, the
+// comma-separated key=value list drivers/nvme/host/fabrics.c nvmf_get_address prints
+// ("traddr=10.0.0.1,trsvcid=4420,src_addr=10.0.0.2"); "" when key is absent. The first
+// occurrence counts.
+func addressField(attr, key string) string {
+	for _, kv := range strings.Split(attr, ",") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
 }
 
 // ConnectOptions returns the option string written to /dev/nvme-fabrics for t.
@@ -475,11 +491,7 @@ func (in *Initiator) AuthControllers(hostNQN string) ([]AuthController, error) {
 		if cs := readAttr(filepath.Join(dir, "dhchap_ctrl_secret")); cs != "none" {
 			c.CtrlSecret = cs
 		}
-		for _, kv := range strings.Split(readAttr(filepath.Join(dir, "address")), ",") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "traddr="); ok {
-				c.Address = v
-			}
-		}
+		c.Address = addressField(readAttr(filepath.Join(dir, "address")), "traddr")
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b AuthController) int { return strings.Compare(a.Name, b.Name) })
