@@ -155,19 +155,22 @@ test-kernel-crossnode: kernel-assets testbin skipcheck ## NVMe-oF across two gue
 
 # make test's two lanes. A guest runs on one host core (software emulation, -smp 1), so the
 # single-guest kernel phases run beside the host phases instead of after them; the two-guest
-# crossnode phase, which needs both cores, runs alone afterwards. With make -j2, test-race and
-# fuzz (goals after the lanes) start only as a lane ends: they fill the time the shorter lane
-# leaves rather than a third core the machine lacks.
+# crossnode phase, which needs both cores, runs alone afterwards. The race lane ends the host
+# lane, after test-integration rather than beside it (both run the same host-integration
+# packages: loop devices, control planes); the short fuzz of every target ends the kernel lane,
+# whose guest leaves one host core to it.
 # Each lane runs its phases one after another (sub-makes), whatever make's -j.
 test-lane-host:
 	$(MAKE) test-integration
 	$(MAKE) test-scheduler
 	$(MAKE) vet-policies
+	$(MAKE) test-race
 
 test-lane-kernel:
 	$(MAKE) test-kernel-guest
 	$(MAKE) test-kernel-agent
 	$(MAKE) test-kernel-csi
+	$(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME)
 
 test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
 	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
@@ -182,10 +185,10 @@ dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' ma
 # make test's fuzz budget per target (make fuzz; about 20 targets).
 CI_FUZZTIME ?= 5s
 
-test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes); the race lane, then a short fuzz of every target, take the place of whichever lane ends first; then the two-guest phase.
+test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes: the race lane ends the host one, a short fuzz of every target the kernel one); then the two-guest phase.
 	rm -rf $(SKIPS)
 	$(MAKE) testbin images kernel-assets skipcheck $(CUE)
-	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel test-race fuzz FUZZTIME=$(CI_FUZZTIME)
+	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel
 	$(MAKE) test-kernel-crossnode
 	$(MAKE) test-skips
 
