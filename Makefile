@@ -123,8 +123,12 @@ test-scheduler: testbin skipcheck ## The scheduler module's unit and integration
 # that only drive real nodes, images or qemu guests (their Plinth code runs in the packages
 # kept), and hack/. Skips go through skipcheck as phase race.
 RACE_EXCLUDE ?= /test/(e2e|upgrade|observability|images|kernel/|manifests)|/internal/(cluster|deploy|imagebuild)$$|/hack/
-test-race: testbin $(CUE) skipcheck ## [root] The race detector over the unit and host-integration tests of both modules (CGO_ENABLED=1 for this lane only); RACE_EXCLUDE names the real-node, image and guest suites it leaves out.
+test-race: test-race-main test-race-scheduler ## [root] The race detector over the unit and host-integration tests of both modules (CGO_ENABLED=1 for this lane only); RACE_EXCLUDE names the real-node, image and guest suites it leaves out.
+
+test-race-main: testbin $(CUE) skipcheck ## [root] test-race's main module part.
 	CGO_ENABLED=1 PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -race -json -count=1 -timeout 30m $$(go list ./... | grep -vE '$(RACE_EXCLUDE)') | $(SKIPCHECK) json -phase race -dir $(SKIPS)
+
+test-race-scheduler: testbin skipcheck ## [root] test-race's scheduler module part (the plugin's shared view; the real scheduler).
 	cd scheduler && CGO_ENABLED=1 PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -race -json -count=1 -timeout 20m ./... | $(SKIPCHECK) json -phase race-scheduler -dir $(SKIPS)
 
 # Fuzzing: every Fuzz target of the main module (files *_test.go), one after another, each for
@@ -155,22 +159,23 @@ test-kernel-crossnode: kernel-assets testbin skipcheck ## NVMe-oF across two gue
 
 # make test's two lanes. A guest runs on one host core (software emulation, -smp 1), so the
 # single-guest kernel phases run beside the host phases instead of after them; the two-guest
-# crossnode phase, which needs both cores, runs alone afterwards. The race lane ends the host
-# lane, after test-integration rather than beside it (both run the same host-integration
-# packages: loop devices, control planes); the short fuzz of every target ends the kernel lane,
-# whose guest leaves one host core to it.
+# crossnode phase, which needs both cores, runs alone afterwards. The main module's race lane
+# ends the host lane, after test-integration rather than beside it (both run the same
+# host-integration packages: loop devices, control planes); the short fuzz of every target and
+# the scheduler module's race lane end the kernel lane, which finishes earlier.
 # Each lane runs its phases one after another (sub-makes), whatever make's -j.
 test-lane-host:
 	$(MAKE) test-integration
 	$(MAKE) test-scheduler
 	$(MAKE) vet-policies
-	$(MAKE) test-race
+	$(MAKE) test-race-main
 
 test-lane-kernel:
 	$(MAKE) test-kernel-guest
 	$(MAKE) test-kernel-agent
 	$(MAKE) test-kernel-csi
 	$(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME)
+	$(MAKE) test-race-scheduler
 
 test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
 	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
@@ -185,7 +190,7 @@ dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' ma
 # make test's fuzz budget per target (make fuzz; about 20 targets).
 CI_FUZZTIME ?= 5s
 
-test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes: the race lane ends the host one, a short fuzz of every target the kernel one); then the two-guest phase.
+test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes: the main module's race lane ends the host one; a short fuzz of every target and the scheduler's race lane end the kernel one); then the two-guest phase.
 	rm -rf $(SKIPS)
 	$(MAKE) testbin images kernel-assets skipcheck $(CUE)
 	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel
@@ -229,4 +234,4 @@ dev-flux: dev ## [root] Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: push test-race fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: push test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
