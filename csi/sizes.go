@@ -58,6 +58,13 @@ func InRange(size, required, limit int64) bool {
 	return size >= required && (limit == 0 || size <= limit)
 }
 
+// roundUp returns the least multiple of unit (> 0) at or above n (>= 0). Adding only the
+// remainder's complement keeps every multiple up to math.MaxInt64 reachable (n + unit - 1
+// overflowed for n within a unit of the top); a multiple above it wraps below n, which callers
+// check.
 func roundUp(n, unit int64) int64 {
-	return (n + unit - 1) / unit * unit
+	if r := n % unit; r != 0 {
+		return n + (unit - r)
+	}
+	return n
 }
