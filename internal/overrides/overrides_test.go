@@ -8,13 +8,20 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
-func TestParse(t *testing.T) {
-	all := &policyv1.Placement{}
+// testPlacements returns a Placement that allows every override ("all") and one that allows
+// none ("none").
+func testPlacements() (all, none *policyv1.Placement) {
+	all = &policyv1.Placement{}
 	all.Name = "all"
 	all.Spec.Overrides = &policyv1.Overrides{Allowed: []policyv1.OverrideParameter{
 		policyv1.OverrideMkfsOptions, policyv1.OverrideMountOptions, policyv1.OverrideStrategy}}
-	none := &policyv1.Placement{}
+	none = &policyv1.Placement{}
 	none.Name = "none"
+	return all, none
+}
+
+func TestParse(t *testing.T) {
+	all, none := testPlacements()
 	mkfs := policyv1.OverrideAnnotations[policyv1.OverrideMkfsOptions]
 	mount := policyv1.OverrideAnnotations[policyv1.OverrideMountOptions]
 	strategy := policyv1.OverrideAnnotations[policyv1.OverrideStrategy]

@@ -34,12 +34,7 @@ func FuzzParse(f *testing.F) {
 				given[policyv1.OverrideAnnotations[o.p]] = o.value
 			}
 		}
-		all := &policyv1.Placement{}
-		all.Name = "all"
-		all.Spec.Overrides = &policyv1.Overrides{Allowed: []policyv1.OverrideParameter{
-			policyv1.OverrideMkfsOptions, policyv1.OverrideMountOptions, policyv1.OverrideStrategy}}
-		none := &policyv1.Placement{}
-		none.Name = "none"
+		all, none := testPlacements()
 
 		o, err := Parse(ann, none, fsType)
 		if len(given) == 0 {
