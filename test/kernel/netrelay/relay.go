@@ -54,8 +54,11 @@ func (s *Side) NetdevArgs(id string) []string {
 type Counts struct {
 	// ForwardedAB, ForwardedBA count frames delivered to the other side.
 	ForwardedAB, ForwardedBA int64
-	// DroppedAB, DroppedBA count frames dropped while the link was cut.
+	// DroppedAB, DroppedBA count frames dropped while the link was cut (or its queue full).
 	DroppedAB, DroppedBA int64
+	// LostAB, LostBA count frames the relay's socket could not send (the other qemu not
+	// running, e.g. rebooting): lost as on a wire with no peer.
+	LostAB, LostBA int64
 }
 
 // Relay forwards Ethernet frames between side A and side B.
@@ -68,6 +71,7 @@ type Relay struct {
 
 	fwd  [2]atomic.Int64
 	drop [2]atomic.Int64
+	lost [2]atomic.Int64
 
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -147,11 +151,15 @@ func (r *Relay) forward(dir int, from, to *Side) {
 				r.drop[dir].Add(1)
 				continue
 			}
-			if _, err := to.conn.WriteToUDP(f.data, to.to); err == nil {
-				r.fwd[dir].Add(1)
+			// Counted before the send: the other side may read the frame the moment the
+			// write is done, and whoever holds a delivered frame must find it counted.
+			r.fwd[dir].Add(1)
+			if _, err := to.conn.WriteToUDP(f.data, to.to); err != nil {
+				// a send error (the other qemu is not running, e.g. rebooting) is a lost
+				// frame, as on a wire
+				r.fwd[dir].Add(-1)
+				r.lost[dir].Add(1)
 			}
-			// a send error (the other qemu is not running, e.g. rebooting) is a lost frame,
-			// as on a wire
 		}
 	}()
 	defer close(q)
@@ -189,9 +197,13 @@ func (r *Relay) IsCut() bool { return r.cut.Load() }
 // SetDelay holds each frame for d before forwarding it (0 forwards at once).
 func (r *Relay) SetDelay(d time.Duration) { r.delay.Store(int64(d)) }
 
-// Counts returns the frame counters.
+// Counts returns the frame counters. A frame the other side has received is always counted
+// in Forwarded (the count is taken before the send); a frame whose send fails moves from
+// Forwarded to Lost.
 func (r *Relay) Counts() Counts {
-	return Counts{ForwardedAB: r.fwd[0].Load(), ForwardedBA: r.fwd[1].Load(), DroppedAB: r.drop[0].Load(), DroppedBA: r.drop[1].Load()}
+	return Counts{ForwardedAB: r.fwd[0].Load(), ForwardedBA: r.fwd[1].Load(),
+		DroppedAB: r.drop[0].Load(), DroppedBA: r.drop[1].Load(),
+		LostAB: r.lost[0].Load(), LostBA: r.lost[1].Load()}
 }
 
 // Close stops forwarding and closes the sockets. Safe to call more than once.
