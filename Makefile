@@ -122,7 +122,7 @@ test-scheduler: testbin skipcheck ## The scheduler module's unit and integration
 # its own build cache entries. Left out (RACE_EXCLUDE, a grep -E on import paths): the suites
 # that only drive real nodes, images or qemu guests (their Plinth code runs in the packages
 # kept), and hack/. Skips go through skipcheck as phase race.
-RACE_EXCLUDE ?= /test/(e2e|upgrade|observability|images|kernel/|manifests)|/internal/(cluster|deploy|imagebuild)$$|/hack/
+RACE_EXCLUDE ?= /test/(e2e|upgrade|observability|images|kernel/|manifests)|/test/framework/(cluster|deploy|imagebuild)$$|/hack/
 test-race: test-race-main test-race-scheduler ## [root] The race detector over the unit and host-integration tests of both modules (CGO_ENABLED=1 for this lane only); RACE_EXCLUDE names the real-node, image and guest suites it leaves out.
 
 test-race-main: testbin $(CUE) skipcheck ## [root] test-race's main module part.
@@ -180,7 +180,7 @@ test-lane-kernel:
 test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
 	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
 
-test-e2e: testbin ## [root] End-to-end suites alone: plinth dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
+test-e2e: testbin ## [root] End-to-end suites alone: plinth-dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
 dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' main panels from the real-node scenario's Prometheus (test/e2e; needs root, the images of make images, /usr/bin/prometheus).
@@ -229,8 +229,9 @@ vet-policies: build $(CUE) ## Vet the policy repository and examples with plinth
 	$(CUE) vet -c -d '#Placement' schema/cue/policy.cue examples/quickstart/placement.yaml
 
 ##@ Run
-dev: build testbin images ## [root] The whole GitOps storage loop on this machine: 3 real nodes, Plinth deployed as pods, Git + Flux, a PVC and a pod (plinth dev up).
-	$(BIN)/plinth dev up
+dev: build testbin images ## [root] The whole GitOps storage loop on this machine: 3 real nodes, Plinth deployed as pods, Git + Flux, a PVC and a pod (bin/plinth-dev up, built from test/framework/cmd/plinth-dev).
+	go build -o $(BIN)/plinth-dev ./test/framework/cmd/plinth-dev
+	$(BIN)/plinth-dev up
 
 dev-flux: dev ## [root] Alias of dev (Flux is the default).
 

@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/plinth-storage/plinth/csi/nvme"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -54,12 +54,12 @@ func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode, target s
 	if k.HostNQN != d.hostNQN {
 		return status.Errorf(codes.FailedPrecondition, "the keys of node %s are for host NQN %q, this node is %q (the controller makes them anew)", d.opts.NodeName, k.HostNQN, d.hostNQN)
 	}
-	if _, _, err := nvmeauth.Decode(k.Key); err != nil {
+	if _, _, err := dhchap.Decode(k.Key); err != nil {
 		return status.Errorf(codes.FailedPrecondition, "host key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
 	}
 	t.DHCHAPSecret = k.Key
 	if bidirectional {
-		if _, _, err := nvmeauth.Decode(k.CtrlKey); err != nil {
+		if _, _, err := dhchap.Decode(k.CtrlKey); err != nil {
 			return status.Errorf(codes.FailedPrecondition, "controller key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
 		}
 		t.DHCHAPCtrlSecret = k.CtrlKey

@@ -33,7 +33,7 @@ import (
 
 	"github.com/plinth-storage/plinth/agents/agent"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // The PVC burst harness: N PVCs created at once against one CSI driver served on a unix

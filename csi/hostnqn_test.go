@@ -24,7 +24,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/hostnqn"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // setHostNQN annotates a Node with a host NQN ("" removes it), as a node plugin registers it.

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/plinth-storage/plinth/internal/failpoint"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // nodeProcess is `plinth csi --mode node` as a real process (no API server: kubelet's calls

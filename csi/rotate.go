@@ -3,8 +3,8 @@ package csi
 import (
 	"context"
 
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -55,7 +55,7 @@ func (d *Driver) rotateKeys(ctx context.Context) {
 			got, err := d.keys.HostKey(ctx, d.opts.NodeName, a.Name)
 			if err != nil {
 				d.log.Error(err, "key rotation: get this node's keys", "storageNode", a.Name)
-			} else if _, _, derr := nvmeauth.Decode(got.Key); derr == nil && got.KeyID != "" && got.HostNQN == d.hostNQN {
+			} else if _, _, derr := dhchap.Decode(got.Key); derr == nil && got.KeyID != "" && got.HostNQN == d.hostNQN {
 				k = &got
 			} // else for another NQN (stage reports it), malformed, or made before key ids
 			keys[a.Name] = k

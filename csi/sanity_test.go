@@ -18,8 +18,8 @@ import (
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
 	"github.com/plinth-storage/plinth/test/csisanity"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 

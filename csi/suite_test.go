@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plinth-storage/plinth/csi"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // shared is one control plane (etcd, kube-apiserver, kube-controller-manager) with Plinth's CRDs for the tests of this
@@ -73,7 +73,7 @@ func sharedControlPlane(t testing.TB) *controlplane.ControlPlane {
 }
 
 // installCRDs creates the CRDs of schema/crd/bases and waits until each is Established.
-// (A small adapter: test/controlplane keeps its CRD helper in its own tests.)
+// (A small adapter: test/framework/controlplane keeps its CRD helper in its own tests.)
 func installCRDs(ctx context.Context, cfg *rest.Config) error {
 	root, err := controlplane.ModuleRoot()
 	if err != nil {

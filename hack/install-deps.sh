@@ -12,10 +12,10 @@
 # gcc-12) and libc6-dev.
 # test/manifests, test/observability: prometheus (promtool check/test rules; /usr/bin/prometheus run by the real-data test; its service is not started).
 # make images / test/images: apt-get download and dpkg-deb fetch and unpack the node image's packages.
-# Real nodes (internal/cluster) and test/images: containerd (its service is not started, see
+# Real nodes (test/framework/cluster) and test/images: containerd (its service is not started, see
 # policy-rc.d below: each node runs its own), runc, containernetworking-plugins (bridge,
 # host-local, loopback), iptables (kube-proxy), iproute2.
-# internal/registry, test/manifests (helm install from a registry): docker-registry (CNCF
+# test/framework/registry, test/manifests (helm install from a registry): docker-registry (CNCF
 # distribution; its service is not started: each test runs its own on loopback).
 set -euo pipefail
 pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools bcache-tools nvme-cli e2fsprogs xfsprogs cpio util-linux fdisk xz-utils zstd binutils coreutils git make

@@ -11,8 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -21,7 +21,7 @@ import (
 var errAuthSecret = errors.New("host secret not usable")
 
 // hostSecrets is what hostAuth read from the hosts' Secrets besides the secrets: the key id
-// of each host's (nvmeauth.AnnotationKeyID, "" for a Secret made before key ids) and whether
+// of each host's (dhchap.AnnotationKeyID, "" for a Secret made before key ids) and whether
 // one was made for a keyGeneration below the one the agent's spec asks for (the controller
 // has not rotated it yet: read again later).
 type hostSecrets struct {
@@ -41,11 +41,11 @@ func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[strin
 	if p == nil || !p.Auth.Enabled() {
 		return nil, meta, nil
 	}
-	hash, err := nvmeauth.KernelHash(p.Auth.Hash)
+	hash, err := dhchap.KernelHash(p.Auth.Hash)
 	if err != nil {
 		return nil, meta, err
 	}
-	group, err := nvmeauth.KernelDHGroup(p.Auth.DHGroup)
+	group, err := dhchap.KernelDHGroup(p.Auth.DHGroup)
 	if err != nil {
 		return nil, meta, err
 	}
@@ -72,12 +72,12 @@ func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[strin
 			continue
 		}
 		a := nvmet.HostAuth{Key: k.Key, CtrlKey: k.CtrlKey, Hash: hash, DHGroup: group}
-		if _, _, err := nvmeauth.Decode(a.Key); err != nil {
+		if _, _, err := dhchap.Decode(a.Key); err != nil {
 			unusable = append(unusable, fmt.Errorf("%w: host key of node %s: %w", errAuthSecret, pub.NodeName, err))
 			continue
 		}
 		if a.CtrlKey != "" {
-			if _, _, err := nvmeauth.Decode(a.CtrlKey); err != nil {
+			if _, _, err := dhchap.Decode(a.CtrlKey); err != nil {
 				unusable = append(unusable, fmt.Errorf("%w: controller key of node %s: %w", errAuthSecret, pub.NodeName, err))
 				continue
 			}

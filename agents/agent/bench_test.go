@@ -25,7 +25,7 @@ import (
 	"github.com/plinth-storage/plinth/internal/clientlimit"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // quantile is the q-quantile (nearest rank) of sorted samples.

@@ -67,7 +67,7 @@ type node struct {
 	mu     sync.Mutex
 	stores map[string]*storeRuntime
 	// hostKeys is the key id of the secrets in each host entry this process wrote or found
-	// matching its Secret (host NQN → nvmeauth.AnnotationKeyID), reported in status.hostKeys;
+	// matching its Secret (host NQN → dhchap.AnnotationKeyID), reported in status.hostKeys;
 	// guarded by mu.
 	hostKeys map[string]string
 	// orphanSince is when this process first saw each orphan volume, per Store

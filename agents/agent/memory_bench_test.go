@@ -20,7 +20,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/agent"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // BenchmarkAgentMemory is the memory of `plinth agent` — the binary of this tree (or

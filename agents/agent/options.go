@@ -75,7 +75,7 @@ type Options struct {
 	// AuthNamespace itself (hostkeys.Secrets: credentials that may get Secrets there).
 	Keys hostkeys.Source
 	// AuthNamespace is the namespace of the per-host DH-HMAC-CHAP Secrets the controller
-	// makes (internal/nvmeauth; default $POD_NAMESPACE, then DefaultAuthNamespace), read when
+	// makes (internal/dhchap; default $POD_NAMESPACE, then DefaultAuthNamespace), read when
 	// Keys is nil.
 	AuthNamespace string
 

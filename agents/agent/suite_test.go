@@ -20,12 +20,12 @@ import (
 	"github.com/plinth-storage/plinth/agents/agent"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // These tests run the agent against the real kube-apiserver and etcd of
-// test/controlplane (make testbin) with the file backend on the host's real
+// test/framework/controlplane (make testbin) with the file backend on the host's real
 // loop devices. They skip without the binaries (fail with
 // PLINTH_INTEGRATION=1) and without root or /dev/loop-control.
 

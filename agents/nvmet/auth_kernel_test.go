@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/plinth-storage/plinth/agents/nvmet"
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 )
 
 // Expected, on a kernel with NVMe target authentication (the backports kernel, 6.12): an export
@@ -34,9 +34,9 @@ func TestKernelHostAuth(t *testing.T) {
 	if err := os.Truncate(dev, 64<<20); err != nil {
 		t.Fatal(err)
 	}
-	key, _ := nvmeauth.Generate("sha256")
-	ctrlKey, _ := nvmeauth.Generate("sha256")
-	wrong, _ := nvmeauth.Generate("sha256")
+	key, _ := dhchap.Generate("sha256")
+	ctrlKey, _ := dhchap.Generate("sha256")
+	wrong, _ := dhchap.Generate("sha256")
 	const host = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000d4"
 	const hostID = "00000000-0000-4000-8000-0000000000d4"
 	nqn, err := nvmet.VolumeNQN(volumeID("auth-kernel"))

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/plinth-storage/plinth/internal/clientlimit"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // plinth csi and plinth agent limit their API clients by --kube-api-qps/--kube-api-burst (csi 50/100,

@@ -30,7 +30,7 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/golden")

@@ -14,7 +14,7 @@ import (
 
 	"github.com/plinth-storage/plinth/controllers/plan"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 func snapshotClass(name string) *unstructured.Unstructured {

@@ -2,7 +2,7 @@
 // (DH-HMAC-CHAP): when a Protocol asks for it (spec.nvmeofTcp.auth.mode DHHMACCHAP), every Node
 // with a host NQN (annotation plinth.dev/host-nqn, set by the CSI node plugin) gets the Secret
 // nvme-auth-<node> in the controller's namespace, with a host secret and a controller secret
-// generated with crypto/rand in the DHHC-1 representation (internal/nvmeauth). They are masters:
+// generated with crypto/rand in the DHHC-1 representation (internal/dhchap). They are masters:
 // the KeyServer (keyserver.go) hands out the secrets derived from them for one storage node, to
 // that storage node's agent (which writes them into nvmet's host entries) and to the host's CSI
 // node plugin (which presents them when it connects); neither reads a Secret.
@@ -37,7 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
@@ -101,7 +101,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return out
 	})
 	ofSecret := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		if o.GetNamespace() != r.Namespace || o.GetLabels()[nvmeauth.LabelComponent] != nvmeauth.ComponentValue {
+		if o.GetNamespace() != r.Namespace || o.GetLabels()[dhchap.LabelComponent] != dhchap.ComponentValue {
 			return nil
 		}
 		node := o.GetAnnotations()[annotationNode]
@@ -125,8 +125,8 @@ const annotationNode = "plinth.dev/node"
 // Reconcile makes, renews or deletes the Secret of one Node.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
-	name := nvmeauth.SecretName(req.Name)
-	if !nvmeauth.ValidNodeName(req.Name) {
+	name := dhchap.SecretName(req.Name)
+	if !dhchap.ValidNodeName(req.Name) {
 		log.Info("node name too long for its DH-HMAC-CHAP Secret name; no secret made", "node", req.Name)
 		return ctrl.Result{}, nil
 	}
@@ -137,8 +137,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	exists := err == nil
-	if exists && sec.Labels[nvmeauth.LabelComponent] != nvmeauth.ComponentValue {
-		return ctrl.Result{}, fmt.Errorf("secret %s exists and is not Plinth's (label %s=%s missing): not touched", key, nvmeauth.LabelComponent, nvmeauth.ComponentValue)
+	if exists && sec.Labels[dhchap.LabelComponent] != dhchap.ComponentValue {
+		return ctrl.Result{}, fmt.Errorf("secret %s exists and is not Plinth's (label %s=%s missing): not touched", key, dhchap.LabelComponent, dhchap.ComponentValue)
 	}
 	var node corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &node); apierrors.IsNotFound(err) || err == nil && !node.DeletionTimestamp.IsZero() {
@@ -167,26 +167,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	why := renewal(&sec, exists, nqn, w)
 	if why == "" {
-		if sec.Annotations[nvmeauth.AnnotationKeyID] != "" {
+		if sec.Annotations[dhchap.AnnotationKeyID] != "" {
 			return ctrl.Result{}, nil // up to date
 		}
 		// made before key ids existed: name its keys (unchanged) so that agents can report them
-		id, err := nvmeauth.NewKeyID()
+		id, err := dhchap.NewKeyID()
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		if sec.Annotations == nil {
 			sec.Annotations = map[string]string{}
 		}
-		sec.Annotations[nvmeauth.AnnotationKeyID] = id
+		sec.Annotations[dhchap.AnnotationKeyID] = id
 		log.Info("naming the keys of a DH-HMAC-CHAP Secret (keys unchanged)", "secret", key, "node", node.Name)
 		return ctrl.Result{}, r.Client.Update(ctx, &sec)
 	}
-	keyID, err := nvmeauth.NewKeyID()
+	keyID, err := dhchap.NewKeyID()
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	hostKey, err := nvmeauth.Generate(w.Hash)
+	hostKey, err := dhchap.Generate(w.Hash)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -195,19 +195,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// Linux 6.12 first re-authenticates with one new and one old, fails, and the target drops
 	// the connection (seen stuck in "resetting" for minutes in the kernel tests). The
 	// controller secret is made anew with the host NQN or the hash.
-	ctrlKey := string(sec.Data[nvmeauth.KeyCtrlSecret])
-	if _, _, err := nvmeauth.Decode(ctrlKey); err != nil || !rotationOnly(why) {
-		if ctrlKey, err = nvmeauth.Generate(w.Hash); err != nil {
+	ctrlKey := string(sec.Data[dhchap.KeyCtrlSecret])
+	if _, _, err := dhchap.Decode(ctrlKey); err != nil || !rotationOnly(why) {
+		if ctrlKey, err = dhchap.Generate(w.Hash); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
 	sec.Namespace, sec.Name = r.Namespace, name
 	sec.Type = SecretType
-	sec.Labels = map[string]string{policyv1.LabelManagedBy: "plinth", nvmeauth.LabelComponent: nvmeauth.ComponentValue}
-	sec.Annotations = map[string]string{annotationNode: node.Name, nvmeauth.AnnotationHostNQN: nqn, nvmeauth.AnnotationHash: w.Hash,
-		nvmeauth.AnnotationKeyGeneration: strconv.FormatInt(w.KeyGeneration, 10), nvmeauth.AnnotationKeyID: keyID}
+	sec.Labels = map[string]string{policyv1.LabelManagedBy: "plinth", dhchap.LabelComponent: dhchap.ComponentValue}
+	sec.Annotations = map[string]string{annotationNode: node.Name, dhchap.AnnotationHostNQN: nqn, dhchap.AnnotationHash: w.Hash,
+		dhchap.AnnotationKeyGeneration: strconv.FormatInt(w.KeyGeneration, 10), dhchap.AnnotationKeyID: keyID}
 	sec.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID, BlockOwnerDeletion: ptr.To(false)}}
-	sec.Data = map[string][]byte{nvmeauth.KeyHostSecret: []byte(hostKey), nvmeauth.KeyCtrlSecret: []byte(ctrlKey)}
+	sec.Data = map[string][]byte{dhchap.KeyHostSecret: []byte(hostKey), dhchap.KeyCtrlSecret: []byte(ctrlKey)}
 	if exists {
 		// the update is a compare-and-swap on the resourceVersion read above: a concurrent
 		// change makes it fail and the reconcile runs again on what is there
@@ -225,12 +225,12 @@ func renewal(sec *corev1.Secret, exists bool, nqn string, w Wanted) string {
 	switch {
 	case !exists:
 		return "no Secret yet"
-	case sec.Annotations[nvmeauth.AnnotationHostNQN] != nqn:
+	case sec.Annotations[dhchap.AnnotationHostNQN] != nqn:
 		return "host NQN changed"
-	case sec.Annotations[nvmeauth.AnnotationHash] != w.Hash:
+	case sec.Annotations[dhchap.AnnotationHash] != w.Hash:
 		return "hash changed"
-	case nvmeauth.KeyGenerationOf(sec.Annotations) < w.KeyGeneration:
-		return fmt.Sprintf("%s from %d", reasonRotation, nvmeauth.KeyGenerationOf(sec.Annotations))
+	case dhchap.KeyGenerationOf(sec.Annotations) < w.KeyGeneration:
+		return fmt.Sprintf("%s from %d", reasonRotation, dhchap.KeyGenerationOf(sec.Annotations))
 	}
 	return ""
 }

@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // logBuffer collects what the reconciler logs, to check that no secret reaches the log.
@@ -91,7 +91,7 @@ func TestReconcileRotatesOnKeyGeneration(t *testing.T) {
 			t.Fatalf("reconcile: %v", err)
 		}
 		var sec corev1.Secret
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: nvmeauth.SecretName(node)}, &sec); err != nil {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: dhchap.SecretName(node)}, &sec); err != nil {
 			t.Fatal(err)
 		}
 		return sec
@@ -109,9 +109,9 @@ func TestReconcileRotatesOnKeyGeneration(t *testing.T) {
 	}
 	var seen []string // every secret made, to look for in logs and events
 	keysOf := func(sec corev1.Secret) (string, string) {
-		h, k := string(sec.Data[nvmeauth.KeyHostSecret]), string(sec.Data[nvmeauth.KeyCtrlSecret])
+		h, k := string(sec.Data[dhchap.KeyHostSecret]), string(sec.Data[dhchap.KeyCtrlSecret])
 		for _, s := range []string{h, k} {
-			if b, _, err := nvmeauth.Decode(s); err != nil || len(b) != 48 {
+			if b, _, err := dhchap.Decode(s); err != nil || len(b) != 48 {
 				t.Fatalf("secret of %d bytes (%v), want a DHHC-1 secret of 48 bytes for sha384", len(b), err)
 			}
 		}
@@ -121,8 +121,8 @@ func TestReconcileRotatesOnKeyGeneration(t *testing.T) {
 
 	first := reconcile()
 	h0, c0 := keysOf(first)
-	id0 := first.Annotations[nvmeauth.AnnotationKeyID]
-	if first.Annotations[nvmeauth.AnnotationKeyGeneration] != "0" || len(id0) != 16 {
+	id0 := first.Annotations[dhchap.AnnotationKeyID]
+	if first.Annotations[dhchap.AnnotationKeyGeneration] != "0" || len(id0) != 16 {
 		t.Errorf("new Secret: annotations %v, want keyGeneration 0 and a key id of 16 hex digits", first.Annotations)
 	}
 
@@ -139,8 +139,8 @@ func TestReconcileRotatesOnKeyGeneration(t *testing.T) {
 	if rotated.UID != first.UID {
 		t.Errorf("rotation made another Secret (UID %s, was %s), want the same one updated", rotated.UID, first.UID)
 	}
-	if a := rotated.Annotations; a[nvmeauth.AnnotationKeyGeneration] != "1" || a[nvmeauth.AnnotationKeyID] == id0 || len(a[nvmeauth.AnnotationKeyID]) != 16 ||
-		a[nvmeauth.AnnotationHostNQN] != nqn || a[nvmeauth.AnnotationHash] != "sha384" {
+	if a := rotated.Annotations; a[dhchap.AnnotationKeyGeneration] != "1" || a[dhchap.AnnotationKeyID] == id0 || len(a[dhchap.AnnotationKeyID]) != 16 ||
+		a[dhchap.AnnotationHostNQN] != nqn || a[dhchap.AnnotationHash] != "sha384" {
 		t.Errorf("rotated Secret: annotations %v, want keyGeneration 1, a new key id, the same host NQN and hash", a)
 	}
 
@@ -151,14 +151,14 @@ func TestReconcileRotatesOnKeyGeneration(t *testing.T) {
 
 	// a Secret from before key ids: the id is added, the secrets stay
 	old := rotated.DeepCopy()
-	delete(old.Annotations, nvmeauth.AnnotationKeyID)
-	delete(old.Annotations, nvmeauth.AnnotationKeyGeneration)
+	delete(old.Annotations, dhchap.AnnotationKeyID)
+	delete(old.Annotations, dhchap.AnnotationKeyGeneration)
 	if err := c.Update(ctx, old); err != nil {
 		t.Fatal(err)
 	}
 	named := reconcile()
-	if h, k := keysOf(named); h != h1 || k != c1 || len(named.Annotations[nvmeauth.AnnotationKeyID]) != 16 {
-		t.Errorf("Secret without key id: secrets kept %v, key id %q; want the same secrets and a key id", h == h1 && k == c1, named.Annotations[nvmeauth.AnnotationKeyID])
+	if h, k := keysOf(named); h != h1 || k != c1 || len(named.Annotations[dhchap.AnnotationKeyID]) != 16 {
+		t.Errorf("Secret without key id: secrets kept %v, key id %q; want the same secrets and a key id", h == h1 && k == c1, named.Annotations[dhchap.AnnotationKeyID])
 	}
 
 	var events corev1.EventList

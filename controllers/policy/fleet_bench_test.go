@@ -30,11 +30,11 @@ import (
 
 	"github.com/plinth-storage/plinth/controllers/policy"
 	"github.com/plinth-storage/plinth/controllers/render"
-	"github.com/plinth-storage/plinth/internal/devenv"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/devenv"
 )
 
 // The fleet-apply benchmark: one policy set (a StoragePool selecting every node, an NVMe-oF

@@ -15,8 +15,8 @@ import (
 
 	nvmeauthctrl "github.com/plinth-storage/plinth/controllers/nvmeauth"
 	"github.com/plinth-storage/plinth/controllers/policy"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -121,10 +121,10 @@ func TestKeyServerServesRotatedKeys(t *testing.T) {
 	}
 	k0 := both(0)
 	var sec corev1.Secret
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: nvmeauth.SecretName(worker)}, &sec); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: dhchap.SecretName(worker)}, &sec); err != nil {
 		t.Fatal(err)
 	}
-	if want, _ := nvmeauth.DeriveHostKey(string(sec.Data[nvmeauth.KeyHostSecret]), storage); k0.Key != want || k0.HostNQN != nqn || k0.KeyID == "" {
+	if want, _ := dhchap.DeriveHostKey(string(sec.Data[dhchap.KeyHostSecret]), storage); k0.Key != want || k0.HostNQN != nqn || k0.KeyID == "" {
 		t.Errorf("generation 0: the derived key %v, host NQN %s, key id %q", k0.Key == want, k0.HostNQN, k0.KeyID)
 	}
 

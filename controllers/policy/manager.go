@@ -25,8 +25,8 @@ import (
 	"github.com/plinth-storage/plinth/controllers/inventory"
 	"github.com/plinth-storage/plinth/controllers/liveness"
 	nvmeauthctrl "github.com/plinth-storage/plinth/controllers/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -117,7 +117,7 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Secret{}: {
 				Namespaces: map[string]cache.Config{o.Namespace: {}},
-				Label:      labels.SelectorFromSet(labels.Set{nvmeauth.LabelComponent: nvmeauth.ComponentValue}),
+				Label:      labels.SelectorFromSet(labels.Set{dhchap.LabelComponent: dhchap.ComponentValue}),
 			},
 		}},
 	})

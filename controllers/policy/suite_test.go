@@ -23,11 +23,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/plinth-storage/plinth/controllers/policy"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
-// The suite runs one real etcd + kube-apiserver (test/controlplane, built by make testbin)
+// The suite runs one real etcd + kube-apiserver (test/framework/controlplane, built by make testbin)
 // for all tests, started in TestMain, with Plinth's CRDs installed; each test that needs the
 // controller starts a manager with startController and stops it at its end.
 var suite struct {

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/plinth-storage/plinth/internal/imagebuild"
+	"github.com/plinth-storage/plinth/test/framework/imagebuild"
 )
 
 func main() {

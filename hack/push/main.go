@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/plinth-storage/plinth/internal/registry"
+	"github.com/plinth-storage/plinth/test/framework/registry"
 )
 
 func main() {

@@ -27,7 +27,7 @@ func TestCommittedJSONIsGenerated(t *testing.T) {
 	}
 }
 
-// Panel titles are unique in a dashboard (internal/monitoring's expectation table is keyed on
+// Panel titles are unique in a dashboard (test/framework/monitoring's expectation table is keyed on
 // them), every panel has a query and every dashboard a distinct uid.
 func TestSpecs(t *testing.T) {
 	uids := map[string]bool{}

@@ -278,7 +278,7 @@ func sortedKeys(m map[string]string) []string {
 
 // TestCRDOptionRulesAgree: the Placement CRD's CEL rules on filesystem options hold the
 // expressions of the schema's allow-lists (optionRules), so the API server refuses what vet
-// refuses (test/controlplane runs a corpus through both on the real API server).
+// refuses (test/framework/controlplane runs a corpus through both on the real API server).
 func TestCRDOptionRulesAgree(t *testing.T) {
 	s, err := Compile()
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 // Specs and Pending count the specs of the pinned csi-sanity (CSI_SANITY_VERSION in
-// test/tools/versions.env, v5.6.0), as its dry run reports them (test/controlplane checks
+// test/tools/versions.env, v5.6.0), as its dry run reports them (test/framework/controlplane checks
 // them): Specs run, Pending are marked pending in csi-sanity's source and never run (v5.6.0:
 // "ListVolumes pagination should detect volumes added between pages..."). A run against a
 // driver has Specs = passed + skipped. Moving csi-sanity changes them, and every run's

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/plinth-storage/plinth/internal/devenv"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/devenv"
 )
 
 // bench is the environment BenchmarkPodWithVolumeRunning's runs share: the

@@ -1,4 +1,4 @@
-// Package e2e runs the `plinth dev` scenario as a test: the whole GitOps
+// Package e2e runs the `plinth-dev` scenario as a test: the whole GitOps
 // storage loop on real parts (control plane, three real nodes with kubelet
 // and containerd, Plinth deployed from its kustomize bases as pods — the
 // controller, the agent DaemonSet with the file backend on loop devices, the
@@ -26,10 +26,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/plinth-storage/plinth/internal/devenv"
-	"github.com/plinth-storage/plinth/internal/monitoring"
-	"github.com/plinth-storage/plinth/internal/monitoring/render"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/devenv"
+	"github.com/plinth-storage/plinth/test/framework/monitoring"
+	"github.com/plinth-storage/plinth/test/framework/monitoring/panelplot"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
@@ -148,7 +148,7 @@ func renderPNGs(t *testing.T, env *devenv.Env, sum *devenv.Summary, out string) 
 	}
 	for _, d := range ds {
 		file := filepath.Join(out, strings.TrimSuffix(d.File, ".json")+".png")
-		if err := render.RenderPNG(t.Context(), env.Prom.API, d, sum.Panels.Variables[d.File], sum.ObserveStart, sum.ObserveEnd,
+		if err := panelplot.RenderPNG(t.Context(), env.Prom.API, d, sum.Panels.Variables[d.File], sum.ObserveStart, sum.ObserveEnd,
 			devenv.ScrapeInterval, 15*time.Second, file); err != nil {
 			t.Errorf("render %s: %v", file, err)
 		} else {
@@ -157,7 +157,7 @@ func renderPNGs(t *testing.T, env *devenv.Env, sum *devenv.Summary, out string) 
 	}
 }
 
-// TestDevScenario is `plinth dev up` as a test, with real Flux: the quickstart policy committed
+// TestDevScenario is `plinth-dev up` as a test, with real Flux: the quickstart policy committed
 // to a Git repository served on loopback and synced by source-controller and kustomize-controller
 // (GitRepository + Kustomization of kustomize/flux), rendered objects, PVC + pod → Bound on the
 // storage node, VolumeState Ready, file on disk, staged/published through the node plugin's

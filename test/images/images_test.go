@@ -27,10 +27,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/plinth-storage/plinth/internal/cluster"
-	"github.com/plinth-storage/plinth/internal/imagebuild"
-	"github.com/plinth-storage/plinth/internal/process"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/cluster"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/imagebuild"
+	"github.com/plinth-storage/plinth/test/framework/process"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
@@ -98,7 +98,7 @@ func archiveRef(t *testing.T, file string) (string, string) {
 	}
 }
 
-// containerd is a real containerd of the test's own (internal/cluster's runner, configured as
+// containerd is a real containerd of the test's own (test/framework/cluster's runner, configured as
 // a kubelet node's: its own socket, root and state; restrict_oom_score_adj, since root here
 // lacks CAP_SYS_RESOURCE and nothing may lower an OOM score).
 type containerd struct {

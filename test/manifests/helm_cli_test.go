@@ -20,10 +20,9 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/plinth-storage/plinth/internal/registry"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/registry"
 	"github.com/plinth-storage/plinth/test/prereq"
-	testregistry "github.com/plinth-storage/plinth/test/registry"
 )
 
 // binHelm is the helm CLI of test/tools/helm (make testbin).
@@ -119,7 +118,7 @@ func TestHelmCLI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := testregistry.ForTest(t)
+	reg := registry.ForTest(t)
 	valuesText, refs := registryValues(t, reg.Addr)
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	if err := os.WriteFile(values, []byte(valuesText), 0o644); err != nil {

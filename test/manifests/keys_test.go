@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nvmeauthctrl "github.com/plinth-storage/plinth/controllers/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
-	"github.com/plinth-storage/plinth/internal/nvmeauth"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -72,18 +72,18 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 	// The master Secrets as controllers/nvmeauth makes them, and a Secret of someone else.
 	masters := map[string]string{}
 	for n, nqn := range map[string]string{nodeA: nqnA, nodeB: nqnB} {
-		host, err := nvmeauth.Generate("sha256")
+		host, err := dhchap.Generate("sha256")
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctrlKey, _ := nvmeauth.Generate("sha256")
+		ctrlKey, _ := dhchap.Generate("sha256")
 		masters[n] = host
 		if err := admin.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: nvmeauth.SecretName(n),
-				Labels:      map[string]string{nvmeauth.LabelComponent: nvmeauth.ComponentValue},
-				Annotations: map[string]string{nvmeauth.AnnotationHostNQN: nqn, nvmeauth.AnnotationKeyID: "id-" + n, nvmeauth.AnnotationKeyGeneration: "3"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: dhchap.SecretName(n),
+				Labels:      map[string]string{dhchap.LabelComponent: dhchap.ComponentValue},
+				Annotations: map[string]string{dhchap.AnnotationHostNQN: nqn, dhchap.AnnotationKeyID: "id-" + n, dhchap.AnnotationKeyGeneration: "3"}},
 			Type: nvmeauthctrl.SecretType,
-			Data: map[string][]byte{nvmeauth.KeyHostSecret: []byte(host), nvmeauth.KeyCtrlSecret: []byte(ctrlKey)},
+			Data: map[string][]byte{dhchap.KeyHostSecret: []byte(host), dhchap.KeyCtrlSecret: []byte(ctrlKey)},
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +146,7 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 	for _, s := range all.Items {
 		names = append(names, s.Name)
 	}
-	for _, want := range []string{nvmeauth.SecretName(nodeA), nvmeauth.SecretName(nodeB), helmReleaseSecret, nvmeauthctrl.ServingSecretName} {
+	for _, want := range []string{dhchap.SecretName(nodeA), dhchap.SecretName(nodeB), helmReleaseSecret, nvmeauthctrl.ServingSecretName} {
 		if !slices.Contains(names, want) {
 			t.Fatalf("Secrets of %s: %v, want %s among them", namespace, names, want)
 		}
@@ -187,7 +187,7 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 	keyPluginB := asker(podToken("plinth-csi-node", "keys-plugin-b", nodeB))
 
 	want := func(host, target string) string {
-		k, err := nvmeauth.DeriveHostKey(masters[host], target)
+		k, err := dhchap.DeriveHostKey(masters[host], target)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,8 +225,8 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 	wcfg := rest.AnonymousClientConfig(c.cfg)
 	wcfg.BearerToken = boundWorkloadAPIToken(t, ctx, c, workload)
 	var ws corev1.Secret
-	if err := newClient(wcfg).Get(ctx, client.ObjectKey{Namespace: namespace, Name: nvmeauth.SecretName(nodeA)}, &ws); !apierrors.IsForbidden(err) {
-		t.Errorf("a workload on A reads Secret %s: %v, want Forbidden", nvmeauth.SecretName(nodeA), err)
+	if err := newClient(wcfg).Get(ctx, client.ObjectKey{Namespace: namespace, Name: dhchap.SecretName(nodeA)}, &ws); !apierrors.IsForbidden(err) {
+		t.Errorf("a workload on A reads Secret %s: %v, want Forbidden", dhchap.SecretName(nodeA), err)
 	}
 	served, refused := map[string]hostkeys.Key{}, 0
 	for _, r := range []struct {

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/plinth-storage/plinth/internal/deploy"
+	"github.com/plinth-storage/plinth/test/framework/deploy"
 )
 
 // Kustomizations returns the folders under root (the kustomize/ folder) that hold a
@@ -45,7 +45,7 @@ func Kustomizations(root string) ([]string, error) {
 	return dirs, err
 }
 
-// Build runs kustomize on dir the way Plinth's deployer does (internal/deploy.Build: krusty,
+// Build runs kustomize on dir the way Plinth's deployer does (test/framework/deploy.Build: krusty,
 // default options, load restrictions root-only, no plugins) and returns the objects in the
 // order kustomize emits them. Errors are kustomize's.
 func Build(dir string) ([]*unstructured.Unstructured, error) { return deploy.Build(dir) }

@@ -1,7 +1,7 @@
 // Package observability proves Plinth's dashboards and alerts on real data: a real Prometheus
 // (Debian's /usr/bin/prometheus, on loopback, in a temporary folder) scrapes a running Plinth
 // — the controller, the agent (file backend on loop devices), the CSI controller and node
-// plugins run as processes on the real control plane of test/controlplane — with a scrape
+// plugins run as processes on the real control plane of test/framework/controlplane — with a scrape
 // configuration generated from the shipped ServiceMonitor (kustomize/monitoring), and loads the
 // shipped PrometheusRule. The test then runs every PromQL target of every dashboard panel
 // (template variables substituted as Grafana would) and checks the expectation table, and
@@ -9,6 +9,6 @@
 // made them true by hand.
 //
 // The Prometheus side (scrape configuration, rules, panel evaluation and the expectation table,
-// the PNG renderer) is internal/monitoring, shared with the real-node scenario of
-// internal/devenv, which adds kubelets (kubelet_volume_stats_*) and plinth-scheduler.
+// the PNG renderer) is test/framework/monitoring, shared with the real-node scenario of
+// test/framework/devenv, which adds kubelets (kubelet_volume_stats_*) and plinth-scheduler.
 package observability

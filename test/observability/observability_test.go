@@ -23,10 +23,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/plinth-storage/plinth/internal/monitoring"
-	"github.com/plinth-storage/plinth/internal/monitoring/render"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/monitoring"
+	"github.com/plinth-storage/plinth/test/framework/monitoring/panelplot"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
@@ -269,7 +269,7 @@ func checkPanels(t *testing.T, ctx context.Context, api promv1.API, start, end t
 	if out := os.Getenv(EnvPNGDir); out != "" {
 		for _, d := range ds {
 			file := filepath.Join(out, strings.TrimSuffix(d.File, ".json")+".png")
-			if err := render.RenderPNG(ctx, api, d, rep.Variables[d.File], start, end, scrapeEvery, 10*time.Second, file); err != nil {
+			if err := panelplot.RenderPNG(ctx, api, d, rep.Variables[d.File], start, end, scrapeEvery, 10*time.Second, file); err != nil {
 				t.Errorf("render %s: %v", file, err)
 			} else {
 				t.Logf("rendered %s", file)

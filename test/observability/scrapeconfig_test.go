@@ -10,7 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/plinth-storage/plinth/internal/monitoring"
+	"github.com/plinth-storage/plinth/test/framework/monitoring"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 

@@ -278,7 +278,7 @@ make_assets() {
 
 TOTAL=$SECONDS
 targets=("$@")
-# Flux's two controllers are part of the default set: plinth dev and test/e2e deliver the policy
+# Flux's two controllers are part of the default set: plinth-dev and test/e2e deliver the policy
 # through them (one go build for the two; ~5 min of the cold build on 2 idle cores).
 # csi-snapshotter and snapshot-controller (in the sidecars' go build) are too: the dev
 # overlay deploys them. Measured on this

@@ -34,7 +34,7 @@ import (
 
 	"github.com/plinth-storage/plinth/scheduler/plugin/capacity"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // benchQPS is the scheduler's client limit in both configurations. kube-scheduler's default

@@ -18,10 +18,10 @@ import (
 
 	"github.com/plinth-storage/plinth/controllers/nvmeauth"
 	"github.com/plinth-storage/plinth/csi"
-	authkeys "github.com/plinth-storage/plinth/internal/nvmeauth"
+	"github.com/plinth-storage/plinth/internal/dhchap"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // authNamespace is where the agent and the node plugins look for host Secrets by default.
@@ -62,18 +62,18 @@ func (s *suite) testAuth(t *testing.T) {
 		t.Fatalf("nvme-auth reconcile of %s: %v", workerA, err)
 	}
 	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: authkeys.SecretName(workerA)}, &sec); err != nil {
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: dhchap.SecretName(workerA)}, &sec); err != nil {
 		t.Fatalf("host Secret of %s: %v", workerA, err)
 	}
 	// What A presents to the storage node and the storage node holds for A: A's secrets
 	// derived for that target (docs/design.md#key-distribution), never the master's.
 	hostKey, ctrlKey := forStorage(t, &sec)
 	for name, k := range map[string]string{"host": hostKey, "controller": ctrlKey} {
-		if b, _, err := authkeys.Decode(k); err != nil || len(b) != 32 {
+		if b, _, err := dhchap.Decode(k); err != nil || len(b) != 32 {
 			t.Fatalf("%s secret of %s: %d bytes, %v; want a DHHC-1 secret of 32 bytes", name, sec.Name, len(b), err)
 		}
 	}
-	if sec.Annotations[authkeys.AnnotationHostNQN] != hostNQNA || sec.Labels[authkeys.LabelComponent] != authkeys.ComponentValue || sec.Type != nvmeauth.SecretType {
+	if sec.Annotations[dhchap.AnnotationHostNQN] != hostNQNA || sec.Labels[dhchap.LabelComponent] != dhchap.ComponentValue || sec.Type != nvmeauth.SecretType {
 		t.Errorf("Secret %s: type %s labels %v annotations %v", sec.Name, sec.Type, sec.Labels, sec.Annotations)
 	}
 	if hostKey == ctrlKey {
@@ -111,7 +111,7 @@ func (s *suite) testAuth(t *testing.T) {
 			t.Errorf("configfs hosts/%s/%s differs from the Secret's (len %d, want len %d)", hostNQNA, k, len(entry[k]), len(w))
 		}
 	}
-	if entry["dhchap_key"] == string(sec.Data[authkeys.KeyHostSecret]) || entry["dhchap_ctrl_key"] == string(sec.Data[authkeys.KeyCtrlSecret]) {
+	if entry["dhchap_key"] == string(sec.Data[dhchap.KeyHostSecret]) || entry["dhchap_ctrl_key"] == string(sec.Data[dhchap.KeyCtrlSecret]) {
 		t.Errorf("configfs hosts/%s holds A's master secrets, not the ones derived for %s", hostNQNA, storageNode)
 	}
 	if hosts, anyHost := s.allowedHosts(t, v.nqn); anyHost != "0" || len(hosts) != 1 || hosts[0] != hostNQNA {
@@ -137,7 +137,7 @@ done; true`, v.nqn)); strings.Fields(out) == nil || strings.Fields(out)[0] != ho
 
 	// Another kernel presenting A's host NQN: refused without a secret and with a wrong one,
 	// admitted with A's. nvme-cli passes the secrets as the node plugin does (dhchap_secret).
-	wrong, err := authkeys.Generate("sha256")
+	wrong, err := dhchap.Generate("sha256")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,11 +213,11 @@ done; true`, v.nqn)); strings.Fields(out) == nil || strings.Fields(out)[0] != ho
 // storage node, as the agent and node plugin derive them.
 func forStorage(t *testing.T, sec *corev1.Secret) (host, ctrl string) {
 	t.Helper()
-	host, err := authkeys.DeriveHostKey(string(sec.Data[authkeys.KeyHostSecret]), storageNode)
+	host, err := dhchap.DeriveHostKey(string(sec.Data[dhchap.KeyHostSecret]), storageNode)
 	if err != nil {
 		t.Fatalf("derive from Secret %s: %v", sec.Name, err)
 	}
-	if ctrl, err = authkeys.DeriveCtrlKey(string(sec.Data[authkeys.KeyCtrlSecret]), storageNode); err != nil {
+	if ctrl, err = dhchap.DeriveCtrlKey(string(sec.Data[dhchap.KeyCtrlSecret]), storageNode); err != nil {
 		t.Fatalf("derive from Secret %s: %v", sec.Name, err)
 	}
 	return host, ctrl
@@ -260,7 +260,7 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 		before[x] = a[0]["name"]
 	}
 	var sec0 corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: authkeys.SecretName(workerA)}, &sec0); err != nil {
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: dhchap.SecretName(workerA)}, &sec0); err != nil {
 		t.Fatal(err)
 	}
 	s.worker.sh(t, time.Minute, "echo plinth-key-rotation-start > /dev/kmsg")
@@ -280,15 +280,15 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 		t.Fatalf("nvme-auth reconcile of %s: %v", workerA, err)
 	}
 	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: authkeys.SecretName(workerA)}, &sec); err != nil {
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: authNamespace, Name: dhchap.SecretName(workerA)}, &sec); err != nil {
 		t.Fatal(err)
 	}
 	newKey, newCtrlKey := forStorage(t, &sec)
-	keyID := sec.Annotations[authkeys.AnnotationKeyID]
-	if newKey == oldKey || newCtrlKey != oldCtrlKey || keyID == "" || keyID == sec0.Annotations[authkeys.AnnotationKeyID] ||
-		sec.Annotations[authkeys.AnnotationKeyGeneration] != "1" || sec.UID != sec0.UID {
+	keyID := sec.Annotations[dhchap.AnnotationKeyID]
+	if newKey == oldKey || newCtrlKey != oldCtrlKey || keyID == "" || keyID == sec0.Annotations[dhchap.AnnotationKeyID] ||
+		sec.Annotations[dhchap.AnnotationKeyGeneration] != "1" || sec.UID != sec0.UID {
 		t.Fatalf("Secret after keyGeneration 1: new host secret %v, controller secret kept %v, key id %q (was %q), annotations %v, same Secret %v",
-			newKey != oldKey, newCtrlKey == oldCtrlKey, keyID, sec0.Annotations[authkeys.AnnotationKeyID], sec.Annotations, sec.UID == sec0.UID)
+			newKey != oldKey, newCtrlKey == oldCtrlKey, keyID, sec0.Annotations[dhchap.AnnotationKeyID], sec.Annotations, sec.UID == sec0.UID)
 	}
 	// The policy controller renders the generation into the storage node's Agent.
 	var a storev1.Agent

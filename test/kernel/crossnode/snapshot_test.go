@@ -12,7 +12,7 @@ import (
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // Expected: a thin LV volume on the storage node holds a file written by worker A over NVMe-oF.

@@ -1,0 +1,201 @@
+package monitoring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+)
+
+// Environment names where the panels are evaluated; what the scenario of each guarantees
+// differs (Expect).
+type Environment int
+
+const (
+	// Host is test/observability: Plinth as processes on a control plane without kubelets,
+	// one storage node, a Filesystem and a Block volume staged through the CSI sockets.
+	Host Environment = iota
+	// RealNodes is the real-node scenario of test/framework/devenv (`plinth-dev`, test/e2e): three
+	// kubelets, Plinth deployed as pods, a pod writing to its PVC.
+	RealNodes
+)
+
+func (e Environment) String() string {
+	if e == Host {
+		return "host"
+	}
+	return "real nodes"
+}
+
+// Expect says whether a panel has data once a scenario ran, and why not when it has none.
+type Expect struct {
+	Data bool
+	Why  string
+}
+
+// PanelExpect is one panel's expectation in each Environment.
+type PanelExpect struct {
+	Host, RealNodes Expect
+}
+
+// In returns the expectation in env.
+func (p PanelExpect) In(env Environment) Expect {
+	if env == Host {
+		return p.Host
+	}
+	return p.RealNodes
+}
+
+func has() Expect               { return Expect{Data: true} }
+func empty(why string) Expect   { return Expect{Why: why} }
+func both(e Expect) PanelExpect { return PanelExpect{Host: e, RealNodes: e} }
+
+const (
+	whyThin = "LVM thin pools only; both environments run the file backend (the thin series are proven in the kernel guest's agent suite)"
+	whyNVMe = "NVMe-oF needs nvmet and nvme-tcp, which run in the kernel guest; these environments serve local volumes only"
+)
+
+// Expectations is every panel of every dashboard, by file and title: data means every target of
+// the panel returns at least one series. The panels legitimately empty say why.
+var Expectations = map[string]map[string]PanelExpect{
+	"capacity.json": {
+		"Available by pool":                             both(has()),
+		"Provisioned by pool":                           both(has()),
+		"Allocatable by pool":                           both(has()),
+		"Capacity of each Store":                        both(has()),
+		"Provisioned share of the provisionable room":   both(has()),
+		"Thin pool data used":                           both(empty(whyThin)),
+		"Thin pool metadata used":                       both(empty(whyThin)),
+		"Days until full, per Store (linear, last 6 h)": both(has()),
+		"Days until full, per pool":                     both(has()),
+		"Days until full, per failure domain":           both(has()),
+		"Available by failure domain":                   both(has()),
+		"Available in 7 days (predict_linear)":          both(has()),
+		"Volumes by phase":                              both(has()),
+		"Abnormal volumes":                              both(has()),
+		"Failed volumes by Store":                       both(has()),
+		"Provisioned to Block and Filesystem volumes":   both(has()),
+		"Thin pool data allocated":                      both(empty(whyThin)),
+		"PVC used / capacity (kubelet)": {
+			Host:      empty("kubelet_volume_stats_* come from kubelets; none runs in this harness"),
+			RealNodes: has(),
+		},
+	},
+	"fleet-drift.json": {
+		"Fleet overview by cluster": both(has()),
+		"Drifted objects by kind":   both(has()),
+		"Drifted now (api)":         both(has()),
+		"Drifted now (kernel)":      both(has()),
+		"Policies not Ready":        both(has()),
+		"Stalled policies":          both(has()),
+		"Policy objects not Ready": {
+			Host:      has(),
+			RealNodes: empty("an instant query of the objects not Ready now: the scenario's invalid commit was reverted before the panels are read (its Stalled state is asserted in its own step)"),
+		},
+		"Fencing rejections by reason": both(has()),
+		"Reconcile errors by kind":     both(has()),
+		"Reconcile duration p50 / p99": both(has()),
+		"Agent heartbeat age":          both(has()),
+	},
+	"provisioning.json": {
+		"CreateVolume latency p50 / p90 / p99":              both(has()),
+		"PVC → Bound (CreateVolume, successful), p50 / p99": both(has()),
+		"CSI calls by method and code":                      both(has()),
+		"CSI errors by method and code":                     both(has()),
+		"Publish / stage latency p99":                       both(has()),
+		"Agent operation latency p99":                       both(has()),
+		"Backend commands per second":                       both(empty("the file backend runs no external commands (loop devices through ioctls); lvm and zfs count theirs in the kernel guest")),
+		"NVMe-oF hosts per target":                          both(empty(whyNVMe)),
+		"NVMe-oF exported volumes per target":               both(empty(whyNVMe)),
+	},
+}
+
+// PanelReport is what CheckPanels found.
+type PanelReport struct {
+	Dashboards, Queries int
+	// WithData and Empty count panels (not queries) by their expectation.
+	WithData, Empty int
+	// Variables are the resolved template variables, by dashboard file.
+	Variables map[string]map[string]string
+}
+
+func (r PanelReport) String() string {
+	return fmt.Sprintf("%d dashboards, %d queries: %d panels with data, %d legitimately empty", r.Dashboards, r.Queries, r.WithData, r.Empty)
+}
+
+// CheckPanels runs every PromQL target of every dashboard in dir against api as Grafana would
+// (variables resolved over [start, end] and substituted, $__rate_interval as rateInterval;
+// range queries every step) and compares each with Expectations in env. It returns one error
+// per mismatch: a dashboard or panel missing from the table (or the reverse), a query error,
+// no data where the scenario guarantees some, data where the table says empty.
+func CheckPanels(ctx context.Context, api promv1.API, dir string, env Environment, start, end time.Time, rateInterval, step time.Duration) (PanelReport, []Dashboard, error) {
+	rep := PanelReport{Variables: map[string]map[string]string{}}
+	ds, err := LoadDashboards(dir)
+	if err != nil {
+		return rep, nil, err
+	}
+	rep.Dashboards = len(ds)
+	var errs []error
+	for _, d := range ds {
+		exp, ok := Expectations[d.File]
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: no expectation table", d.File))
+			continue
+		}
+		for _, title := range d.Panels {
+			if _, ok := exp[title]; !ok {
+				errs = append(errs, fmt.Errorf("%s: panel %q has no expectation", d.File, title))
+			}
+		}
+		for title := range exp {
+			if !containsString(d.Panels, title) {
+				errs = append(errs, fmt.Errorf("%s: expectation for panel %q, which the dashboard does not have", d.File, title))
+			}
+		}
+		vals, err := d.Resolve(ctx, api, start, end)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Variables[d.File] = vals
+		seen := map[string]bool{}
+		for _, q := range d.Queries {
+			rep.Queries++
+			e := exp[q.Panel].In(env)
+			expr, err := Substitute(q.Expr, vals, rateInterval)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s / %s / %s: %w", d.File, q.Panel, q.RefID, err))
+				continue
+			}
+			n, err := Run(ctx, api, q, expr, start, end, step)
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("%s / %s / %s: query error: %w\n%s", d.File, q.Panel, q.RefID, err, expr))
+			case n == 0 && e.Data:
+				errs = append(errs, fmt.Errorf("%s / %s / %s: no data, the %s scenario guarantees some\n%s", d.File, q.Panel, q.RefID, env, expr))
+			case n > 0 && !e.Data:
+				errs = append(errs, fmt.Errorf("%s / %s / %s: %d series where the table says empty on %s (%s): update the table\n%s", d.File, q.Panel, q.RefID, n, env, e.Why, expr))
+			}
+			if !seen[q.Panel] {
+				seen[q.Panel] = true
+				if e.Data {
+					rep.WithData++
+				} else {
+					rep.Empty++
+				}
+			}
+		}
+	}
+	return rep, ds, errors.Join(errs...)
+}
+
+func containsString(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
