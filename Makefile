@@ -104,6 +104,9 @@ testbin-flux: testbin ## Alias of testbin (Flux is part of it).
 kernel-assets: ## Fetch the Debian kernel and build the guest initramfs (and zfs modules) for kernel tests.
 	test/kernel/setup.sh
 
+kernel-node-assets: kernel-assets testbin ## The backports guest as a Kubernetes node's host: containerd, runc, CNI, kubelet in its initramfs.
+	PLINTH_TESTBIN=$(BIN) test/kernel/node-assets.sh
+
 test-unit: $(CUE) ## Unit tests of the main module (integration tests skip without bin/).
 	PLINTH_CUE=$(CUE) go test ./...
 
@@ -237,4 +240,4 @@ dev-flux: dev ## [root] Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: push test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: kernel-node-assets push test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
