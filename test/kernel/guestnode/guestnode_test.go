@@ -5,16 +5,20 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/plinth-storage/plinth/internal/cluster"
 	"github.com/plinth-storage/plinth/test/controlplane"
@@ -45,7 +49,6 @@ var nodeSpecs = []nodeSpec{
 const (
 	kubeletPort     = 10250
 	kubeletHealthz  = 10248
-	guestAPIAddress = "127.0.0.1:6443" // the guest's end of the API mux
 	containerdSock  = "/run/containerd/containerd.sock"
 	caFile          = "/etc/kubernetes/pki/ca.crt"
 	cniConfDir      = "/etc/cni/net.d"
@@ -103,13 +106,19 @@ func copyShare(t testing.TB, g *guest.Guest, name, src string) {
 }
 
 // joinScript makes the booted guest a node: plinth-node-up, the API mux, the node's address on
-// the private network, containerd (config from the share), the image archives, kubelet.
-func joinScript(n *node) string {
+// the private network, containerd (config from the share), the image archives, kubelet and
+// kube-proxy. The API mux listens on the API server's own port on every address, and the
+// guest holds the host's address (apiHost, what the API server advertises as the `kubernetes`
+// Service's endpoint) on its loopback device: kubelet and kube-proxy reach 127.0.0.1:<port>,
+// pods reach the Service, which kube-proxy sends to apiHost:<port> — both end at the mux, the
+// guest's only way to the host.
+func joinScript(n *node, apiHost string, apiPort int) string {
 	return fmt.Sprintf(`set -e
 S=%[1]s
 plinth-node-up %[2]s
+ip addr add %[11]s/32 dev lo
 cp $S/apimux /usr/bin/apimux
-(apimux -listen %[3]s -upstream %[4]s:6443 >/var/log/apimux.log 2>&1 &)
+(apimux -listen 0.0.0.0:%[3]d -upstream %[4]s:6443 >/var/log/apimux.log 2>&1 &)
 for i in /sys/class/net/*; do [ "$(cat $i/address)" = %[5]s ] && dev=${i##*/}; done
 [ -n "$dev" ] || { echo "no NIC with MAC %[5]s"; exit 1; }
 ip addr add %[6]s/24 dev $dev && ip link set $dev up
@@ -118,6 +127,7 @@ cp $S/10-plinth-bridge.conflist %[7]s/
 cp $S/ca.crt %[8]s
 cp $S/kubelet.yaml /etc/kubernetes/kubelet.yaml
 cp $S/kubelet.kubeconfig /etc/kubernetes/kubelet.kubeconfig
+cp $S/kube-proxy.kubeconfig /etc/kubernetes/kube-proxy.kubeconfig
 (containerd --config /etc/containerd/config.toml >/var/log/containerd.log 2>&1 &)
 i=0; until ctr -a %[9]s version >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 240 ] || { tail -20 /var/log/containerd.log; exit 1; }; sleep 0.5; done
 echo "containerd up $(cut -d' ' -f1 /proc/uptime)"
@@ -126,10 +136,13 @@ echo "images imported $(cut -d' ' -f1 /proc/uptime)"
 (kubelet --config=/etc/kubernetes/kubelet.yaml --kubeconfig=/etc/kubernetes/kubelet.kubeconfig \
   --hostname-override=%[2]s --node-ip=%[6]s --root-dir=/var/lib/kubelet --cert-dir=/var/lib/kubelet/pki \
   --v=1 >/var/log/kubelet.log 2>&1 &)
+(kube-proxy --kubeconfig=/etc/kubernetes/kube-proxy.kubeconfig --proxy-mode=iptables --hostname-override=%[2]s \
+  --bind-address=%[6]s --cluster-cidr=%[12]s --healthz-bind-address=127.0.0.1:10256 \
+  --metrics-bind-address=127.0.0.1:10249 --v=1 >/var/log/kube-proxy.log 2>&1 &)
 i=0; until wget -q -O /dev/null http://127.0.0.1:%[10]d/healthz 2>/dev/null; do i=$((i+1)); [ $i -lt 240 ] || { tail -30 /var/log/kubelet.log; exit 1; }; sleep 0.5; done
 echo "kubelet healthy $(cut -d' ' -f1 /proc/uptime)"`,
-		guest.SharePath, n.name, guestAPIAddress, guest.GuestForwardAddr, n.mac, n.addr, cniConfDir, caFile,
-		containerdSock, kubeletHealthz)
+		guest.SharePath, n.name, apiPort, guest.GuestForwardAddr, n.mac, n.addr, cniConfDir, caFile,
+		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR)
 }
 
 func goBuild(t *testing.T, root, out, pkg string) {
@@ -151,8 +164,10 @@ func TestGuestKubelet(t *testing.T) {
 	if os.Getenv(EnvGuestKubelet) != "1" {
 		t.Skip("boots two qemu guests as Kubernetes nodes: set " + EnvGuestKubelet + "=1 (after make testbin, make images and make kernel-node-assets)")
 	}
-	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager)
-	images := controlplane.ImageArchives(t, "pause", "busybox")
+	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager,
+		controlplane.BinPlinthScheduler)
+	ctrllog.SetLogger(testr.New(t))
+	images := controlplane.ImageArchives(t, "pause", "busybox", "plinth")
 	t0 := time.Now()
 	work := t.TempDir()
 	egress, err := StartEgress(filepath.Join(work, "egress.sock"))
@@ -164,7 +179,8 @@ func TestGuestKubelet(t *testing.T) {
 	if err := os.WriteFile(egressCfg, EgressSelectorConfig(egress.Socket), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cp := controlplane.ForTest(t, controlplane.Options{Nodes: true, StartTimeout: 3 * time.Minute,
+	// Scheduler: DaemonSet pods are bound by the default scheduler
+	cp := controlplane.ForTest(t, controlplane.Options{Nodes: true, Scheduler: true, StartTimeout: 3 * time.Minute,
 		APIServerArgs: []string{"--egress-selector-config-file=" + egressCfg}})
 	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
 	if err != nil {
@@ -175,6 +191,23 @@ func TestGuestKubelet(t *testing.T) {
 		t.Fatal(err)
 	}
 	goBuild(t, root, filepath.Join(work, "apimux"), "./test/kernel/cmd/apimux")
+	apiURL, err := url.Parse(cp.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiPort, err := strconv.Atoi(apiURL.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	guestAPI := fmt.Sprintf("https://127.0.0.1:%d", apiPort) // the guest's end of the API mux
+	proxyUser, err := cp.AddUser(controlplane.User{Name: "system:kube-proxy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyKC, err := cp.KubeconfigFor(proxyUser.Name, guestAPI)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ca, err := os.ReadFile(cp.CAFile)
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +238,11 @@ func TestGuestKubelet(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n.g, errs[i] = guest.Boot(t.Context(), guest.Options{Flavor: guest.FlavorNode, MemoryMiB: 2560,
+			var disks []int64
+			if i == 0 { // the storage node's disk for its thin pool
+				disks = []int64{2 << 30}
+			}
+			n.g, errs[i] = guest.Boot(t.Context(), guest.Options{Flavor: guest.FlavorNode, MemoryMiB: 2560, DiskBytes: disks,
 				Timeout: 40 * time.Minute, BootTimeout: 5 * time.Minute,
 				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
 				HostForwards:  []guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}},
@@ -226,7 +263,7 @@ func TestGuestKubelet(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, n := range nodes {
-				t.Logf("%s:\n%s", n.name, n.try(time.Minute, "tail -n 40 /var/log/kubelet.log; echo ---; tail -n 15 /var/log/containerd.log; echo ---; tail -n 5 /var/log/apimux.log; free -m"))
+				t.Logf("%s:\n%s", n.name, n.try(time.Minute, "tail -n 40 /var/log/kubelet.log; echo ---; tail -n 15 /var/log/containerd.log; echo ---; tail -n 5 /var/log/apimux.log; echo ---; tail -n 10 /var/log/kube-proxy.log; free -m"))
 			}
 		}
 	})
@@ -235,11 +272,12 @@ func TestGuestKubelet(t *testing.T) {
 		if _, err := cp.NodeKubeconfig(n.name); err != nil {
 			t.Fatal(err)
 		}
-		kc, err := cp.KubeconfigFor("system:node:"+n.name, "https://"+guestAPIAddress)
+		kc, err := cp.KubeconfigFor("system:node:"+n.name, guestAPI)
 		if err != nil {
 			t.Fatal(err)
 		}
 		writeShare(t, n.g, "kubelet.kubeconfig", kc, 0o600)
+		writeShare(t, n.g, "kube-proxy.kubeconfig", proxyKC, 0o600)
 		writeShare(t, n.g, "ca.crt", ca, 0o644)
 		writeShare(t, n.g, "containerd.toml", []byte(cluster.RenderContainerdConfig(cluster.ContainerdConfigFiles{
 			Root: "/var/lib/containerd", State: "/run/containerd", Socket: containerdSock, Opt: "/opt/containerd",
@@ -265,7 +303,7 @@ func TestGuestKubelet(t *testing.T) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
-			res, err := n.g.Run(ctx, joinScript(n), nil)
+			res, err := n.g.Run(ctx, joinScript(n, cp.NodeIP, apiPort), nil)
 			if err == nil && res.ExitCode != 0 {
 				err = fmt.Errorf("exit %d", res.ExitCode)
 			}
@@ -361,4 +399,15 @@ func TestGuestKubelet(t *testing.T) {
 		t.Logf("logs of %s: %s", name, strings.TrimSpace(string(logs)))
 	}
 	t.Logf("TIMING pods created → logs read on both nodes %s", time.Since(podStart).Round(time.Millisecond))
+
+	for _, n := range nodes {
+		out := n.sh(t, time.Minute, "iptables-save -t nat | grep -c 'default/kubernetes:https' || true")
+		if strings.TrimSpace(out) == "0" {
+			t.Errorf("%s: kube-proxy wrote no rule for the kubernetes Service:\n%s", n.name, n.try(time.Minute, "tail -n 20 /var/log/kube-proxy.log"))
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	t.Run("ProductionAgent", func(t *testing.T) { testProductionAgent(t, cs, cp, root, nodes[0]) })
 }

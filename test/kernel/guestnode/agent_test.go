@@ -1,0 +1,144 @@
+package guestnode
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/plinth-storage/plinth/csi"
+	"github.com/plinth-storage/plinth/internal/deploy"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/controlplane"
+)
+
+// The storage node's thin pool, on the guest's first virtio disk (/dev/vda).
+const (
+	agentPool = "gthin"
+	agentVG   = "plinth-g"
+)
+
+// agentObjects keeps, of `kustomize build kustomize/default` (unpatched), what the agent
+// DaemonSet needs: the Namespace, the CRDs, the agent's ServiceAccount, RBAC and admission
+// policies, and the DaemonSet itself. The controller, CSI driver and scheduler are left for the
+// scenario that installs the whole chart.
+func agentObjects(t *testing.T, root string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := deploy.Build(filepath.Join(root, "kustomize", "default"))
+	if err != nil {
+		t.Fatalf("kustomize build kustomize/default: %v", err)
+	}
+	var keep []*unstructured.Unstructured
+	for _, o := range objs {
+		switch k, name := o.GetKind(), o.GetName(); {
+		case k == "Namespace" || k == "CustomResourceDefinition",
+			k == "ServiceAccount" && name == "plinth-agent",
+			(k == "ClusterRole" || k == "ClusterRoleBinding") && name == "plinth-agent",
+			(k == "ValidatingAdmissionPolicy" || k == "ValidatingAdmissionPolicyBinding") && strings.HasPrefix(name, "plinth-agent-"),
+			k == "DaemonSet" && name == "plinth-agent":
+			keep = append(keep, o)
+		}
+	}
+	if len(keep) < 7 {
+		t.Fatalf("kustomize/default: only %d of the agent's objects", len(keep))
+	}
+	return keep
+}
+
+// testProductionAgent: Expected: the shipped agent DaemonSet (image from the archive imported
+// into each guest's containerd, the manifests as kustomize builds them) rolls out on both guest
+// nodes: its modules init container loads nvmet, nvmet_tcp and dm_thin_pool from the guest's
+// /lib/modules, the agent reaches the API server through the `kubernetes` Service (kube-proxy
+// in the guest) with its ServiceAccount; on the storage node it makes the thin pool on the
+// guest's disk and reports the Store Ready with its capacity.
+func testProductionAgent(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.ControlPlane, root string, storage *node) {
+	c, err := client.New(cp.Admin.Config, client.Options{Scheme: csi.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	objs := agentObjects(t, root)
+	// The Store the controller would render for a thin pool on the storage node (the
+	// controller is not installed here) and the node's Agent.
+	backend := policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: agentVG, Devices: []string{"/dev/vda"},
+		ThinPool: &policyv1.ThinPool{Name: "pool", SizePercent: 80}}}
+	store := storev1.StoreName(agentPool, storage.name)
+	crdsOnly := []*unstructured.Unstructured{}
+	for _, o := range objs {
+		if o.GetKind() == "CustomResourceDefinition" || o.GetKind() == "Namespace" {
+			crdsOnly = append(crdsOnly, o)
+		}
+	}
+	if _, err := deploy.Apply(t.Context(), cp.Admin.Config, crdsOnly, 2*time.Minute); err != nil {
+		t.Fatalf("apply CRDs: %v", err)
+	}
+	if err := c.Create(t.Context(), &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: storage.name, Labels: map[string]string{policyv1.LabelNode: storev1.NameLabelValue(storage.name)}},
+		Spec: storev1.AgentSpec{NodeName: storage.name, Stores: []string{store}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(t.Context(), &storev1.Store{ObjectMeta: metav1.ObjectMeta{Name: store, Labels: map[string]string{
+		policyv1.LabelPool: storev1.NameLabelValue(agentPool), policyv1.LabelNode: storev1.NameLabelValue(storage.name)}},
+		Spec: storev1.StoreSpec{Pool: agentPool, NodeName: storage.name, Backend: backend, Reserve: "5%", OvercommitPercent: 400}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := deploy.Apply(t.Context(), cp.Admin.Config, objs, 8*time.Minute)
+	if err != nil {
+		pods, _ := cs.CoreV1().Pods("plinth-system").List(t.Context(), metav1.ListOptions{})
+		for _, p := range pods.Items {
+			t.Logf("pod %s on %s: %s %+v %+v", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.InitContainerStatuses, p.Status.ContainerStatuses)
+		}
+		t.Fatalf("the agent DaemonSet: %v", err)
+	}
+	t.Logf("TIMING agent DaemonSet applied and rolled out on both guests in %s (apply %s, rollout %s)", time.Since(t0).Round(time.Millisecond),
+		res.ApplyDuration.Round(time.Millisecond), res.RolloutDuration.Round(time.Millisecond))
+	pods, err := cs.CoreV1().Pods("plinth-system").List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onNode := map[string]corev1.Pod{}
+	for _, p := range pods.Items {
+		onNode[p.Spec.NodeName] = p
+	}
+	p, ok := onNode[storage.name]
+	if !ok || len(onNode) != 2 {
+		t.Fatalf("agent pods on nodes %v, want one on each guest node", keys(onNode))
+	}
+	controlplane.Eventually(t, 6*time.Minute, 2*time.Second, "store "+store+" Ready", func() error {
+		var st storev1.Store
+		if err := c.Get(t.Context(), client.ObjectKey{Name: store}, &st); err != nil {
+			return err
+		}
+		if !apimeta.IsStatusConditionTrue(st.Status.Conditions, "Ready") || st.Status.Capacity == nil {
+			return fmt.Errorf("store %s not ready: %+v", store, st.Status.Conditions)
+		}
+		t.Logf("store %s Ready: capacity %+v", store, *st.Status.Capacity)
+		return nil
+	})
+	t.Logf("TIMING store Ready %s after the apply began", time.Since(t0).Round(time.Millisecond))
+	logs, err := cs.CoreV1().Pods("plinth-system").GetLogs(p.Name, &corev1.PodLogOptions{Container: "agent", TailLines: ptr.To[int64](5)}).DoRaw(t.Context())
+	if err != nil {
+		t.Errorf("agent logs through the API server: %v", err)
+	}
+	t.Logf("agent on %s, last lines:\n%s", storage.name, logs)
+	if out := storage.sh(t, time.Minute, "lvs --noheadings -o lv_name "+agentVG); !strings.Contains(out, "pool") {
+		t.Errorf("no thin pool in %s on the storage guest: %q", agentVG, out)
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
