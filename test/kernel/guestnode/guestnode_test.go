@@ -3,9 +3,9 @@ package guestnode
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
-	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -47,12 +47,12 @@ var nodeSpecs = []nodeSpec{
 // Where kubelet serves (the standard ports) and the folders and files the node uses, as the
 // guest sees them.
 const (
-	kubeletPort     = 10250
-	kubeletHealthz  = 10248
-	containerdSock  = "/run/containerd/containerd.sock"
-	caFile          = "/etc/kubernetes/pki/ca.crt"
-	cniConfDir      = "/etc/cni/net.d"
-	busyboxImage    = "docker.io/library/busybox:plinth"
+	kubeletPort    = 10250
+	kubeletHealthz = 10248
+	containerdSock = "/run/containerd/containerd.sock"
+	caFile         = "/etc/kubernetes/pki/ca.crt"
+	cniConfDir     = "/etc/cni/net.d"
+	busyboxImage   = "docker.io/library/busybox:plinth"
 )
 
 // node is one booted guest and its node.
