@@ -28,6 +28,7 @@ type Egress struct {
 	mu     sync.Mutex
 	routes map[string]string
 	dials  map[string]int
+	conns  map[net.Conn]struct{} // both ends of every open tunnel
 }
 
 // StartEgress listens on socket (removed first if it exists) and serves CONNECT requests until
@@ -38,7 +39,7 @@ func StartEgress(socket string) (*Egress, error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress proxy: %w", err)
 	}
-	e := &Egress{Socket: socket, l: l, routes: map[string]string{}, dials: map[string]int{}}
+	e := &Egress{Socket: socket, l: l, routes: map[string]string{}, dials: map[string]int{}, conns: map[net.Conn]struct{}{}}
 	e.srv = &http.Server{Handler: http.HandlerFunc(e.connect), ReadHeaderTimeout: 30 * time.Second}
 	go e.srv.Serve(l) //nolint:errcheck // ends with Close
 	return e, nil
@@ -58,9 +59,14 @@ func (e *Egress) Dials(target string) int {
 	return e.dials[target]
 }
 
-// Close stops the proxy and ends its connections.
+// Close stops the proxy and ends its tunnels.
 func (e *Egress) Close() error {
 	err := e.srv.Close()
+	e.mu.Lock()
+	for c := range e.conns {
+		c.Close()
+	}
+	e.mu.Unlock()
 	os.Remove(e.Socket)
 	return err
 }
@@ -99,7 +105,16 @@ func (e *Egress) connect(w http.ResponseWriter, r *http.Request) {
 		down.Close()
 		return
 	}
-	go pipe(up, down, buf.Reader)
+	e.mu.Lock()
+	e.conns[up], e.conns[down] = struct{}{}, struct{}{}
+	e.mu.Unlock()
+	go func() {
+		pipe(up, down, buf.Reader)
+		e.mu.Lock()
+		delete(e.conns, up)
+		delete(e.conns, down)
+		e.mu.Unlock()
+	}()
 }
 
 // pipe copies both ways until either side ends, then closes both.
