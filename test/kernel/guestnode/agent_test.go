@@ -55,9 +55,9 @@ func agentObjects(t *testing.T, root string) []*unstructured.Unstructured {
 	return keep
 }
 
-// testProductionAgent: Expected: the shipped agent DaemonSet (image from the archive imported
-// into each guest's containerd, the manifests as kustomize builds them) rolls out on both guest
-// nodes: its modules init container loads nvmet, nvmet_tcp and dm_thin_pool from the guest's
+// testProductionAgent: Expected: the shipped agent DaemonSet (the manifests as kustomize builds
+// them; Plinth's image pulled by each guest's containerd from the registry on the host, its
+// mirror of ghcr.io) rolls out on both guest nodes: its modules init container loads nvmet, nvmet_tcp and dm_thin_pool from the guest's
 // /lib/modules, the agent reaches the API server through the `kubernetes` Service (kube-proxy
 // in the guest) with its ServiceAccount; on the storage node it makes the thin pool on the
 // guest's disk and reports the Store Ready with its capacity.
@@ -112,6 +112,22 @@ func testProductionAgent(t *testing.T, cs *kubernetes.Clientset, cp *controlplan
 	p, ok := onNode[storage.name]
 	if !ok || len(onNode) != 2 {
 		t.Fatalf("agent pods on nodes %v, want one on each guest node", keys(onNode))
+	}
+	// Plinth's image came from the registry (the guests' containerd had none): kubelet pulled
+	evs, err := cs.CoreV1().Events("plinth-system").List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pulled []string
+	for _, e := range evs.Items {
+		if e.Reason == "Pulled" {
+			pulled = append(pulled, e.Message)
+		}
+	}
+	if len(pulled) == 0 || !strings.Contains(pulled[0], "Successfully pulled image") {
+		t.Errorf("agent pod %s on %s: Pulled events %q, want the first a pull from the registry", p.Name, storage.name, pulled)
+	} else {
+		t.Logf("MEASURE %s", pulled[0])
 	}
 	controlplane.Eventually(t, 6*time.Minute, 2*time.Second, "store "+store+" Ready", func() error {
 		var st storev1.Store

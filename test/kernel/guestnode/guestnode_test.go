@@ -21,6 +21,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/plinth-storage/plinth/internal/cluster"
+	"github.com/plinth-storage/plinth/internal/registry"
 	"github.com/plinth-storage/plinth/test/controlplane"
 	"github.com/plinth-storage/plinth/test/kernel/apimux"
 	"github.com/plinth-storage/plinth/test/kernel/guest"
@@ -53,7 +54,18 @@ const (
 	caFile         = "/etc/kubernetes/pki/ca.crt"
 	cniConfDir     = "/etc/cni/net.d"
 	busyboxImage   = "docker.io/library/busybox:plinth"
+	// guestRegistryPort is where the guest reaches the host's registry (its end of a second
+	// API mux, on 127.0.0.1).
+	guestRegistryPort = 5000
 )
+
+// registryMirror, appended to the node's containerd config, makes the host's registry the
+// mirror of ghcr.io, where the shipped manifests name Plinth's images: the nodes pull
+// ghcr.io/plinth-storage/plinth:<tag> from it with the manifests unchanged (`make push` keeps
+// the repository path and tag; internal/registry.Target).
+var registryMirror = fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."ghcr.io"]
+  endpoint = ["http://127.0.0.1:%d"]
+`, guestRegistryPort)
 
 // node is one booted guest and its node.
 type node struct {
@@ -119,6 +131,7 @@ plinth-node-up %[2]s
 ip addr add %[11]s/32 dev lo
 cp $S/apimux /usr/bin/apimux
 (apimux -listen 0.0.0.0:%[3]d -upstream %[4]s:6443 >/var/log/apimux.log 2>&1 &)
+(apimux -listen 127.0.0.1:%[13]d -upstream %[4]s:%[13]d >/var/log/apimux-registry.log 2>&1 &)
 for i in /sys/class/net/*; do [ "$(cat $i/address)" = %[5]s ] && dev=${i##*/}; done
 [ -n "$dev" ] || { echo "no NIC with MAC %[5]s"; exit 1; }
 ip addr add %[6]s/24 dev $dev && ip link set $dev up
@@ -142,7 +155,7 @@ echo "images imported $(cut -d' ' -f1 /proc/uptime)"
 i=0; until wget -q -O /dev/null http://127.0.0.1:%[10]d/healthz 2>/dev/null; do i=$((i+1)); [ $i -lt 240 ] || { tail -30 /var/log/kubelet.log; exit 1; }; sleep 0.5; done
 echo "kubelet healthy $(cut -d' ' -f1 /proc/uptime)"`,
 		guest.SharePath, n.name, apiPort, guest.GuestForwardAddr, n.mac, n.addr, cniConfDir, caFile,
-		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR)
+		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR, guestRegistryPort)
 }
 
 func goBuild(t *testing.T, root, out, pkg string) {
@@ -167,7 +180,10 @@ func TestGuestKubelet(t *testing.T) {
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager,
 		controlplane.BinPlinthScheduler)
 	ctrllog.SetLogger(testr.New(t))
-	images := controlplane.ImageArchives(t, "pause", "busybox", "plinth")
+	// pause and busybox are imported from their archives; Plinth's image is pulled from the
+	// registry (see registryMirror)
+	images := controlplane.ImageArchives(t, "pause", "busybox")
+	plinthArchive := controlplane.ImageArchives(t, "plinth")[0]
 	t0 := time.Now()
 	work := t.TempDir()
 	egress, err := StartEgress(filepath.Join(work, "egress.sock"))
@@ -214,6 +230,24 @@ func TestGuestKubelet(t *testing.T) {
 	}
 	t.Logf("TIMING control plane + build %s", time.Since(t0).Round(time.Millisecond))
 
+	// Debian's docker-registry on the host's loopback, with Plinth's image pushed as `make push`
+	// pushes it; each guest reaches it through its own API-mux pair on guestRegistryPort.
+	regDir := filepath.Join(work, "registry")
+	if err := os.MkdirAll(regDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.StartServer(t.Context(), registry.ServerOptions{Dir: regDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Stop() }) //nolint:errcheck
+	pushed, err := registry.Push(t.Context(), reg.Addr, false, plinthArchive)
+	if err != nil {
+		t.Fatalf("push %s: %v", plinthArchive, err)
+	}
+	t.Logf("pushed %s as %s (%s)", pushed[0].Source, pushed[0].Target, pushed[0].Digest)
+	regDemux := apimux.StartForTest(t, "http://"+reg.Addr)
+
 	relay, err := netrelay.Start(nodeSpecs[0].mac, nodeSpecs[1].mac)
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +278,7 @@ func TestGuestKubelet(t *testing.T) {
 			}
 			n.g, errs[i] = guest.Boot(t.Context(), guest.Options{Flavor: guest.FlavorNode, MemoryMiB: 2560, DiskBytes: disks,
 				Timeout: 40 * time.Minute, BootTimeout: 5 * time.Minute,
-				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
+				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, {HostPort: regDemux.Port(), GuestPort: guestRegistryPort}},
 				HostForwards:  []guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}},
 				ExtraArgs:     n.side(relay).NetdevArgs("p0")})
 		}()
@@ -281,7 +315,7 @@ func TestGuestKubelet(t *testing.T) {
 		writeShare(t, n.g, "ca.crt", ca, 0o644)
 		writeShare(t, n.g, "containerd.toml", []byte(cluster.RenderContainerdConfig(cluster.ContainerdConfigFiles{
 			Root: "/var/lib/containerd", State: "/run/containerd", Socket: containerdSock, Opt: "/opt/containerd",
-			CNIConfDir: cniConfDir})), 0o644)
+			CNIConfDir: cniConfDir})+registryMirror), 0o644)
 		writeShare(t, n.g, "10-plinth-bridge.conflist", []byte(cluster.RenderCNIConfig("plinth-"+n.name, "cni0", "/var/lib/cni/networks", n.podSubnet)), 0o644)
 		writeShare(t, n.g, "kubelet.yaml", []byte(cluster.RenderKubeletConfig(cluster.KubeletConfigValues{
 			ClientCAFile: caFile, CgroupRoot: "/", RuntimeEndpoint: "unix://" + containerdSock,
@@ -401,10 +435,12 @@ func TestGuestKubelet(t *testing.T) {
 	t.Logf("TIMING pods created → logs read on both nodes %s", time.Since(podStart).Round(time.Millisecond))
 
 	for _, n := range nodes {
-		out := n.sh(t, time.Minute, "iptables-save -t nat | grep -c 'default/kubernetes:https' || true")
-		if strings.TrimSpace(out) == "0" {
-			t.Errorf("%s: kube-proxy wrote no rule for the kubernetes Service:\n%s", n.name, n.try(time.Minute, "tail -n 20 /var/log/kube-proxy.log"))
-		}
+		controlplane.Eventually(t, 2*time.Minute, time.Second, n.name+": kube-proxy's rule for the kubernetes Service", func() error {
+			if out := n.sh(t, time.Minute, "iptables-save -t nat | grep -c 'default/kubernetes:https' || true"); strings.TrimSpace(out) == "0" {
+				return fmt.Errorf("none in iptables-save -t nat; kube-proxy's log:\n%s", n.try(time.Minute, "tail -n 20 /var/log/kube-proxy.log"))
+			}
+			return nil
+		})
 	}
 	if t.Failed() {
 		return
