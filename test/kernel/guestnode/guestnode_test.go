@@ -445,5 +445,5 @@ func TestGuestKubelet(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("ProductionAgent", func(t *testing.T) { testProductionAgent(t, cs, cp, root, nodes[0]) })
+	t.Run("ProductionNodeDaemonSets", func(t *testing.T) { testProductionNodes(t, cs, cp, root, nodes) })
 }

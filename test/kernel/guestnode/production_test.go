@@ -3,6 +3,7 @@ package guestnode
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,11 +29,11 @@ const (
 	agentVG   = "plinth-g"
 )
 
-// agentObjects keeps, of `kustomize build kustomize/default` (unpatched), what the agent
-// DaemonSet needs: the Namespace, the CRDs, the agent's ServiceAccount, RBAC and admission
-// policies, and the DaemonSet itself. The controller, CSI driver and scheduler are left for the
-// scenario that installs the whole chart.
-func agentObjects(t *testing.T, root string) []*unstructured.Unstructured {
+// nodeObjects keeps, of `kustomize build kustomize/default` (unpatched), what Plinth runs on
+// every node: the Namespace, the CRDs, the CSIDriver, the agent's and the CSI node plugin's
+// ServiceAccounts, RBAC and admission policies, and their DaemonSets. The controller, the CSI
+// controller and the scheduler are left for the scenario that installs the whole chart.
+func nodeObjects(t *testing.T, root string) []*unstructured.Unstructured {
 	t.Helper()
 	objs, err := deploy.Build(filepath.Join(root, "kustomize", "default"))
 	if err != nil {
@@ -40,34 +41,45 @@ func agentObjects(t *testing.T, root string) []*unstructured.Unstructured {
 	}
 	var keep []*unstructured.Unstructured
 	for _, o := range objs {
-		switch k, name := o.GetKind(), o.GetName(); {
-		case k == "Namespace" || k == "CustomResourceDefinition",
-			k == "ServiceAccount" && name == "plinth-agent",
-			(k == "ClusterRole" || k == "ClusterRoleBinding") && name == "plinth-agent",
-			(k == "ValidatingAdmissionPolicy" || k == "ValidatingAdmissionPolicyBinding") && strings.HasPrefix(name, "plinth-agent-"),
-			k == "DaemonSet" && name == "plinth-agent":
+		k, name := o.GetKind(), o.GetName()
+		node := name == "plinth-agent" || name == "plinth-csi-node"
+		switch {
+		case k == "Namespace" || k == "CustomResourceDefinition" || k == "CSIDriver",
+			(k == "ServiceAccount" || k == "ClusterRole" || k == "ClusterRoleBinding" || k == "DaemonSet") && node,
+			(k == "ValidatingAdmissionPolicy" || k == "ValidatingAdmissionPolicyBinding") &&
+				(strings.HasPrefix(name, "plinth-agent-") || strings.HasPrefix(name, "plinth-csi-node-")):
 			keep = append(keep, o)
 		}
 	}
-	if len(keep) < 7 {
-		t.Fatalf("kustomize/default: only %d of the agent's objects", len(keep))
+	daemonSets := 0
+	for _, o := range keep {
+		if o.GetKind() == "DaemonSet" {
+			daemonSets++
+		}
+	}
+	if daemonSets != 2 {
+		t.Fatalf("kustomize/default: %d of the DaemonSets plinth-agent and plinth-csi-node", daemonSets)
 	}
 	return keep
 }
 
-// testProductionAgent: Expected: the shipped agent DaemonSet (the manifests as kustomize builds
-// them; Plinth's image pulled by each guest's containerd from the registry on the host, its
-// mirror of ghcr.io) rolls out on both guest nodes: its modules init container loads nvmet, nvmet_tcp and dm_thin_pool from the guest's
-// /lib/modules, the agent reaches the API server through the `kubernetes` Service (kube-proxy
-// in the guest) with its ServiceAccount; on the storage node it makes the thin pool on the
-// guest's disk and reports the Store Ready with its capacity.
-func testProductionAgent(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.ControlPlane, root string, storage *node) {
+// testProductionNodes: Expected: the shipped agent and CSI node DaemonSets (the manifests as
+// kustomize builds them; Plinth's image pulled by each guest's containerd from the registry on
+// the host, its mirror of ghcr.io) roll out on both guest nodes. kubelet registers the node
+// plugin (plugin registration under /var/lib/kubelet, a Bidirectional mount): each guest's
+// CSINode lists csi.plinth.dev, and the plugin labels its Node an NVMe initiator with the
+// guest's own host NQN. The agent's modules init container loads nvmet, nvmet_tcp and
+// dm_thin_pool from the guest's /lib/modules; the agent reaches the API server through the
+// `kubernetes` Service (kube-proxy in the guest) with its ServiceAccount; on the storage node it
+// makes the thin pool on the guest's disk and reports the Store Ready with its capacity.
+func testProductionNodes(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.ControlPlane, root string, nodes []*node) {
+	storage := nodes[0]
 	c, err := client.New(cp.Admin.Config, client.Options{Scheme: csi.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	objs := agentObjects(t, root)
+	objs := nodeObjects(t, root)
 	// The Store the controller would render for a thin pool on the storage node (the
 	// controller is not installed here) and the node's Agent.
 	backend := policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: agentVG, Devices: []string{"/dev/vda"},
@@ -97,9 +109,9 @@ func testProductionAgent(t *testing.T, cs *kubernetes.Clientset, cp *controlplan
 		for _, p := range pods.Items {
 			t.Logf("pod %s on %s: %s %+v %+v", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.InitContainerStatuses, p.Status.ContainerStatuses)
 		}
-		t.Fatalf("the agent DaemonSet: %v", err)
+		t.Fatalf("the agent and CSI node DaemonSets: %v", err)
 	}
-	t.Logf("TIMING agent DaemonSet applied and rolled out on both guests in %s (apply %s, rollout %s)", time.Since(t0).Round(time.Millisecond),
+	t.Logf("TIMING agent and CSI node DaemonSets applied and rolled out on both guests in %s (apply %s, rollout %s)", time.Since(t0).Round(time.Millisecond),
 		res.ApplyDuration.Round(time.Millisecond), res.RolloutDuration.Round(time.Millisecond))
 	pods, err := cs.CoreV1().Pods("plinth-system").List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=agent"})
 	if err != nil {
@@ -141,6 +153,31 @@ func testProductionAgent(t *testing.T, cs *kubernetes.Clientset, cp *controlplan
 		return nil
 	})
 	t.Logf("TIMING store Ready %s after the apply began", time.Since(t0).Round(time.Millisecond))
+	for _, n := range nodes {
+		nqn := strings.TrimSpace(n.sh(t, time.Minute, "cat /etc/nvme/hostnqn"))
+		controlplane.Eventually(t, 3*time.Minute, 2*time.Second, "node plugin registered on "+n.name, func() error {
+			cn, err := cs.StorageV1().CSINodes().Get(t.Context(), n.name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			var drivers []string
+			for _, d := range cn.Spec.Drivers {
+				drivers = append(drivers, d.Name)
+			}
+			if !slices.Contains(drivers, policyv1.DriverName) {
+				return fmt.Errorf("CSINode %s drivers %v, want %s", n.name, drivers, policyv1.DriverName)
+			}
+			nd, err := cs.CoreV1().Nodes().Get(t.Context(), n.name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if nd.Annotations[policyv1.AnnotationHostNQN] != nqn || nd.Labels[policyv1.LabelNVMeInitiator] != "true" {
+				return fmt.Errorf("node %s: host NQN annotation %q (guest has %q), initiator label %q", n.name,
+					nd.Annotations[policyv1.AnnotationHostNQN], nqn, nd.Labels[policyv1.LabelNVMeInitiator])
+			}
+			return nil
+		})
+	}
 	logs, err := cs.CoreV1().Pods("plinth-system").GetLogs(p.Name, &corev1.PodLogOptions{Container: "agent", TailLines: ptr.To[int64](5)}).DoRaw(t.Context())
 	if err != nil {
 		t.Errorf("agent logs through the API server: %v", err)
