@@ -104,6 +104,9 @@ testbin-flux: testbin ## Alias of testbin (Flux is part of it).
 kernel-assets: ## Fetch the Debian kernel and build the guest initramfs (and zfs modules) for kernel tests.
 	test/kernel/setup.sh
 
+kernel-node-assets: kernel-assets testbin ## The backports guest as a Kubernetes node's host: containerd, runc, CNI, kubelet in its initramfs.
+	PLINTH_TESTBIN=$(BIN) test/kernel/node-assets.sh
+
 test-unit: $(CUE) ## Unit tests of the main module (integration tests skip without bin/).
 	PLINTH_CUE=$(CUE) go test ./...
 
@@ -153,6 +156,9 @@ test-kernel-agent: kernel-assets testbin skipcheck ## plinth agent in the guest 
 
 test-kernel-csi: kernel-assets testbin skipcheck ## csi-sanity against plinth csi in the guest (LVM thin + NVMe-oF, raw disks, ZFS snapshots).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -json -count=1 -timeout 45m -run TestGuestCSI ./csi/ | $(SKIPCHECK) json -phase kernel-csi -dir $(SKIPS)
+
+test-kernel-guestnode: kernel-node-assets images ## Kubelets inside two backports guests joined to the host's control plane (not in make test yet).
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -count=1 -timeout 30m -v ./test/kernel/guestnode/
 
 test-kernel-crossnode: kernel-assets testbin skipcheck ## NVMe-oF across two guests with link faults.
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CROSSNODE=1 go test -json -count=1 -timeout 30m ./test/kernel/crossnode/ | $(SKIPCHECK) json -phase kernel-crossnode -dir $(SKIPS)
@@ -238,4 +244,4 @@ dev-flux: dev ## [root] Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: push test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: kernel-node-assets test-kernel-guestnode push test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

@@ -38,6 +38,10 @@ const (
 	// FlavorBackports is bookworm-backports' kernel (6.12), in .work/backports/: NVMe
 	// in-band authentication (DH-HMAC-CHAP) and NVMe/TCP TLS, no ZFS.
 	FlavorBackports = "backports"
+	// FlavorNode is the backports kernel with the Kubernetes-node initramfs of
+	// test/kernel/node-assets.sh (.work/backports/node/): a tmpfs root, containerd, runc, CNI
+	// plugins, iptables, kubelet and kube-proxy; run plinth-node-up in it first.
+	FlavorNode = "node"
 )
 
 // SharePath is where the host share is mounted inside the guest.
@@ -55,7 +59,8 @@ type Forward struct {
 type Options struct {
 	// Flavor picks the kernel test/kernel/setup.sh prepared when Kernel and Initrd are not
 	// given: FlavorStable (default: Debian's kernel, with ZFS) or FlavorBackports
-	// (bookworm-backports' newer kernel: NVMe in-band authentication and TLS, no ZFS).
+	// (bookworm-backports' newer kernel: NVMe in-band authentication and TLS, no ZFS) or
+	// FlavorNode (the backports kernel as a Kubernetes node's host).
 	Flavor string
 	// Kernel is the uncompressed vmlinux (default <repo>/test/kernel/.work/[<flavor>/]vmlinux).
 	Kernel string
@@ -135,6 +140,11 @@ func (o *Options) defaults() error {
 		case "", FlavorStable:
 		case FlavorBackports:
 			w = filepath.Join(w, FlavorBackports)
+		case FlavorNode:
+			if o.Kernel == "" {
+				o.Kernel = filepath.Join(w, FlavorBackports, "vmlinux")
+			}
+			w = filepath.Join(w, FlavorBackports, FlavorNode)
 		default:
 			return fmt.Errorf("guest: unknown kernel flavor %q", o.Flavor)
 		}

@@ -66,7 +66,7 @@ func run() int {
 	timeout := flag.Duration("timeout", 30*time.Minute, "bound on the guest's whole life")
 	mem := flag.Int("mem", 1024, "guest memory in MiB")
 	shell := flag.String("sh", "", "run this shell script in the guest (after the binaries), output to stdout")
-	flavor := flag.String("flavor", guest.FlavorStable, "kernel of test/kernel/setup.sh: stable (with ZFS) or backports (NVMe auth, TLS)")
+	flavor := flag.String("flavor", guest.FlavorStable, "kernel of test/kernel/setup.sh: stable (with ZFS), backports (NVMe auth, TLS) or node (backports + node-assets.sh)")
 	flag.Parse()
 	var sizes []int64
 	for _, s := range strings.Split(*disks, ",") {
