@@ -121,8 +121,8 @@ func ClaimOverrides(ctx context.Context, env *devenv.Env) (string, error) {
 	}
 
 	// The refused claim: the controller's OverrideRefused event naming the annotation and the
-	// rule, csi-provisioner's ProvisioningFailed with the same, retried (so seen at least
-	// twice) and still Pending with no volume after those retries.
+	// rule, csi-provisioner's ProvisioningFailed with the same (InvalidArgument is final for
+	// csi-provisioner: it delays its retries), and still Pending with no volume after it.
 	var refused, failed string
 	if err := poll(ctx, 2*time.Minute, func() error {
 		var evs corev1.EventList
@@ -130,7 +130,6 @@ func ClaimOverrides(ctx context.Context, env *devenv.Env) (string, error) {
 			return err
 		}
 		refused, failed = "", ""
-		attempts := int32(0)
 		for _, ev := range evs.Items {
 			if ev.InvolvedObject.Kind != "PersistentVolumeClaim" || ev.InvolvedObject.Name != overridesRefused || ev.Type != corev1.EventTypeWarning {
 				continue
@@ -140,14 +139,10 @@ func ClaimOverrides(ctx context.Context, env *devenv.Env) (string, error) {
 				refused = ev.Message
 			case "ProvisioningFailed":
 				failed = ev.Message
-				attempts += max(ev.Count, 1)
-				if ev.Series != nil {
-					attempts = max(attempts, ev.Series.Count)
-				}
 			}
 		}
-		if refused == "" || failed == "" || attempts < 2 {
-			return fmt.Errorf("PVC %s: OverrideRefused %q, ProvisioningFailed %q seen %d times", overridesRefused, refused, failed, attempts)
+		if refused == "" || failed == "" {
+			return fmt.Errorf("PVC %s: OverrideRefused %q, ProvisioningFailed %q", overridesRefused, refused, failed)
 		}
 		return nil
 	}); err != nil {
