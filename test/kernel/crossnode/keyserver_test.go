@@ -16,13 +16,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/controllers/nvmeauth"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/kernel/apimux"
 	"github.com/plinth-storage/plinth/test/kernel/guest"
 )
@@ -77,9 +80,9 @@ func keyCaller(account, node string) string {
 	return "node plugin " + node
 }
 
-// startKeyServer makes the callers' service accounts, Pods and tokens in authNamespace and
-// starts the key server with c (the controller's credentials: it reads the master Secrets,
-// makes its certificate and reviews tokens) and its Demux; both stop at t's cleanup.
+// startKeyServer makes the callers' service accounts, Pods and tokens in authNamespace with c
+// and starts the key server with cfg (the controller's credentials: it reads the master
+// Secrets, makes its certificate and reviews tokens) and its Demux; both stop at t's cleanup.
 func startKeyServer(t *testing.T, c client.Client, cfg *rest.Config) *keyServer {
 	t.Helper()
 	ctx := t.Context()
@@ -108,6 +111,16 @@ func startKeyServer(t *testing.T, c client.Client, cfg *rest.Config) *keyServer 
 		ks.files[fmt.Sprintf(keyServerTokenFile, node)] = []byte(tok.Status.Token)
 	}
 
+	// The controller's client: the built-in kinds (TokenReview) and Plinth's.
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, storev1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		t.Fatal(err)
+	}
 	cert, err := nvmeauth.ServingCertificate(ctx, c, c, authNamespace, "127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
