@@ -134,6 +134,10 @@ func run(t *testing.T, flux bool) {
 			}
 		}
 	}
+	if err := env.Step("claim overrides on real kubelets: allowed mkfs and mount options arrive (tune2fs -l, the container's mountinfo); a refused one leaves the PVC Pending",
+		func() (string, error) { return ClaimOverrides(ctx, env) }); err != nil {
+		t.Errorf("claim overrides: %v", err)
+	}
 }
 
 // EnvPNGDir, when set, is the folder where the scenario's dashboards are drawn from the real
@@ -168,5 +172,5 @@ func renderPNGs(t *testing.T, env *devenv.Env, sum *devenv.Summary, out string) 
 // (devenv.AgentCrashPoints) while provisioning and restarted by kubelet → one PV, one
 // VolumeState, one file and loop device, no orphan; a placement removed from Git while a PVC
 // uses its class → pruned by Flux, kept by Plinth's finalizer and reported "in use by 1 PVCs",
-// gone with the PVC; the StatefulSet case.
+// gone with the PVC; the StatefulSet case; the claim-overrides case (ClaimOverrides).
 func TestDevScenario(t *testing.T) { run(t, true) }

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -41,9 +42,9 @@ func audienceToken(t *testing.T, ctx context.Context, c *cluster, sa, pod, aud s
 
 // The key distribution of docs/design.md#key-distribution and the threat model's "cannot"s,
 // with the shipped RBAC applied and every component authenticated as it runs: tokens bound to
-// Pods on its node. Worker A's agent and node plugin cannot get or list any Secret of
+// Pods on its node. Worker A's agent and node plugin cannot get, list or watch any Secret of
 // plinth-system (A's and B's master Secrets, a Helm release Secret, the key server's TLS
-// Secret). The key server, run with the controller's own pod-bound credentials (which make its
+// Secret), get another namespace's Helm release Secret or list the Secrets of every namespace. The key server, run with the controller's own pod-bound credentials (which make its
 // certificate and review the tokens), gives A's node plugin A's keys for any storage node and
 // refuses B's; gives storage node S's agent the keys of A, whose publication one of S's
 // VolumeStates names, equal to what A's plugin gets for S, and refuses B (not published), a
@@ -89,6 +90,11 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 		}
 	}
 	if err := admin.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: helmReleaseSecret},
+		Type: "helm.sh/release.v1", Data: map[string][]byte{"release": []byte("H4sI")}}); err != nil {
+		t.Fatal(err)
+	}
+	// A Helm release installed in another namespace keeps its release Secret there.
+	if err := admin.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: helmReleaseSecret},
 		Type: "helm.sh/release.v1", Data: map[string][]byte{"release": []byte("H4sI")}}); err != nil {
 		t.Fatal(err)
 	}
@@ -168,8 +174,28 @@ func testKeyDistribution(t *testing.T, c *cluster) {
 		} else {
 			refusedReads++
 		}
+		// Nor anywhere else: another namespace's Helm release Secret, every namespace's list, a
+		// watch of the controller's namespace.
+		if err := cl.Get(ctx, client.ObjectKey{Namespace: metav1.NamespaceDefault, Name: helmReleaseSecret}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+			t.Errorf("%s reads Secret %s/%s: %v, want Forbidden", who, metav1.NamespaceDefault, helmReleaseSecret, err)
+		} else {
+			refusedReads++
+		}
+		if err := cl.List(ctx, &l); !apierrors.IsForbidden(err) {
+			t.Errorf("%s lists the Secrets of every namespace: %v, want Forbidden", who, err)
+		} else {
+			refusedReads++
+		}
+		if w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Secrets(namespace).Watch(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			if w != nil {
+				w.Stop()
+			}
+			t.Errorf("%s watches the Secrets of %s: %v, want Forbidden", who, namespace, err)
+		} else {
+			refusedReads++
+		}
 	}
-	if want := 2 * (len(names) + 1); refusedReads != want {
+	if want := 2 * (len(names) + 4); refusedReads != want {
 		t.Errorf("%d Secret reads refused, want %d", refusedReads, want)
 	}
 

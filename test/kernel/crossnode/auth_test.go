@@ -130,6 +130,7 @@ func (s *suite) testAuth(t *testing.T) {
 done; true`, v.nqn)); strings.Fields(out) == nil || strings.Fields(out)[0] != hostKey || len(strings.Fields(out)) < 2 || strings.Fields(out)[1] != ctrlKey {
 		t.Errorf("worker A's controller does not hold the Secret's host and controller secrets")
 	}
+	s.checkKeysFromKeyServer(t)
 	sum := s.writeFile(t, v, "data", 8)
 	if got := s.readSum(t, s.worker, v, "data"); got != sum {
 		t.Errorf("read back %s, wrote %s", got, sum)

@@ -104,6 +104,8 @@ type suite struct {
 	nodeB   csipb.NodeClient
 	// storageOpts boot the storage guest again (same WorkDir: same disk) in a reboot.
 	storageOpts guest.Options
+	// keys is the key server the agent and node plugins get their keys from.
+	keys *keyServer
 }
 
 // apimuxScript starts the guest's end of the API mux (the binaries are in the share).
@@ -111,14 +113,16 @@ type suite struct {
 // guest's tmpfs: under software emulation on a loaded host this alone has taken over a minute.
 const copyTimeout = 4 * time.Minute
 
-var apimuxScript = fmt.Sprintf("cp %[1]s/apimux %[1]s/plinth /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %[2]s:6443 >/tmp/apimux.log 2>&1 &)",
-	guest.SharePath, guest.GuestForwardAddr)
+// The key server's mux (keyServerMuxScript) starts with it.
+var apimuxScript = fmt.Sprintf("cp %[1]s/apimux %[1]s/plinth /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %[2]s:6443 >/tmp/apimux.log 2>&1 &) && %[3]s",
+	guest.SharePath, guest.GuestForwardAddr, keyServerMuxScript)
 
-// nodePluginScript starts a node plugin serving CSI on TCP port (forwarded to the host).
+// nodePluginScript starts a node plugin serving CSI on TCP port (forwarded to the host), with
+// its keys from the key server.
 func nodePluginScript(node, nqnFile string, port int) string {
-	return fmt.Sprintf("(/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig "+
+	return fmt.Sprintf("(/tmp/plinth csi --mode node --endpoint tcp://0.0.0.0:%d --node-name %s --kubeconfig %s/kubeconfig %s "+
 		"--state-dir /tmp/csi-%s --host-nqn-file %s --registration-dir= --health-address= --metrics-address %s --volume-health-interval 2s -v 2 >/tmp/csi-%s.log 2>&1 &)",
-		port, node, guest.SharePath, node, nqnFile, nodeMetricsAddr(port), node)
+		port, node, guest.SharePath, keyServerFlags(node), node, nqnFile, nodeMetricsAddr(port), node)
 }
 
 // setUpStorage starts, in the storage guest (at boot and after a reboot), the API mux, its
@@ -135,14 +139,14 @@ func (s *suite) setUpStorage(t *testing.T) {
 	s.storage.sh(t, time.Minute, "mkdir -p /var/lib/plinth && { blkid /dev/vdb >/dev/null || mkfs.ext4 -q /dev/vdb; } && mount /dev/vdb /var/lib/plinth")
 	s.storage.sh(t, time.Minute, fmt.Sprintf(`cat > /tmp/agent-loop.sh <<'EOF'
 while :; do
-  PLINTH_FAILPOINTS=$(cat /tmp/agent-failpoints 2>/dev/null) /tmp/plinth agent --node %s --kubeconfig %s/kubeconfig \
+  PLINTH_FAILPOINTS=$(cat /tmp/agent-failpoints 2>/dev/null) /tmp/plinth agent --node %s --kubeconfig %s/kubeconfig %s \
     --state-dir /var/lib/plinth --refresh-interval 10s --metrics-bind-address %s --health-probe-bind-address 0 --v 1 >>/tmp/agent.log 2>&1 &
   echo $! > /tmp/agent.pid
   wait $!
   echo $? >> /tmp/agent-exits
 done
 EOF
-(sh /tmp/agent-loop.sh >/dev/null 2>&1 &)`, storageNode, guest.SharePath, agentMetricsAddr))
+(sh /tmp/agent-loop.sh >/dev/null 2>&1 &)`, storageNode, guest.SharePath, keyServerFlags(storageNode), agentMetricsAddr))
 	// worker B: a second initiator identity, in this guest (see workerB)
 	s.storage.sh(t, time.Minute, fmt.Sprintf("echo %s > /tmp/hostnqn-b && %s", hostNQNB, nodePluginScript(workerB, "/tmp/hostnqn-b", 50052)))
 }
@@ -253,6 +257,7 @@ func start(t *testing.T) *suite {
 	}
 	t.Cleanup(func() { relay.Close() })
 	demux := apimux.StartForTest(t, cp.URL)
+	keys := startKeyServer(t, c, cp.Admin.Config)
 	portA, err := controlplane.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +266,7 @@ func start(t *testing.T) *suite {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fwd := []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}}
+	fwd := []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, keys.forward()}
 	opts := map[string]guest.Options{
 		storageNode: {Flavor: guest.FlavorBackports, WorkDir: t.TempDir(), DiskBytes: []int64{2 << 30, 64 << 20}, GuestForwards: fwd, Timeout: 40 * time.Minute, ExtraArgs: relay.A.NetdevArgs("p0"),
 			HostForwards: []guest.Forward{{HostPort: portB, GuestPort: 50052}}},
@@ -290,7 +295,7 @@ func start(t *testing.T) *suite {
 		}()
 	}
 	wg.Wait()
-	s := &suite{c: c, relay: relay, storage: vms[storageNode], worker: vms["worker"], storageOpts: opts[storageNode]}
+	s := &suite{c: c, relay: relay, storage: vms[storageNode], worker: vms["worker"], storageOpts: opts[storageNode], keys: keys}
 	t.Cleanup(func() { // the guests of the moment: the storage guest may have been rebooted
 		for _, v := range []*vm{s.storage, s.worker} {
 			if v != nil {
@@ -320,6 +325,7 @@ func start(t *testing.T) *suite {
 		if err := os.WriteFile(filepath.Join(v.g.ShareDir(), "kubeconfig"), kc, 0o600); err != nil {
 			t.Fatal(err)
 		}
+		keys.writeShare(t, v.g.ShareDir())
 	}
 	s.setUpStorage(t)
 	s.worker.sh(t, copyTimeout, apimuxScript)
