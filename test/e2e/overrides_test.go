@@ -18,9 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi"
-	"github.com/plinth-storage/plinth/test/framework/devenv"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/framework/devenv"
 )
 
 // The claim-overrides case: a Placement that lets claims override mkfsOptions and
