@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/internal/hostkeys"
 	"github.com/plinth-storage/plinth/internal/nvmeauth"
@@ -24,19 +22,19 @@ const DefaultAuthNamespace = "plinth-system"
 // hostSecrets puts this node's DH-HMAC-CHAP secrets toward storage node target into t for a
 // volume whose protocol asks for mode (only DHHMACCHAP is known). target is the publish
 // context's PublishTargetNode, or "" for a publication made before it existed (the Agent whose
-// status.address is t.Address names it then). Errors are gRPC statuses that never hold a key:
-// FAILED_PRECONDITION when this kernel cannot authenticate or the keys are missing, refused,
-// for another host NQN or malformed (the CO retries; the controller makes the Secret once the
-// node's host NQN is known), UNAVAILABLE when they could not be asked for.
+// status.address is t.Address names it then). Errors never hold a key: ErrInvalid for an
+// unknown mode, ErrPrecondition when this kernel cannot authenticate or the keys are missing,
+// refused, for another host NQN or malformed (the CO retries; the controller makes the Secret
+// once the node's host NQN is known), ErrUnavailable when they could not be asked for.
 func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode, target string, bidirectional bool) error {
 	if mode != string(policyv1.AuthDHHMACCHAP) {
-		return status.Errorf(codes.InvalidArgument, "publish context asks for authentication %q: only %s is known", mode, policyv1.AuthDHHMACCHAP)
+		return volume.Errorf(volume.ErrInvalid, "publish context asks for authentication %q: only %s is known", mode, policyv1.AuthDHHMACCHAP)
 	}
 	if !d.initiator.AuthUsable() {
-		return status.Errorf(codes.FailedPrecondition, "node %s: the volume needs DH-HMAC-CHAP but this kernel has no NVMe host authentication (CONFIG_NVME_HOST_AUTH, Linux 6.0 or newer built with it)", d.opts.NodeName)
+		return volume.Errorf(volume.ErrPrecondition, "node %s: the volume needs DH-HMAC-CHAP but this kernel has no NVMe host authentication (CONFIG_NVME_HOST_AUTH, Linux 6.0 or newer built with it)", d.opts.NodeName)
 	}
 	if d.keys == nil {
-		return status.Error(codes.FailedPrecondition, "the volume needs DH-HMAC-CHAP: no key server or API server to get the host keys from")
+		return volume.Errorf(volume.ErrPrecondition, "the volume needs DH-HMAC-CHAP: no key server or API server to get the host keys from")
 	}
 	if target == "" {
 		var err error
@@ -47,20 +45,20 @@ func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode, target s
 	k, err := d.keys.HostKey(ctx, d.opts.NodeName, target)
 	switch {
 	case errors.Is(err, hostkeys.ErrNotFound) || errors.Is(err, hostkeys.ErrUnusable) || errors.Is(err, hostkeys.ErrRefused):
-		return status.Errorf(codes.FailedPrecondition, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+		return volume.Errorf(volume.ErrPrecondition, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
 	case err != nil:
-		return status.Errorf(codes.Unavailable, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+		return volume.Errorf(volume.ErrUnavailable, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
 	}
 	if k.HostNQN != d.hostNQN {
-		return status.Errorf(codes.FailedPrecondition, "the keys of node %s are for host NQN %q, this node is %q (the controller makes them anew)", d.opts.NodeName, k.HostNQN, d.hostNQN)
+		return volume.Errorf(volume.ErrPrecondition, "the keys of node %s are for host NQN %q, this node is %q (the controller makes them anew)", d.opts.NodeName, k.HostNQN, d.hostNQN)
 	}
 	if _, _, err := nvmeauth.Decode(k.Key); err != nil {
-		return status.Errorf(codes.FailedPrecondition, "host key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+		return volume.Errorf(volume.ErrPrecondition, "host key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
 	}
 	t.DHCHAPSecret = k.Key
 	if bidirectional {
 		if _, _, err := nvmeauth.Decode(k.CtrlKey); err != nil {
-			return status.Errorf(codes.FailedPrecondition, "controller key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+			return volume.Errorf(volume.ErrPrecondition, "controller key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
 		}
 		t.DHCHAPCtrlSecret = k.CtrlKey
 	}
@@ -68,19 +66,19 @@ func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode, target s
 }
 
 // targetAt returns the name of the Agent whose status.address is address (the storage node of
-// a publication made before publish contexts named it). FAILED_PRECONDITION when none is.
+// a publication made before publish contexts named it). ErrPrecondition when none is.
 func (d *Driver) targetAt(ctx context.Context, address string) (string, error) {
 	if d.live == nil {
-		return "", status.Error(codes.FailedPrecondition, "the publish context names no storage node and there is no API server to find it")
+		return "", volume.Errorf(volume.ErrPrecondition, "the publish context names no storage node and there is no API server to find it")
 	}
 	var agents storev1.AgentList
 	if err := d.live.List(ctx, &agents); err != nil {
-		return "", status.Errorf(codes.Unavailable, "list the Agents: %v", err)
+		return "", volume.Errorf(volume.ErrUnavailable, "list the Agents: %v", err)
 	}
 	if a := agentAt(agents.Items, address); a != nil {
 		return a.Name, nil
 	}
-	return "", status.Errorf(codes.FailedPrecondition, "no Agent reports address %q: its storage node is unknown", address)
+	return "", volume.Errorf(volume.ErrPrecondition, "no Agent reports address %q: its storage node is unknown", address)
 }
 
 // agentAt returns the Agent whose status.address is address, or nil.

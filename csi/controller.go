@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,14 +12,12 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/internal/failpoint"
 	"github.com/plinth-storage/plinth/internal/hostnqn"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -145,102 +144,65 @@ func protocolKind(p policyv1.ProtocolSpec) string {
 	return "local"
 }
 
-// errCapacity marks an agent's InsufficientCapacity report.
-var errCapacity = errors.New("insufficient capacity")
-
-// errRefused marks an agent's ExpansionRefused report: the volume cannot take the size at all.
-var errRefused = errors.New("expansion refused")
-
-// readyOrFailed is the wait condition of CreateVolume: Ready at the current generation with
-// the full size, or Failed.
-func readyOrFailed(vs *storev1.VolumeState) (bool, error) {
-	if vs == nil {
-		return false, nil // not yet visible (informer lag) — or deleted meanwhile: the wait bounds it
-	}
-	st := vs.Status
-	// A failed expansion keeps the phase of the existing volume; the Ready condition of the
-	// current generation says there is no room.
-	if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse &&
-		c.Reason == storev1.ReasonInsufficientCapacity && c.ObservedGeneration >= vs.Generation {
-		return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
-	}
-	if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse &&
-		c.Reason == storev1.ReasonExpansionRefused && c.ObservedGeneration >= vs.Generation {
-		return false, fmt.Errorf("%w: %s", errRefused, c.Message)
-	}
-	switch {
-	case st.Phase == storev1.VolumeFailed:
-		if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil && c.Reason == storev1.ReasonInsufficientCapacity {
-			return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
-		}
-		msg := "agent reports the volume failed"
-		if c := meta.FindStatusCondition(st.Conditions, storev1.ConditionReady); c != nil {
-			msg += ": " + c.Reason + ": " + c.Message
-		}
-		return false, errors.New(msg)
-	case st.Phase == storev1.VolumeReady && st.ObservedGeneration >= vs.Generation && st.ActualBytes >= vs.Spec.CapacityBytes:
-		return true, nil
-	}
-	return false, nil
-}
-
-// waitError turns a wait failure into the CSI code: no room → RESOURCE_EXHAUSTED, a size the
-// volume cannot take (a raw partition without free space after it) → OUT_OF_RANGE (CSI spec,
-// ControllerExpandVolume: unsupported capacity), over time → DEADLINE_EXCEEDED (the CO retries
-// and finds the volume by name), others → INTERNAL.
-func waitError(what string, err error) error {
-	switch {
-	case errors.Is(err, errCapacity):
-		return status.Errorf(codes.ResourceExhausted, "%s: %v", what, err)
-	case errors.Is(err, errRefused):
-		return status.Errorf(codes.OutOfRange, "%s: %v", what, err)
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return status.Errorf(codes.DeadlineExceeded, "%s: the agent has not finished: %v", what, err)
-	}
-	return status.Errorf(codes.Internal, "%s: %v", what, err)
-}
-
 func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRequest) (*csipb.CreateVolumeResponse, error) {
 	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "name is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "name is required")
 	}
 	mode, capFS, err := checkCapabilities(req.GetVolumeCapabilities())
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, volume.Errorf(volume.ErrInvalid, "%w", err)
 	}
 	params := req.GetParameters()
-	placementName, poolName, protocolName := params[policyv1.ParamPlacement], params[policyv1.ParamPool], params[policyv1.ParamProtocol]
-	if placementName == "" || poolName == "" || protocolName == "" {
-		return nil, status.Errorf(codes.InvalidArgument, "StorageClass parameters %s, %s and %s are required", policyv1.ParamPlacement, policyv1.ParamPool, policyv1.ParamProtocol)
+	if params[policyv1.ParamPlacement] == "" || params[policyv1.ParamPool] == "" || params[policyv1.ParamProtocol] == "" {
+		return nil, volume.Errorf(volume.ErrInvalid, "StorageClass parameters %s, %s and %s are required", policyv1.ParamPlacement, policyv1.ParamPool, policyv1.ParamProtocol)
 	}
-	rng := req.GetCapacityRange()
 	id := storev1.VolumeID(req.GetName())
-	release, err := s.d.locks.acquire(id)
+	// The subscription comes with the lock, before any read or write: the agent's answer
+	// cannot slip between them and the wait, and the state read or created is where the wait
+	// starts (no second read).
+	h, err := s.d.volumes.Open(id)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-
-	// Subscribe before any read or write: the agent's answer cannot slip between them and the
-	// wait, and the state read or created is where the wait starts (no second read).
-	ch, unsubscribe := s.d.hub.subscribe(id)
-	defer unsubscribe()
+	defer h.Close()
 	// The informer cache answers "new name" without a round trip; a volume the cache has not
 	// seen yet still cannot be created twice: Create then fails with AlreadyExists below.
-	existing := &storev1.VolumeState{}
-	err = s.d.kube.Get(ctx, client.ObjectKey{Name: id}, existing)
-	switch {
-	case err == nil:
-		if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing); err == nil {
-			return s.existingVolume(ctx, req, existing, mode, ch)
-		} else if !apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", id, err)
-		}
-	case !apierrors.IsNotFound(err):
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", id, err)
+	if err := h.ReadCached(ctx); err != nil {
+		return nil, err
 	}
+	if h.Exists() {
+		if err := h.ReadLive(ctx); err != nil {
+			return nil, err
+		}
+		if h.Exists() {
+			return s.existingVolume(ctx, req, h, mode)
+		}
+	}
+	vs, err := s.newVolumeState(ctx, req, id, mode, capFS)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Create(ctx, vs); err != nil {
+		if apierrors.IsAlreadyExists(err) { // another controller replica won the race
+			if err := h.ReadLive(ctx); err != nil {
+				return nil, volume.Errorf(volume.ErrConflict, "VolumeState %s: %w", id, err)
+			}
+			if !h.Exists() {
+				return nil, volume.Errorf(volume.ErrConflict, "VolumeState %s: created by another call and gone again", id)
+			}
+			return s.existingVolume(ctx, req, h, mode)
+		}
+		return nil, volume.Errorf(volume.ErrInternal, "create VolumeState %s: %w", id, err)
+	}
+	return s.answerCreated(ctx, h)
+}
 
-	// The live policy, frozen into the volume.
+// newVolumeState makes the VolumeState id of a new volume for req: the live policy the
+// StorageClass names frozen into it (with the PVC's overrides), on the store chosen for it
+// (chooseStore, or sourceStore for a restore or clone), at the rounded size.
+func (s *controller) newVolumeState(ctx context.Context, req *csipb.CreateVolumeRequest, id, mode, capFS string) (*storev1.VolumeState, error) {
+	params := req.GetParameters()
+	placementName, poolName, protocolName := params[policyv1.ParamPlacement], params[policyv1.ParamPool], params[policyv1.ParamProtocol]
 	var placement policyv1.Placement
 	var pool policyv1.StoragePool
 	var protocol policyv1.Protocol
@@ -250,13 +212,13 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	}{{placementName, &placement}, {poolName, &pool}, {protocolName, &protocol}} {
 		if err := s.d.kube.Get(ctx, client.ObjectKey{Name: g.name}, g.obj); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil, status.Errorf(codes.InvalidArgument, "%T %q named by the StorageClass does not exist", g.obj, g.name)
+				return nil, volume.Errorf(volume.ErrInvalid, "%T %q named by the StorageClass does not exist", g.obj, g.name)
 			}
-			return nil, status.Errorf(codes.Unavailable, "read %T %q: %v", g.obj, g.name, err)
+			return nil, volume.Errorf(volume.ErrUnavailable, "read %T %q: %v", g.obj, g.name, err)
 		}
 	}
 	if placement.Spec.PoolRef.Name != poolName || placement.Spec.ProtocolRef.Name != protocolName {
-		return nil, status.Errorf(codes.InvalidArgument, "Placement %q refers to pool %q and protocol %q, the StorageClass to %q and %q",
+		return nil, volume.Errorf(volume.ErrInvalid, "Placement %q refers to pool %q and protocol %q, the StorageClass to %q and %q",
 			placementName, placement.Spec.PoolRef.Name, placement.Spec.ProtocolRef.Name, poolName, protocolName)
 	}
 	fs := placement.Spec.Filesystem
@@ -275,22 +237,7 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 		return nil, err
 	}
 	ov.Apply(&fs, &strategy)
-
-	var stores storev1.StoreList
-	if err := s.d.kube.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(poolName)}); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list Stores: %v", err)
-	}
-	var store *storev1.Store
-	var size int64
-	var src *source
-	if cs := req.GetVolumeContentSource(); cs != nil {
-		if src, err = s.contentSource(ctx, cs); err != nil {
-			return nil, err
-		}
-		store, size, err = sourceStore(src, stores.Items, poolName, protocol.Spec.NVMeoFTCP != nil, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
-	} else {
-		store, size, err = chooseStore(stores.Items, protocol.Spec.NVMeoFTCP != nil, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
-	}
+	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy)
 	if err != nil {
 		return nil, err
 	}
@@ -327,42 +274,54 @@ func (s *controller) CreateVolume(ctx context.Context, req *csipb.CreateVolumeRe
 	if src != nil {
 		vs.Spec.ContentSource = &src.spec
 	}
-	// The created object is the wait's starting state (no read after the write).
-	if err := s.d.kube.Create(ctx, vs); err != nil {
-		if apierrors.IsAlreadyExists(err) { // another controller replica won the race
-			if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, existing); err != nil {
-				return nil, status.Errorf(codes.Aborted, "VolumeState %s: %v", id, err)
-			}
-			return s.existingVolume(ctx, req, existing, mode, ch)
-		}
-		return nil, status.Errorf(codes.Internal, "create VolumeState %s: %v", id, err)
-	}
-	return s.answerCreated(ctx, ch, vs)
+	return vs, nil
 }
 
-// existingVolume answers a CreateVolume whose name already has a VolumeState vs (read live
-// after ch, the volume's subscription, was taken): compatible → the same volume (after waiting
-// for it from vs on), incompatible → ALREADY_EXISTS.
-func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolumeRequest, vs *storev1.VolumeState, mode string, ch <-chan *storev1.VolumeState) (*csipb.CreateVolumeResponse, error) {
+// placeVolume chooses the store of a new volume of pool and its size: by chooseStore among the
+// pool's Stores, or, for a volume with a content source, the source's store (sourceStore).
+func (s *controller) placeVolume(ctx context.Context, req *csipb.CreateVolumeRequest, pool string, nvme bool, strategy policyv1.Strategy) (*storev1.Store, int64, *source, error) {
+	var stores storev1.StoreList
+	if err := s.d.kube.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(pool)}); err != nil {
+		return nil, 0, nil, volume.Errorf(volume.ErrUnavailable, "list Stores: %v", err)
+	}
+	rng := req.GetCapacityRange()
+	cs := req.GetVolumeContentSource()
+	if cs == nil {
+		store, size, err := chooseStore(stores.Items, nvme, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+		return store, size, nil, err
+	}
+	src, err := s.contentSource(ctx, cs)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	store, size, err := sourceStore(src, stores.Items, pool, nvme, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+	return store, size, src, err
+}
+
+// existingVolume answers a CreateVolume whose name already has a VolumeState, h.State (read
+// live after h was opened): compatible → the same volume (after waiting for it from that state
+// on), incompatible → ALREADY_EXISTS.
+func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolumeRequest, h *volume.Handle[*storev1.VolumeState], mode string) (*csipb.CreateVolumeResponse, error) {
+	vs := h.State
 	if vs.DeletionTimestamp != nil {
-		return nil, status.Errorf(codes.Aborted, "volume %s is being deleted", vs.Name)
+		return nil, volume.Errorf(volume.ErrConflict, "volume %s is being deleted", vs.Name)
 	}
 	if vs.Spec.CSIName != req.GetName() {
-		return nil, status.Errorf(codes.AlreadyExists, "volume id %s belongs to another name", vs.Name)
+		return nil, volume.Errorf(volume.ErrExists, "volume id %s belongs to another name", vs.Name)
 	}
 	size := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes)
 	rng := req.GetCapacityRange()
 	if !InRange(size, rng.GetRequiredBytes(), rng.GetLimitBytes()) {
-		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with %d bytes, outside [%d, %d]", req.GetName(), size, rng.GetRequiredBytes(), rng.GetLimitBytes())
+		return nil, volume.Errorf(volume.ErrExists, "volume %q exists with %d bytes, outside [%d, %d]", req.GetName(), size, rng.GetRequiredBytes(), rng.GetLimitBytes())
 	}
 	if vs.Spec.VolumeMode != mode {
-		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists in %s mode", req.GetName(), vs.Spec.VolumeMode)
+		return nil, volume.Errorf(volume.ErrExists, "volume %q exists in %s mode", req.GetName(), vs.Spec.VolumeMode)
 	}
 	if !sameSource(req.GetVolumeContentSource(), vs.Spec.ContentSource) {
-		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with another content source", req.GetName())
+		return nil, volume.Errorf(volume.ErrExists, "volume %q exists with another content source", req.GetName())
 	}
 	if p := req.GetParameters()[policyv1.ParamPool]; p != vs.Spec.Policy.Pool {
-		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists in pool %q", req.GetName(), vs.Spec.Policy.Pool)
+		return nil, volume.Errorf(volume.ErrExists, "volume %q exists in pool %q", req.GetName(), vs.Spec.Policy.Pool)
 	}
 	if !isNVMe(vs) && len(req.GetAccessibilityRequirements().GetRequisite()) > 0 {
 		node, err := s.storeNode(ctx, vs)
@@ -370,45 +329,44 @@ func (s *controller) existingVolume(ctx context.Context, req *csipb.CreateVolume
 			return nil, err
 		}
 		if !slices.Contains(topologyNodes(req.GetAccessibilityRequirements().GetRequisite()), node) {
-			return nil, status.Errorf(codes.AlreadyExists, "volume %q exists on node %q, outside the requested topology", req.GetName(), node)
+			return nil, volume.Errorf(volume.ErrExists, "volume %q exists on node %q, outside the requested topology", req.GetName(), node)
 		}
 	}
-	return s.answerCreated(ctx, ch, vs)
+	return s.answerCreated(ctx, h)
 }
 
-// answerCreated waits for the agent on ch, the volume's subscription, from the state start on
-// (created or read live after ch was taken), and answers CreateVolume. A volume the agent found
-// no room for is deleted (so a retry may choose another store) and reported RESOURCE_EXHAUSTED
-// (the provisioner then reschedules, where any other code would retry the full node forever).
-func (s *controller) answerCreated(ctx context.Context, ch <-chan *storev1.VolumeState, start *storev1.VolumeState) (*csipb.CreateVolumeResponse, error) {
-	id := start.Name
+// answerCreated waits for the agent from h.State on (created, or read live after h was opened),
+// and answers CreateVolume. A volume the agent found no room for is deleted (so a retry may
+// choose another store) and reported RESOURCE_EXHAUSTED (the provisioner then reschedules,
+// where any other code would retry the full node forever).
+func (s *controller) answerCreated(ctx context.Context, h *volume.Handle[*storev1.VolumeState]) (*csipb.CreateVolumeResponse, error) {
+	id := h.ID
 	var ready *storev1.VolumeState
-	err := s.d.waitOn(ctx, ch, start, func(vs *storev1.VolumeState) (bool, error) {
-		ok, err := readyOrFailed(vs)
+	err := h.WaitFrom(ctx, h.State, func(vs *storev1.VolumeState) (bool, error) {
+		ok, err := volume.ReadyOrFailed(vs)
 		if ok {
 			ready = vs
 		}
 		return ok, err
 	})
-	if errors.Is(err, errCapacity) {
-		vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id}}
-		if derr := s.d.kube.Delete(ctx, vs); derr != nil && !apierrors.IsNotFound(derr) {
+	if errors.Is(err, volume.ErrAgentNoRoom) {
+		if derr := h.Delete(ctx); derr != nil && !apierrors.IsNotFound(derr) {
 			s.d.log.Error(derr, "delete VolumeState the agent had no room for", "volume", id)
 		}
 	}
 	if err != nil {
-		return nil, waitError("create volume "+id, err)
+		return nil, volume.WaitError("create volume "+id, err)
 	}
-	v, err := s.volume(ctx, ready)
+	v, err := s.csiVolume(ctx, ready)
 	if err != nil {
 		return nil, err
 	}
 	return &csipb.CreateVolumeResponse{Volume: v}, nil
 }
 
-// volume is the CSI view of a VolumeState: its real size, contexts and accessible topology
+// csiVolume is the CSI view of a VolumeState: its real size, contexts and accessible topology
 // (local: the store's node; NVMe-oF: the nodes labelled as initiators).
-func (s *controller) volume(ctx context.Context, vs *storev1.VolumeState) (*csipb.Volume, error) {
+func (s *controller) csiVolume(ctx context.Context, vs *storev1.VolumeState) (*csipb.Volume, error) {
 	fs := vs.Spec.Policy.Filesystem
 	mkfs, _ := json.Marshal(fs.MkfsOptions)
 	mnt, _ := json.Marshal(fs.MountOptions)
@@ -432,7 +390,7 @@ func (s *controller) volume(ctx context.Context, vs *storev1.VolumeState) (*csip
 	if isNVMe(vs) {
 		var nodes corev1.NodeList
 		if err := s.d.kube.List(ctx, &nodes, client.MatchingLabels{policyv1.LabelNVMeInitiator: "true"}); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "list initiator Nodes: %v", err)
+			return nil, volume.Errorf(volume.ErrUnavailable, "list initiator Nodes: %v", err)
 		}
 		for _, n := range nodes.Items {
 			v.AccessibleTopology = append(v.AccessibleTopology, &csipb.Topology{Segments: map[string]string{policyv1.TopologyKeyNode: n.Name}})
@@ -450,7 +408,7 @@ func (s *controller) volume(ctx context.Context, vs *storev1.VolumeState) (*csip
 func (s *controller) storeNode(ctx context.Context, vs *storev1.VolumeState) (string, error) {
 	var st storev1.Store
 	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
-		return "", status.Errorf(codes.Internal, "Store %q of volume %s: %v", vs.Spec.StoreName, vs.Name, err)
+		return "", volume.Errorf(volume.ErrInternal, "Store %q of volume %s: %v", vs.Spec.StoreName, vs.Name, err)
 	}
 	return st.Spec.NodeName, nil
 }
@@ -465,25 +423,23 @@ const agentSilentAfter = 2 * time.Minute
 // after it is one the agent is slow with, or one no agent is working on.
 const agentAnswerGrace = time.Second
 
-// releaseOfGoneNode removes the agent's finalizer from the VolumeState id, marked for deletion,
+// releaseOfGoneNode removes the agent's finalizer from the volume of h, marked for deletion,
 // whose node left the cluster: no agent will ever remove it, and the volume left with the node.
-// A conflict (the object moved meanwhile) is UNAVAILABLE: the provisioner retries.
-func (s *controller) releaseOfGoneNode(ctx context.Context, id, why string) error {
-	var vs storev1.VolumeState
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
+// It rereads h.State. A conflict (the object moved meanwhile) is UNAVAILABLE: the provisioner
+// retries.
+func (s *controller) releaseOfGoneNode(ctx context.Context, h *volume.Handle[*storev1.VolumeState], why string) error {
+	if err := h.ReadLive(ctx); err != nil {
+		return fmt.Errorf("delete volume %s: %w", h.ID, err)
 	}
-	if !slices.Contains(vs.Finalizers, storev1.FinalizerVolume) {
+	vs := h.State
+	if vs == nil || !slices.Contains(vs.Finalizers, storev1.FinalizerVolume) {
 		return nil
 	}
 	vs.Finalizers = slices.DeleteFunc(vs.Finalizers, func(f string) bool { return f == storev1.FinalizerVolume })
-	if err := s.d.kube.Update(ctx, &vs); err != nil && !apierrors.IsNotFound(err) {
-		return status.Errorf(codes.Unavailable, "delete volume %s: %s; release finalizer %s: %v", id, why, storev1.FinalizerVolume, err)
+	if err := h.Update(ctx); err != nil && !apierrors.IsNotFound(err) {
+		return volume.Errorf(volume.ErrUnavailable, "delete volume %s: %s; release finalizer %s: %v", h.ID, why, storev1.FinalizerVolume, err)
 	}
-	s.d.log.Info("released the finalizer of a volume whose node left the cluster", "volume", id, "reason", why)
+	s.d.log.Info("released the finalizer of a volume whose node left the cluster", "volume", h.ID, "reason", why)
 	return nil
 }
 
@@ -507,7 +463,7 @@ func topologyNodes(ts []*csipb.Topology) []string {
 // store's unit is OUT_OF_RANGE.
 func chooseStore(stores []storev1.Store, nvme bool, strategy policyv1.Strategy, req *csipb.TopologyRequirement, required, limit int64) (*storev1.Store, int64, error) {
 	if _, err := RoundSize(required, limit, 1); err != nil {
-		return nil, 0, status.Error(codes.OutOfRange, err.Error())
+		return nil, 0, volume.Errorf(volume.ErrOutOfRange, "%w", err)
 	}
 	candidates := stores
 	if !nvme {
@@ -549,9 +505,9 @@ func chooseStore(stores []storev1.Store, nvme bool, strategy policyv1.Strategy, 
 	}
 	if len(fits) == 0 {
 		if rangeErr != nil && len(candidates) > 0 {
-			return nil, 0, status.Error(codes.OutOfRange, rangeErr.Error())
+			return nil, 0, volume.Errorf(volume.ErrOutOfRange, "%s", rangeErr.Error())
 		}
-		return nil, 0, status.Errorf(codes.ResourceExhausted, "no store of the pool in the requested topology has %d bytes available (%d candidates)", required, len(candidates))
+		return nil, 0, volume.Errorf(volume.ErrInsufficientCapacity, "no store of the pool in the requested topology has %d bytes available (%d candidates)", required, len(candidates))
 	}
 	sort.SliceStable(fits, func(i, j int) bool {
 		if fits[i].avail != fits[j].avail {
@@ -568,53 +524,56 @@ func chooseStore(stores []storev1.Store, nvme bool, strategy policyv1.Strategy, 
 func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRequest) (*csipb.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	if !storev1.IsVolumeID(id) {
 		return &csipb.DeleteVolumeResponse{}, nil // never ours: nothing to delete, OK (CSI spec)
 	}
-	release, err := s.d.locks.acquire(id)
+	// The subscription comes with the lock, so that the agent's release cannot slip between
+	// the read below and the wait.
+	h, err := s.d.volumes.Open(id)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	// The subscription comes first, so that the agent's release cannot slip between the read
-	// below and the wait.
-	ch, unsubscribe := s.d.hub.subscribe(id)
-	defer unsubscribe()
-	// cur is the VolumeState as last seen: the informer cache's copy when it holds one (a
+	defer h.Close()
+	// h.State is the VolumeState as last seen: the informer cache's copy when it holds one (a
 	// volume CreateVolume answered is there: the answer waited for Ready through the cache),
 	// otherwise a live read after the delete, for a volume created a moment ago or by another
 	// replica. nil: gone already.
-	cur := &storev1.VolumeState{}
-	cached := true
-	switch err := s.d.kube.Get(ctx, client.ObjectKey{Name: id}, cur); {
-	case apierrors.IsNotFound(err):
-		cached = false
-	case err != nil:
-		return nil, status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
+	if err := h.ReadCached(ctx); err != nil {
+		return nil, fmt.Errorf("delete volume %s: %w", id, err)
 	}
+	cached := h.Exists()
 	// A retry while the agent works (the VolumeState marked already) sends no second delete.
-	if !cached || cur.DeletionTimestamp.IsZero() {
-		vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id}}
-		if err := s.d.kube.Delete(ctx, vs); err != nil {
+	if !cached || h.State.DeletionTimestamp.IsZero() {
+		if err := h.Delete(ctx); err != nil {
 			if apierrors.IsNotFound(err) {
 				return &csipb.DeleteVolumeResponse{}, nil
 			}
-			return nil, status.Errorf(codes.Unavailable, "delete VolumeState %s: %v", id, err)
+			return nil, volume.Errorf(volume.ErrUnavailable, "delete VolumeState %s: %v", id, err)
 		}
 	}
 	if !cached {
-		switch err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, cur); {
-		case apierrors.IsNotFound(err):
-			cur = nil
-		case err != nil:
-			return nil, status.Errorf(codes.Unavailable, "delete volume %s: read VolumeState: %v", id, err)
+		if err := h.ReadLive(ctx); err != nil {
+			return nil, fmt.Errorf("delete volume %s: %w", id, err)
 		}
 	}
-	// Gone means the agent removed export and volume and released its finalizer — and the
-	// informer cache knows it too: an agent quicker than a read above would otherwise leave the
-	// volume in ListVolumes (which reads the cache) after this returns.
+	if err := s.awaitDeletion(ctx, h); err != nil {
+		return nil, err
+	}
+	return &csipb.DeleteVolumeResponse{}, nil
+}
+
+// awaitDeletion waits until the volume of h, marked for deletion, is gone: the agent removed
+// export and volume and released its finalizer — and the informer cache knows it too (an agent
+// quicker than DeleteVolume's read would otherwise leave the volume in ListVolumes, which reads
+// the cache, after DeleteVolume returns). An agent answers most deletions within moments; only
+// one that has not within agentAnswerGrace is asked about: an agent that cannot answer (its
+// node deleted, or silent) would keep the call waiting for the whole wait timeout, so say so
+// then (UNAVAILABLE; the provisioner retries with backoff), or release the volume of a node
+// that left the cluster.
+func (s *controller) awaitDeletion(ctx context.Context, h *volume.Handle[*storev1.VolumeState]) error {
+	id, cur := h.ID, h.State
 	gone := func(vs *storev1.VolumeState) (bool, error) {
 		if vs != nil {
 			return false, nil
@@ -622,88 +581,62 @@ func (s *controller) DeleteVolume(ctx context.Context, req *csipb.DeleteVolumeRe
 		err := s.d.kube.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{})
 		return apierrors.IsNotFound(err), nil
 	}
-	// An agent answers most deletions within moments; only one that has not within
-	// agentAnswerGrace is asked about: an agent that cannot answer (its node deleted, or
-	// silent) would keep this call waiting for the whole wait timeout, so say so then; the
-	// provisioner retries with backoff.
 	quick, cancel := context.WithTimeout(ctx, agentAnswerGrace)
-	err = s.d.waitOn(quick, ch, cur, gone)
+	err := h.WaitFrom(quick, cur, gone)
 	cancel()
 	switch {
 	case err == nil:
-		return &csipb.DeleteVolumeResponse{}, nil
+		return nil
 	case !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
-		return nil, waitError("delete volume "+id, err)
+		return volume.WaitError("delete volume "+id, err)
 	}
 	if cur != nil { // nil: gone already, the cache a moment behind
 		if why, nodeGone := s.storeAgentAbsent(ctx, cur.Spec.StoreName); why != "" {
 			if nodeGone {
-				if err := s.releaseOfGoneNode(ctx, id, why); err != nil {
-					return nil, err
-				}
-				return &csipb.DeleteVolumeResponse{}, nil
+				return s.releaseOfGoneNode(ctx, h, why)
 			}
-			return nil, status.Errorf(codes.Unavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
+			return volume.Errorf(volume.ErrUnavailable, "delete volume %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 		}
 	}
 	// The states delivered during the grace were consumed there; cur is still a state of the
 	// same object (its UID), and the subscription holds whatever came after.
-	if err := s.d.waitOn(ctx, ch, cur, gone); err != nil {
-		return nil, waitError("delete volume "+id, err)
-	}
-	return &csipb.DeleteVolumeResponse{}, nil
+	return volume.WaitError("delete volume "+id, h.WaitFrom(ctx, cur, gone))
 }
 
 func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.ControllerPublishVolumeRequest) (*csipb.ControllerPublishVolumeResponse, error) {
 	id, nodeID := req.GetVolumeId(), req.GetNodeId()
 	switch {
 	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	case nodeID == "":
-		return nil, status.Error(codes.InvalidArgument, "node id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "node id is required")
 	case req.GetVolumeCapability() == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume capability is required")
 	}
 	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{req.GetVolumeCapability()}); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, volume.Errorf(volume.ErrInvalid, "%w", err)
 	}
-	vs, release, err := s.lockVolume(ctx, id)
+	h, err := s.d.volumes.OpenLive(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	if vs == nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	defer h.Close()
+	if !h.Exists() {
+		return nil, volume.Errorf(volume.ErrNotFound, "volume %s does not exist", id)
 	}
 	var node corev1.Node
 	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: nodeID}, &node); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "node %s does not exist", nodeID)
+			return nil, volume.Errorf(volume.ErrNotFound, "node %s does not exist", nodeID)
 		}
-		return nil, status.Errorf(codes.Unavailable, "read Node: %v", err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "read Node: %v", err)
 	}
-	if !isNVMe(vs) {
-		storeNode, err := s.storeNode(ctx, vs)
-		if err != nil {
-			return nil, err
-		}
-		if storeNode != nodeID {
-			return nil, status.Errorf(codes.FailedPrecondition, "local volume %s lives on node %s, not %s", id, storeNode, nodeID)
-		}
-		if err := s.d.waitVolume(ctx, id, readyOrFailed); err != nil {
-			return nil, waitError("publish volume "+id, err)
-		}
-		if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
-		}
-		return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{
-			ContextKind:       "local",
-			PublishDevicePath: vs.Status.DevicePath,
-		}}, nil
+	if !isNVMe(h.State) {
+		return s.publishLocal(ctx, h, nodeID)
 	}
 	hostNQN := node.Annotations[policyv1.AnnotationHostNQN]
 	if hostNQN == "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "node %s has no %s annotation (is the node plugin running?)", nodeID, policyv1.AnnotationHostNQN)
+		return nil, volume.Errorf(volume.ErrPrecondition, "node %s has no %s annotation (is the node plugin running?)", nodeID, policyv1.AnnotationHostNQN)
 	}
 	// The ACL admits by host NQN alone: granting an NQN that another node presents too would
 	// admit that node as well. Refused, never granted and never widened to any host.
@@ -714,21 +647,21 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if len(others) > 0 {
 		msg := hostnqn.Message(hostNQN, nodeID, others) + fmt.Sprintf("; publication of volume %s refused", id)
 		s.d.warn(&node, hostnqn.ReasonDuplicate, "Publish", msg)
-		return nil, status.Error(codes.FailedPrecondition, msg)
+		return nil, volume.Errorf(volume.ErrPrecondition, "%s", msg)
 	}
 	mode := req.GetVolumeCapability().GetAccessMode().GetMode()
 	want := storev1.Publication{NodeName: nodeID, HostNQN: hostNQN, AccessMode: mode.String(), ReadOnly: req.GetReadonly()}
-	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
+	gen, err := s.updatePublications(ctx, h, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
 		for _, p := range pubs {
 			if p.NodeName == nodeID {
 				if p != want {
-					return nil, status.Errorf(codes.AlreadyExists, "volume %s is published to node %s with another mode", id, nodeID)
+					return nil, volume.Errorf(volume.ErrExists, "volume %s is published to node %s with another mode", id, nodeID)
 				}
 				return pubs, nil
 			}
 		}
 		if len(pubs) > 0 && (singleNode(mode) || pubs[0].AccessMode != csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY.String()) {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published to node %s and its access mode allows one node", id, pubs[0].NodeName)
+			return nil, volume.Errorf(volume.ErrPrecondition, "volume %s is published to node %s and its access mode allows one node", id, pubs[0].NodeName)
 		}
 		return append(pubs, want), nil
 	})
@@ -736,8 +669,8 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		return nil, err
 	}
 	var done *storev1.VolumeState
-	err = s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
-		ok, err := readyOrFailed(vs)
+	err = h.Wait(ctx, func(vs *storev1.VolumeState) (bool, error) {
+		ok, err := volume.ReadyOrFailed(vs)
 		if !ok || err != nil {
 			return ok, err
 		}
@@ -748,20 +681,55 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 		return false, nil
 	})
 	if err != nil {
-		return nil, waitError("publish volume "+id, err)
+		return nil, volume.WaitError("publish volume "+id, err)
 	}
+	pc, err := s.nvmePublishContext(ctx, done)
+	if err != nil {
+		return nil, err
+	}
+	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+}
+
+// publishLocal answers ControllerPublishVolume of a local volume: only to the node of its
+// store, once the volume is ready, with its device path.
+func (s *controller) publishLocal(ctx context.Context, h *volume.Handle[*storev1.VolumeState], nodeID string) (*csipb.ControllerPublishVolumeResponse, error) {
+	storeNode, err := s.storeNode(ctx, h.State)
+	if err != nil {
+		return nil, err
+	}
+	if storeNode != nodeID {
+		return nil, volume.Errorf(volume.ErrPrecondition, "local volume %s lives on node %s, not %s", h.ID, storeNode, nodeID)
+	}
+	if err := h.Wait(ctx, volume.ReadyOrFailed); err != nil {
+		return nil, volume.WaitError("publish volume "+h.ID, err)
+	}
+	if err := h.ReadLive(ctx); err != nil {
+		return nil, err
+	}
+	if !h.Exists() {
+		return nil, volume.Errorf(volume.ErrUnavailable, "read VolumeState %s: deleted meanwhile", h.ID)
+	}
+	return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{
+		ContextKind:       "local",
+		PublishDevicePath: h.State.Status.DevicePath,
+	}}, nil
+}
+
+// nvmePublishContext is the publish context of an NVMe-oF volume vs exported by its agent:
+// where the export is, the storage node, and the frozen protocol's timers and authentication.
+func (s *controller) nvmePublishContext(ctx context.Context, vs *storev1.VolumeState) (map[string]string, error) {
 	pc := map[string]string{
 		ContextKind:    "nvmeofTcp",
-		PublishNQN:     done.Status.Export.NQN,
-		PublishAddress: done.Status.Export.Address,
-		PublishPort:    strconv.Itoa(int(done.Status.Export.Port)),
+		PublishNQN:     vs.Status.Export.NQN,
+		PublishAddress: vs.Status.Export.Address,
+		PublishPort:    strconv.Itoa(int(vs.Status.Export.Port)),
 	}
-	target, err := s.storeNode(ctx, done)
+	target, err := s.storeNode(ctx, vs)
 	if err != nil {
 		return nil, err
 	}
 	pc[PublishTargetNode] = target
-	if t := done.Spec.Policy.ProtocolSpec.NVMeoFTCP; t != nil {
+	if t := vs.Spec.Policy.ProtocolSpec.NVMeoFTCP; t != nil {
 		if t.CtrlLossTmo != nil {
 			pc[PublishCtrlLossTmo] = strconv.Itoa(int(*t.CtrlLossTmo))
 		}
@@ -778,7 +746,7 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 			}
 		}
 	}
-	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil
+	return pc, nil
 }
 
 // nodesPresenting returns the Nodes other than nodeID annotated with host NQN nqn (from the
@@ -786,7 +754,7 @@ func (s *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 func (s *controller) nodesPresenting(ctx context.Context, nodeID, nqn string) ([]string, error) {
 	var nodes corev1.NodeList
 	if err := s.d.kube.List(ctx, &nodes); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list Nodes: %v", err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "list Nodes: %v", err)
 	}
 	var others []string
 	for _, n := range nodes.Items {
@@ -798,12 +766,13 @@ func (s *controller) nodesPresenting(ctx context.Context, nodeID, nqn string) ([
 	return others, nil
 }
 
-// updatePublications applies change to spec.publications with a resourceVersion
+// updatePublications applies change to spec.publications of h.State with a resourceVersion
 // compare-and-swap (Update fails with Conflict when another writer came first: reread and
 // retry), bumping spec.publicationGeneration when the list changed. It returns the generation
 // the agent must reach.
-func (s *controller) updatePublications(ctx context.Context, vs *storev1.VolumeState, change func([]storev1.Publication) ([]storev1.Publication, error)) (int64, error) {
+func (s *controller) updatePublications(ctx context.Context, h *volume.Handle[*storev1.VolumeState], change func([]storev1.Publication) ([]storev1.Publication, error)) (int64, error) {
 	for attempt := 0; ; attempt++ {
+		vs := h.State
 		pubs, err := change(slices.Clone(vs.Spec.Publications))
 		if err != nil {
 			return 0, err
@@ -814,15 +783,15 @@ func (s *controller) updatePublications(ctx context.Context, vs *storev1.VolumeS
 		vs.Spec.Publications = pubs
 		vs.Spec.PublicationGeneration++
 		failpoint.Hit(failpoint.CSIPublishBeforeUpdate)
-		err = s.d.kube.Update(ctx, vs) // carries metadata.resourceVersion: the CAS
+		err = h.Update(ctx) // carries metadata.resourceVersion: the CAS
 		if err == nil {
 			return vs.Spec.PublicationGeneration, nil
 		}
 		if !apierrors.IsConflict(err) || attempt >= 10 {
-			return 0, status.Errorf(codes.Aborted, "update publications of %s: %v", vs.Name, err)
+			return 0, volume.Errorf(volume.ErrConflict, "update publications of %s: %v", vs.Name, err)
 		}
-		if err := s.d.live.Get(ctx, client.ObjectKey{Name: vs.Name}, vs); err != nil {
-			return 0, status.Errorf(codes.Aborted, "reread VolumeState %s: %v", vs.Name, err)
+		if err := h.ReadLive(ctx); err != nil || !h.Exists() {
+			return 0, volume.Errorf(volume.ErrConflict, "reread VolumeState %s: %v", vs.Name, cmp.Or(err, errors.New("deleted meanwhile")))
 		}
 	}
 }
@@ -830,47 +799,47 @@ func (s *controller) updatePublications(ctx context.Context, vs *storev1.VolumeS
 func (s *controller) ControllerUnpublishVolume(ctx context.Context, req *csipb.ControllerUnpublishVolumeRequest) (*csipb.ControllerUnpublishVolumeResponse, error) {
 	id, nodeID := req.GetVolumeId(), req.GetNodeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	if !storev1.IsVolumeID(id) {
 		return &csipb.ControllerUnpublishVolumeResponse{}, nil
 	}
-	vs, release, err := s.lockVolume(ctx, id)
+	h, err := s.d.volumes.OpenLive(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	if vs == nil || !isNVMe(vs) {
+	defer h.Close()
+	if !h.Exists() || !isNVMe(h.State) {
 		return &csipb.ControllerUnpublishVolumeResponse{}, nil
 	}
-	gen, err := s.updatePublications(ctx, vs, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
+	gen, err := s.updatePublications(ctx, h, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
 		return slices.DeleteFunc(pubs, func(p storev1.Publication) bool { return nodeID == "" || p.NodeName == nodeID }), nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	err = s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
+	err = h.Wait(ctx, func(vs *storev1.VolumeState) (bool, error) {
 		return vs == nil || vs.Status.ObservedPublicationGeneration >= gen, nil
 	})
 	if err != nil {
-		return nil, waitError("unpublish volume "+id, err)
+		return nil, volume.WaitError("unpublish volume "+id, err)
 	}
 	return &csipb.ControllerUnpublishVolumeResponse{}, nil
 }
 
 func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.ValidateVolumeCapabilitiesRequest) (*csipb.ValidateVolumeCapabilitiesResponse, error) {
 	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume capabilities are required")
 	}
-	vs, err := s.readVolume(ctx, req.GetVolumeId())
+	vs, err := s.d.volumes.Get(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
 	if vs == nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
+		return nil, volume.Errorf(volume.ErrNotFound, "volume %s does not exist", req.GetVolumeId())
 	}
 	mode, _, err := checkCapabilities(req.GetVolumeCapabilities())
 	if err == nil && mode != vs.Spec.VolumeMode {
@@ -888,11 +857,11 @@ func (s *controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.
 
 func (s *controller) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequest) (*csipb.ListVolumesResponse, error) {
 	if req.GetMaxEntries() < 0 {
-		return nil, status.Error(codes.InvalidArgument, "max_entries must not be negative")
+		return nil, volume.Errorf(volume.ErrInvalid, "max_entries must not be negative")
 	}
 	var list storev1.VolumeStateList
 	if err := s.d.kube.List(ctx, &list); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list VolumeStates: %v", err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "list VolumeStates: %v", err)
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
 	// The token is the last volume id of the previous page (ids sort by name), so deleting or
@@ -900,7 +869,7 @@ func (s *controller) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequ
 	start := 0
 	if tok := req.GetStartingToken(); tok != "" {
 		if !storev1.IsVolumeID(tok) {
-			return nil, status.Errorf(codes.Aborted, "starting token %q is not valid", tok)
+			return nil, volume.Errorf(volume.ErrConflict, "starting token %q is not valid", tok)
 		}
 		start = sort.Search(len(list.Items), func(i int) bool { return list.Items[i].Name > tok })
 	}
@@ -945,7 +914,7 @@ func (s *controller) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequ
 	}
 	var stores storev1.StoreList
 	if err := s.d.kube.List(ctx, &stores, opts...); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list Stores: %v", err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "list Stores: %v", err)
 	}
 	node, byNode := req.GetAccessibleTopology().GetSegments()[policyv1.TopologyKeyNode]
 	var sum, largest int64
@@ -962,28 +931,29 @@ func (s *controller) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequ
 func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.ControllerExpandVolumeRequest) (*csipb.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	if req.GetCapacityRange() == nil {
-		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "capacity range is required")
 	}
-	vs, release, err := s.lockVolume(ctx, id)
+	h, err := s.d.volumes.OpenLive(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	if vs == nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	defer h.Close()
+	if !h.Exists() {
+		return nil, volume.Errorf(volume.ErrNotFound, "volume %s does not exist", id)
 	}
+	vs := h.State
 	block := vs.Spec.VolumeMode == "Block" || req.GetVolumeCapability().GetBlock() != nil
 	var st storev1.Store
 	if err := s.d.kube.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
-		return nil, status.Errorf(codes.Internal, "Store %q: %v", vs.Spec.StoreName, err)
+		return nil, volume.Errorf(volume.ErrInternal, "Store %q: %v", vs.Spec.StoreName, err)
 	}
 	rng := req.GetCapacityRange()
 	size, err := RoundSize(rng.GetRequiredBytes(), rng.GetLimitBytes(), st.Status.ExtentBytes)
 	if err != nil {
-		return nil, status.Error(codes.OutOfRange, err.Error())
+		return nil, volume.Errorf(volume.ErrOutOfRange, "%w", err)
 	}
 	// Done at ≥ requested, never waiting for equality (sizes round up to the unit).
 	if cur := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes); size <= cur {
@@ -994,75 +964,50 @@ func (s *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 		}
 	} else {
 		vs.Spec.CapacityBytes = size
-		if err := s.d.kube.Update(ctx, vs); err != nil { // resourceVersion CAS
+		if err := h.Update(ctx); err != nil { // resourceVersion CAS
 			if apierrors.IsConflict(err) {
-				return nil, status.Errorf(codes.Aborted, "VolumeState %s changed meanwhile; retry", id)
+				return nil, volume.Errorf(volume.ErrConflict, "VolumeState %s changed meanwhile; retry", id)
 			}
-			return nil, status.Errorf(codes.Internal, "update VolumeState %s: %v", id, err)
+			return nil, volume.Errorf(volume.ErrInternal, "update VolumeState %s: %v", id, err)
 		}
 	}
 	var done *storev1.VolumeState
-	err = s.d.waitVolume(ctx, id, func(vs *storev1.VolumeState) (bool, error) {
+	err = h.Wait(ctx, func(vs *storev1.VolumeState) (bool, error) {
 		if vs == nil {
 			return false, errors.New("volume deleted during expansion")
 		}
-		ok, err := readyOrFailed(vs)
+		ok, err := volume.ReadyOrFailed(vs)
 		if ok && vs.Status.ActualBytes >= size {
 			done = vs
 			return true, nil
 		}
 		return false, err
 	})
-	if errors.Is(err, errRefused) {
-		s.undoExpansion(ctx, id, size)
+	if errors.Is(err, volume.ErrAgentRefused) {
+		s.undoExpansion(ctx, h, size)
 	}
 	if err != nil {
-		return nil, waitError("expand volume "+id, err)
+		return nil, volume.WaitError("expand volume "+id, err)
 	}
 	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: done.Status.ActualBytes, NodeExpansionRequired: !block}, nil
 }
 
-// undoExpansion sets spec.capacityBytes of volume id back to its real size (status.actualBytes)
-// after the agent refused size for good (ExpansionRefused): the spec then no longer asks for a
-// size the volume cannot have, so the agent stops retrying it and CreateVolume's idempotency
-// and ListVolumes report the real size. Only when the spec still asks for size (optimistic
-// lock): a newer request is left alone. Failures are logged; the next expansion retries.
-func (s *controller) undoExpansion(ctx context.Context, id string, size int64) {
-	vs, err := s.readVolume(ctx, id)
-	if err != nil || vs == nil || vs.Spec.CapacityBytes != size || vs.Status.ActualBytes <= 0 || vs.Status.ActualBytes >= size {
+// undoExpansion sets spec.capacityBytes of the volume of h back to its real size
+// (status.actualBytes) after the agent refused size for good (ExpansionRefused): the spec then
+// no longer asks for a size the volume cannot have, so the agent stops retrying it and
+// CreateVolume's idempotency and ListVolumes report the real size. Only when the spec still
+// asks for size (optimistic lock): a newer request is left alone. Failures are logged; the
+// next expansion retries.
+func (s *controller) undoExpansion(ctx context.Context, h *volume.Handle[*storev1.VolumeState], size int64) {
+	if err := h.ReadLive(ctx); err != nil || !h.Exists() {
+		return
+	}
+	vs := h.State
+	if vs.Spec.CapacityBytes != size || vs.Status.ActualBytes <= 0 || vs.Status.ActualBytes >= size {
 		return
 	}
 	vs.Spec.CapacityBytes = vs.Status.ActualBytes
-	if err := s.d.kube.Update(ctx, vs); err != nil {
-		s.d.log.Error(err, "set the refused expansion's size back", "volume", id)
+	if err := h.Update(ctx); err != nil {
+		s.d.log.Error(err, "set the refused expansion's size back", "volume", h.ID)
 	}
-}
-
-// lockVolume takes volume id's lock (Aborted while another call holds it) and reads its
-// VolumeState from the API server (readVolume). vs is nil when the volume does not exist:
-// what that means is each RPC's to say. release is set whenever err is nil.
-func (s *controller) lockVolume(ctx context.Context, id string) (vs *storev1.VolumeState, release func(), err error) {
-	release, err = s.d.locks.acquire(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	if vs, err = s.readVolume(ctx, id); err != nil {
-		release()
-		return nil, nil, err
-	}
-	return vs, release, nil
-}
-
-// readVolume reads the VolumeState of volume id from the API server (not the cache: the
-// publication CAS and size checks need the latest); nil when it does not exist, Unavailable
-// when the API server cannot answer.
-func (s *controller) readVolume(ctx context.Context, id string) (*storev1.VolumeState, error) {
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState: %v", err)
-	}
-	return vs, nil
 }

@@ -5,8 +5,13 @@
 // subsystems or uses local devices, formats blank devices, mounts, and keeps atomic stage
 // records so unstage works after restarts (package csi/stage).
 //
+// Under the RPCs lies the volume layer (csi/internal/volume): a handle per operation holding
+// the per-volume lock (a second operation on a busy volume gets ABORTED, CSI spec
+// "Concurrency"), the informer subscription and the VolumeState, and typed errors. The
+// services return those errors; the interceptor maps them to gRPC codes, in one place
+// (rpcError, errors.go).
+//
 // Run serves the services for one mode (controller, node or all) on a unix socket with a
-// logging interceptor (method at V(2), payload with secrets stripped at V(5)), per-volume locks
-// (a second operation on a busy volume gets ABORTED, CSI spec "Concurrency"), and the metric
+// logging interceptor (method at V(2), payload with secrets stripped at V(5)), and the metric
 // plinth_csi_operation_duration_seconds{method,code}.
 package csi

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
@@ -101,15 +101,17 @@ type Driver struct {
 	kube   client.Client   // cache-backed reads in controller modes, direct otherwise
 	live   client.Reader   // direct reads where freshness matters
 	keys   hostkeys.Source // this node's DH-HMAC-CHAP keys (Options.Keys)
-	hub    *hub[*storev1.VolumeState]
-	snaps  *hub[*storev1.VolumeSnapshotState] // snapshot.go
+	// volumes and snapshots are the volume layer's access to VolumeStates and
+	// VolumeSnapshotStates (controller modes; nil in node mode), sharing locks
+	volumes   *volume.Kind[*storev1.VolumeState]
+	snapshots *volume.Kind[*storev1.VolumeSnapshotState]
 
 	stages    stage.Dir
 	mounter   *mount.Mounter
 	initiator *nvme.Initiator
 	hostNQN   string
 
-	locks      volumeLocks
+	locks      *volume.Locks // per volume or snapshot id
 	ready      atomic.Bool
 	serving    chan struct{}
 	regPath    string // the registration socket while registration is on
@@ -175,7 +177,7 @@ func New(opts Options) (*Driver, error) {
 		stages:    stage.Dir{Path: opts.StateDir},
 		mounter:   opts.Mounter,
 		initiator: opts.Initiator,
-		locks:     volumeLocks{held: map[string]struct{}{}},
+		locks:     &volume.Locks{},
 		serving:   make(chan struct{}),
 		metrics:   newVolumeMetrics(),
 	}
@@ -343,7 +345,8 @@ func listen(endpoint string) (net.Listener, error) {
 }
 
 // intercept logs each call (method at V(2), stripped payloads at V(5)) and records its
-// duration and code.
+// duration and code. It is the RPC edge: the services' errors get their gRPC codes here
+// (rpcError), nowhere else.
 func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
 	log := d.log.WithValues("method", method)
@@ -352,6 +355,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		v.Info("request", "payload", stripSecrets(req))
 	}
 	resp, err := handler(logr.NewContext(ctx, log), req)
+	err = rpcError(err)
 	code := status.Code(err)
 	d.duration.WithLabelValues(method, code.String()).Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -412,25 +416,4 @@ func strip(m protoreflect.Message) {
 		}
 		return true
 	})
-}
-
-// volumeLocks serialises operations per volume id; a busy volume answers ABORTED so the CO
-// retries (CSI spec, "Concurrency": "operation pending for volume").
-type volumeLocks struct {
-	mu   sync.Mutex
-	held map[string]struct{}
-}
-
-func (l *volumeLocks) acquire(id string) (release func(), err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, busy := l.held[id]; busy {
-		return nil, status.Errorf(codes.Aborted, "an operation on volume %s is in progress", id)
-	}
-	l.held[id] = struct{}{}
-	return func() {
-		l.mu.Lock()
-		delete(l.held, id)
-		l.mu.Unlock()
-	}, nil
 }

@@ -13,12 +13,11 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
@@ -161,16 +160,16 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	id, staging, capability := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
 	switch {
 	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	case staging == "":
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "staging target path is required")
 	case capability == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume capability is required")
 	}
 	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{capability}); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, volume.Errorf(volume.ErrInvalid, "%w", err)
 	}
-	release, err := s.d.locks.acquire(id)
+	release, err := s.d.locks.Acquire(id)
 	if err != nil {
 		return nil, err
 	}
@@ -192,9 +191,9 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 			return &csipb.NodeStageVolumeResponse{}, nil // staged already, also after a restart
 		}
 	case err == nil:
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is staged at %s, not %s", id, rec.StagingPath, staging)
+		return nil, volume.Errorf(volume.ErrPrecondition, "volume %s is staged at %s, not %s", id, rec.StagingPath, staging)
 	case !errors.Is(err, stage.ErrNotFound):
-		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
 
 	rec = stage.Record{VolumeID: id, StagingPath: staging, Block: block}
@@ -203,7 +202,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		rec.Kind = stage.KindLocal
 		rec.Device = pc[PublishDevicePath]
 		if rec.Device == "" {
-			return nil, status.Errorf(codes.InvalidArgument, "publish context has no %s (was the volume published to this node?)", PublishDevicePath)
+			return nil, volume.Errorf(volume.ErrInvalid, "publish context has no %s (was the volume published to this node?)", PublishDevicePath)
 		}
 	case stage.KindNVMeoFTCP:
 		port, _ := strconv.Atoi(pc[PublishPort])
@@ -219,7 +218,7 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 			t.QueueSize = int32(v)
 		}
 		if t.NQN == "" || t.Address == "" || t.Port == 0 {
-			return nil, status.Error(codes.InvalidArgument, "publish context lacks nqn, address or port")
+			return nil, volume.Errorf(volume.ErrInvalid, "publish context lacks nqn, address or port")
 		}
 		if pc[PublishAuth] != "" {
 			// never a connect without the secret the target asks for
@@ -234,18 +233,18 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		rec.Kind, rec.NQN = stage.KindNVMeoFTCP, t.NQN
 		// Record first: a crash after connecting must still let unstage disconnect.
 		if err := s.d.stages.Save(rec); err != nil {
-			return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "save stage record: %v", err)
 		}
 		dev, err := s.d.initiator.Connect(ctx, t)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "connect: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "connect: %v", err)
 		}
 		rec.Device = dev
 	default:
-		return nil, status.Errorf(codes.InvalidArgument, "unknown protocol kind %q", kind)
+		return nil, volume.Errorf(volume.ErrInvalid, "unknown protocol kind %q", kind)
 	}
 	if err := mount.CheckBlockDevice(rec.Device); err != nil {
-		return nil, status.Error(codes.NotFound, err.Error())
+		return nil, volume.Errorf(volume.ErrNotFound, "%w", err)
 	}
 	if !block {
 		rec.FSType = capability.GetMount().GetFsType()
@@ -257,21 +256,21 @@ func (s *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		}
 	}
 	if err := s.d.stages.Save(rec); err != nil {
-		return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "save stage record: %v", err)
 	}
 	failpoint.Hit(failpoint.CSIStageRecordSaved)
 	if block {
 		return &csipb.NodeStageVolumeResponse{}, nil
 	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
-		return nil, status.Errorf(codes.Internal, "create staging path: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "create staging path: %v", err)
 	}
 	opts := append(jsonList(vc[ContextMountOptions]), capability.GetMount().GetMountFlags()...)
 	if err := s.d.mounter.FormatAndMount(rec.Device, staging, rec.FSType, jsonList(vc[ContextMkfsOptions]), opts); err != nil {
 		if errors.Is(err, mount.ErrDeviceNotFound) {
-			return nil, status.Error(codes.NotFound, err.Error())
+			return nil, volume.Errorf(volume.ErrNotFound, "%w", err)
 		}
-		return nil, status.Errorf(codes.Internal, "format and mount %s: %v", rec.Device, err)
+		return nil, volume.Errorf(volume.ErrInternal, "format and mount %s: %v", rec.Device, err)
 	}
 	if err := s.growToDevice(rec); err != nil {
 		return nil, err
@@ -294,10 +293,10 @@ func (s *node) growToDevice(rec stage.Record) error {
 	}
 	size, err := mount.DeviceSize(rec.Device)
 	if err != nil {
-		return status.Errorf(codes.Internal, "device size of %s: %v", rec.Device, err)
+		return volume.Errorf(volume.ErrInternal, "device size of %s: %v", rec.Device, err)
 	}
 	if _, _, err := s.d.mounter.Grow(rec.Device, rec.StagingPath, size&^(1<<20-1)); err != nil {
-		return status.Errorf(codes.Internal, "grow the filesystem on %s to its device (%d bytes): %v", rec.Device, size, err)
+		return volume.Errorf(volume.ErrInternal, "grow the filesystem on %s to its device (%d bytes): %v", rec.Device, size, err)
 	}
 	return nil
 }
@@ -310,12 +309,12 @@ func (s *node) growToDevice(rec stage.Record) error {
 func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	if staging == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "staging target path is required")
 	}
-	release, err := s.d.locks.acquire(id)
+	release, err := s.d.locks.Acquire(id)
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +323,7 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 	if errors.Is(err, stage.ErrNotFound) {
 		src, err := s.d.mounter.SourceOf(staging)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "read mounts: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "read mounts: %v", err)
 		}
 		if src == "" {
 			// Nothing mounted; but a connection no record remembers must not stay behind.
@@ -334,26 +333,26 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 			return &csipb.NodeUnstageVolumeResponse{}, nil // not staged: OK (CSI spec)
 		}
 		if _, err := os.Stat(src); err != nil {
-			return nil, status.Errorf(codes.Internal, "%s is mounted from %s, which is gone, and no stage record says how it was attached", staging, src)
+			return nil, volume.Errorf(volume.ErrInternal, "%s is mounted from %s, which is gone, and no stage record says how it was attached", staging, src)
 		}
 		rec = stage.Record{VolumeID: id, StagingPath: staging, Kind: stage.KindLocal, Device: src}
 		if nqn := s.d.initiator.SubsystemNQNOfDevice(src); nqn != "" {
 			rec.Kind, rec.NQN = stage.KindNVMeoFTCP, nqn
 		}
 	} else if err != nil {
-		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
 	if err := s.d.mounter.Unmount(staging, false); err != nil {
-		return nil, status.Errorf(codes.Internal, "unmount %s: %v", staging, err)
+		return nil, volume.Errorf(volume.ErrInternal, "unmount %s: %v", staging, err)
 	}
 	if rec.Kind == stage.KindNVMeoFTCP {
 		if err := s.d.initiator.Disconnect(ctx, rec.NQN); err != nil {
-			return nil, status.Errorf(codes.Internal, "disconnect: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "disconnect: %v", err)
 		}
 	}
 	failpoint.Hit(failpoint.CSIUnstageUnmounted)
 	if err := s.d.stages.Remove(id); err != nil {
-		return nil, status.Errorf(codes.Internal, "remove stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "remove stage record: %v", err)
 	}
 	return &csipb.NodeUnstageVolumeResponse{}, nil
 }
@@ -365,25 +364,25 @@ func (s *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 func (s *node) disconnectUnrecorded(ctx context.Context, id string) error {
 	nqns, err := s.d.initiator.SubsystemNQNsOfVolume(id)
 	if err != nil {
-		return status.Errorf(codes.Internal, "look for NVMe-oF connections of %s: %v", id, err)
+		return volume.Errorf(volume.ErrInternal, "look for NVMe-oF connections of %s: %v", id, err)
 	}
 	for _, nqn := range nqns {
 		dev, err := s.d.initiator.Device(nqn)
 		if err != nil {
-			return status.Errorf(codes.Internal, "device of %s: %v", nqn, err)
+			return volume.Errorf(volume.ErrInternal, "device of %s: %v", nqn, err)
 		}
 		if dev != "" {
 			mps, err := s.d.mounter.MountPointsOf(dev)
 			if err != nil {
-				return status.Errorf(codes.Internal, "read mounts: %v", err)
+				return volume.Errorf(volume.ErrInternal, "read mounts: %v", err)
 			}
 			if len(mps) > 0 {
-				return status.Errorf(codes.FailedPrecondition, "volume %s has no stage record, and its NVMe-oF namespace %s (%s) is mounted at %s: not disconnecting",
+				return volume.Errorf(volume.ErrPrecondition, "volume %s has no stage record, and its NVMe-oF namespace %s (%s) is mounted at %s: not disconnecting",
 					id, dev, nqn, strings.Join(mps, ", "))
 			}
 		}
 		if err := s.d.initiator.Disconnect(ctx, nqn); err != nil {
-			return status.Errorf(codes.Internal, "disconnect %s (no stage record): %v", nqn, err)
+			return volume.Errorf(volume.ErrInternal, "disconnect %s (no stage record): %v", nqn, err)
 		}
 	}
 	return nil
@@ -393,30 +392,30 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 	id, target, staging, capability := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath(), req.GetVolumeCapability()
 	switch {
 	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	case target == "":
-		return nil, status.Error(codes.InvalidArgument, "target path is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "target path is required")
 	case staging == "":
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "staging target path is required")
 	case capability == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume capability is required")
 	}
 	if _, _, err := checkCapabilities([]*csipb.VolumeCapability{capability}); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, volume.Errorf(volume.ErrInvalid, "%w", err)
 	}
-	release, err := s.d.locks.acquire(id)
+	release, err := s.d.locks.Acquire(id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	rec, err := s.d.stages.Load(id)
 	if errors.Is(err, stage.ErrNotFound) {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged", id)
+		return nil, volume.Errorf(volume.ErrPrecondition, "volume %s is not staged", id)
 	} else if err != nil {
-		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
 	if mounted, err := s.d.mounter.IsMounted(target); err != nil {
-		return nil, status.Errorf(codes.Internal, "read mounts: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "read mounts: %v", err)
 	} else if mounted {
 		return &csipb.NodePublishVolumeResponse{}, nil
 	}
@@ -426,25 +425,25 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 			continue
 		}
 		if m, _ := s.d.mounter.IsMounted(other); m && (single || rec.SingleWriter) {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published single-writer at %s", id, other)
+			return nil, volume.Errorf(volume.ErrPrecondition, "volume %s is published single-writer at %s", id, other)
 		}
 	}
 	source := staging
 	if capability.GetBlock() != nil {
 		source = rec.Device
 		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
-			return nil, status.Errorf(codes.Internal, "create target folder: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "create target folder: %v", err)
 		}
 		f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "create target file: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "create target file: %v", err)
 		}
 		f.Close()
 	} else if err := os.MkdirAll(target, 0o750); err != nil {
-		return nil, status.Errorf(codes.Internal, "create target: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "create target: %v", err)
 	}
 	if err := s.d.mounter.BindMount(source, target, req.GetReadonly(), capability.GetMount().GetMountFlags()); err != nil {
-		return nil, status.Errorf(codes.Internal, "bind mount: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "bind mount: %v", err)
 	}
 	failpoint.Hit(failpoint.CSINodePublishMounted)
 	if !slices.Contains(rec.Targets, target) {
@@ -452,7 +451,7 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 	}
 	rec.SingleWriter = rec.SingleWriter || single
 	if err := s.d.stages.Save(rec); err != nil {
-		return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "save stage record: %v", err)
 	}
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
@@ -460,19 +459,19 @@ func (s *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 func (s *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	if target == "" {
-		return nil, status.Error(codes.InvalidArgument, "target path is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "target path is required")
 	}
-	release, err := s.d.locks.acquire(id)
+	release, err := s.d.locks.Acquire(id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	// Unmount also a dead mount (stat fails) and remove the path we created (CSI spec NodeUnpublish).
 	if err := s.d.mounter.Unmount(target, true); err != nil {
-		return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+		return nil, volume.Errorf(volume.ErrInternal, "unmount %s: %v", target, err)
 	}
 	if rec, err := s.d.stages.Load(id); err == nil && slices.Contains(rec.Targets, target) {
 		rec.Targets = slices.DeleteFunc(rec.Targets, func(p string) bool { return p == target })
@@ -480,7 +479,7 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 			rec.SingleWriter = false
 		}
 		if err := s.d.stages.Save(rec); err != nil {
-			return nil, status.Errorf(codes.Internal, "save stage record: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "save stage record: %v", err)
 		}
 	}
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
@@ -488,32 +487,32 @@ func (s *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 
 func (s *node) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
 	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	path := req.GetVolumePath()
 	if path == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume path is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume path is required")
 	}
 	fi, err := s.d.mounter.Stat(path)
 	switch {
 	case err != nil && mount.IsCorrupted(err):
 		// CSI v1.13 moved volume conditions to NodeGetVolumeHealth, which reports this as INACCESSIBLE.
-		return nil, status.Errorf(codes.Internal, "mount at %s is dead: %v", path, err)
+		return nil, volume.Errorf(volume.ErrInternal, "mount at %s is dead: %v", path, err)
 	case errors.Is(err, os.ErrNotExist):
-		return nil, status.Errorf(codes.NotFound, "volume path %s does not exist", path)
+		return nil, volume.Errorf(volume.ErrNotFound, "volume path %s does not exist", path)
 	case err != nil:
-		return nil, status.Errorf(codes.Internal, "stat %s: %v", path, err)
+		return nil, volume.Errorf(volume.ErrInternal, "stat %s: %v", path, err)
 	}
 	if fi.Mode()&os.ModeDevice != 0 {
 		size, err := mount.DeviceSize(path)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "device size: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "device size: %v", err)
 		}
 		return &csipb.NodeGetVolumeStatsResponse{Usage: []*csipb.VolumeUsage{{Unit: csipb.VolumeUsage_BYTES, Total: size}}}, nil
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
-		return nil, status.Errorf(codes.Internal, "statfs %s: %v", path, err)
+		return nil, volume.Errorf(volume.ErrInternal, "statfs %s: %v", path, err)
 	}
 	bs := st.Bsize
 	return &csipb.NodeGetVolumeStatsResponse{
@@ -537,15 +536,15 @@ const ReasonDeviceGone = "DeviceGone"
 func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolumeHealthRequest) (*csipb.NodeGetVolumeHealthResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	rec, err := s.d.stages.Load(id)
 	if err != nil && !errors.Is(err, stage.ErrNotFound) {
-		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
 	staged := err == nil
 	if !staged && req.GetVolumePublishPath() == "" && req.GetStagingTargetPath() == "" {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
+		return nil, volume.Errorf(volume.ErrNotFound, "volume %s is not staged on this node", id)
 	}
 	var r *stage.Record
 	if staged {
@@ -563,33 +562,33 @@ func (s *node) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolume
 func (s *node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolumeRequest) (*csipb.NodeExpandVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
 	}
 	if path == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume path is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "volume path is required")
 	}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return nil, status.Errorf(codes.NotFound, "volume path %s does not exist", path)
+		return nil, volume.Errorf(volume.ErrNotFound, "volume path %s does not exist", path)
 	}
-	release, err := s.d.locks.acquire(id)
+	release, err := s.d.locks.Acquire(id)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	rec, err := s.d.stages.Load(id)
 	if errors.Is(err, stage.ErrNotFound) {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
+		return nil, volume.Errorf(volume.ErrNotFound, "volume %s is not staged on this node", id)
 	} else if err != nil {
-		return nil, status.Errorf(codes.Internal, "stage record: %v", err)
+		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
 	want := req.GetCapacityRange().GetRequiredBytes()
 	if rec.Block || req.GetVolumeCapability().GetBlock() != nil {
 		size, err := mount.DeviceSize(rec.Device)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "device size: %v", err)
+			return nil, volume.Errorf(volume.ErrInternal, "device size: %v", err)
 		}
 		if size < want {
-			return nil, status.Errorf(codes.Unavailable, "device %s has %d bytes, %d asked: not grown yet", rec.Device, size, want)
+			return nil, volume.Errorf(volume.ErrUnavailable, "device %s has %d bytes, %d asked: not grown yet", rec.Device, size, want)
 		}
 		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
@@ -600,9 +599,9 @@ func (s *node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolume
 	_, size, err := s.d.mounter.Grow(rec.Device, mnt, want)
 	switch {
 	case errors.Is(err, mount.ErrDeviceTooSmall):
-		return nil, status.Errorf(codes.Unavailable, "%v: not grown yet, the filesystem is left as it is", err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "%v: not grown yet, the filesystem is left as it is", err)
 	case err != nil:
-		return nil, status.Errorf(codes.Internal, "grow filesystem on %s: %v", rec.Device, err)
+		return nil, volume.Errorf(volume.ErrInternal, "grow filesystem on %s: %v", rec.Device, err)
 	}
 	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

@@ -4,13 +4,12 @@ import (
 	"context"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/internal/overrides"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
@@ -49,15 +48,15 @@ func (s *controller) pvcOverrides(ctx context.Context, params map[string]string,
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) { // deleted while provisioning: the sidecar gives up too
-			return nil, status.Errorf(codes.InvalidArgument, "PVC %s/%s named by the request does not exist", ns, name)
+			return nil, volume.Errorf(volume.ErrInvalid, "PVC %s/%s named by the request does not exist", ns, name)
 		}
-		return nil, status.Errorf(codes.Unavailable, "read PVC %s/%s: %v", ns, name, err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "read PVC %s/%s: %v", ns, name, err)
 	}
 	o, err := overrides.Parse(pvc.Annotations, pl, fsType)
 	if err != nil {
 		msg := fmt.Sprintf("PVC %s/%s: %v", ns, name, err)
 		s.d.warn(pvc, ReasonOverrideRefused, "CreateVolume", msg)
-		return nil, status.Error(codes.InvalidArgument, msg)
+		return nil, volume.Errorf(volume.ErrInvalid, "%s", msg)
 	}
 	return o, nil
 }

@@ -9,15 +9,13 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -27,50 +25,6 @@ import (
 // polling) until that node's agent reports it ready to use; DeleteSnapshot deletes it and waits
 // until the agent removed it from the backend and released its finalizer. A snapshot lives on
 // its source's Store; volumes restored or cloned from it are made on that Store too.
-
-// waitSnapshot is waitVolume for a VolumeSnapshotState (through waitOn): done sees the live state (nil when
-// absent), then every state the informer delivers, until it says finished or fails, or the
-// wait is over. States of an earlier object of the same name are ignored once one is known.
-func (d *Driver) waitSnapshot(ctx context.Context, name string, ss *storev1.VolumeSnapshotState, ch <-chan *storev1.VolumeSnapshotState, done func(*storev1.VolumeSnapshotState) (bool, error)) error {
-	// The first read counts against the wait too.
-	ctx, cancel := context.WithTimeout(ctx, d.opts.WaitTimeout)
-	defer cancel()
-	if ch == nil {
-		c, unsubscribe := d.snaps.subscribe(name)
-		defer unsubscribe()
-		ch = c
-		ss = &storev1.VolumeSnapshotState{}
-		if err := d.live.Get(ctx, client.ObjectKey{Name: name}, ss); apierrors.IsNotFound(err) {
-			ss = nil
-		} else if err != nil {
-			return err
-		}
-	}
-	return waitOn(ctx, d.opts.WaitTimeout, ch, ss, done)
-}
-
-// snapshotReady is the wait condition of CreateSnapshot: ready to use, or failed.
-func snapshotReady(ss *storev1.VolumeSnapshotState) (bool, error) {
-	if ss == nil {
-		return false, nil
-	}
-	if ss.Status.ReadyToUse && ss.Status.ObservedGeneration >= ss.Generation {
-		return true, nil
-	}
-	if c := meta.FindStatusCondition(ss.Status.Conditions, storev1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse {
-		switch c.Reason {
-		case storev1.ReasonInsufficientCapacity:
-			return false, fmt.Errorf("%w: %s", errCapacity, c.Message)
-		case storev1.ReasonSnapshotUnsupported:
-			return false, fmt.Errorf("%w: %s", errSnapshotUnsupported, c.Message)
-		case storev1.ReasonSnapshotFailed:
-			return false, fmt.Errorf("agent reports the snapshot failed: %s", c.Message)
-		}
-	}
-	return false, nil
-}
-
-var errSnapshotUnsupported = errors.New("the backend takes no snapshots")
 
 // snapshotsSupported says why volumes of backend b can have no snapshots or clones, or "".
 // Thick (linear) LVM LVs have none: an LVM snapshot of a linear LV is a copy-on-write
@@ -90,46 +44,55 @@ func snapshotsSupported(b policyv1.Backend) string {
 func (s *controller) CreateSnapshot(ctx context.Context, req *csipb.CreateSnapshotRequest) (*csipb.CreateSnapshotResponse, error) {
 	name, src := req.GetName(), req.GetSourceVolumeId()
 	if name == "" {
-		return nil, status.Error(codes.InvalidArgument, "name is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "name is required")
 	}
 	if src == "" {
-		return nil, status.Error(codes.InvalidArgument, "source volume id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "source volume id is required")
 	}
 	id := storev1.SnapshotID(name)
-	release, err := s.d.locks.acquire(id)
+	h, err := s.d.snapshots.OpenLive(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-
-	ch, unsubscribe := s.d.snaps.subscribe(id)
-	defer unsubscribe()
-	ss := &storev1.VolumeSnapshotState{}
-	switch err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, ss); {
-	case err == nil:
+	defer h.Close()
+	if ss := h.State; ss != nil {
 		if ss.Spec.CSIName != name {
-			return nil, status.Errorf(codes.AlreadyExists, "snapshot id %s belongs to another name", id)
+			return nil, volume.Errorf(volume.ErrExists, "snapshot id %s belongs to another name", id)
 		}
 		if ss.Spec.SourceVolume != src {
-			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists of volume %s, not %s", name, ss.Spec.SourceVolume, src)
+			return nil, volume.Errorf(volume.ErrExists, "snapshot %q exists of volume %s, not %s", name, ss.Spec.SourceVolume, src)
 		}
 		if ss.DeletionTimestamp != nil {
-			return nil, status.Errorf(codes.Aborted, "snapshot %s is being deleted", id)
+			return nil, volume.Errorf(volume.ErrConflict, "snapshot %s is being deleted", id)
 		}
-		return s.answerSnapshot(ctx, id, ss, ch)
-	case !apierrors.IsNotFound(err):
-		return nil, status.Errorf(codes.Unavailable, "read VolumeSnapshotState %s: %v", id, err)
+		return s.answerSnapshot(ctx, h)
 	}
-
-	vs := &storev1.VolumeState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: src}, vs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "source volume %s does not exist", src)
+	ss, err := s.newSnapshotState(ctx, req, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Create(ctx, ss); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil, volume.Errorf(volume.ErrConflict, "snapshot %s is being created by another call", id)
 		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", src, err)
+		return nil, volume.Errorf(volume.ErrInternal, "create VolumeSnapshotState %s: %v", id, err)
+	}
+	return s.answerSnapshot(ctx, h)
+}
+
+// newSnapshotState makes the VolumeSnapshotState id of a new snapshot for req, once its source
+// volume is ready: on the source's Store and, for a local volume, accessible on its node only.
+func (s *controller) newSnapshotState(ctx context.Context, req *csipb.CreateSnapshotRequest, id string) (*storev1.VolumeSnapshotState, error) {
+	name, src := req.GetName(), req.GetSourceVolumeId()
+	vs, err := s.d.volumes.Get(ctx, src)
+	if err != nil {
+		return nil, err
+	}
+	if vs == nil {
+		return nil, volume.Errorf(volume.ErrNotFound, "source volume %s does not exist", src)
 	}
 	if why := snapshotsSupported(vs.Spec.Policy.Backend); why != "" {
-		return nil, status.Errorf(codes.InvalidArgument, "snapshot of volume %s: %s", src, why)
+		return nil, volume.Errorf(volume.ErrInvalid, "snapshot of volume %s: %s", src, why)
 	}
 	node, err := s.storeNode(ctx, vs)
 	if err != nil {
@@ -139,16 +102,16 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csipb.CreateSnapsh
 	if !isNVMe(vs) {
 		accessible = node
 		if reqd := topologyNodes(req.GetAccessibilityRequirements().GetRequisite()); len(reqd) > 0 && !slices.Contains(reqd, node) {
-			return nil, status.Errorf(codes.InvalidArgument, "local volume %s lives on node %s, outside the requested topology %v: its snapshot can only be there", src, node, reqd)
+			return nil, volume.Errorf(volume.ErrInvalid, "local volume %s lives on node %s, outside the requested topology %v: its snapshot can only be there", src, node, reqd)
 		}
 	}
 	if vs.DeletionTimestamp != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "source volume %s is being deleted", src)
+		return nil, volume.Errorf(volume.ErrPrecondition, "source volume %s is being deleted", src)
 	}
-	if err := s.d.waitVolume(ctx, src, readyOrFailed); err != nil {
-		return nil, waitError("snapshot source volume "+src, err)
+	if err := s.d.volumes.Watch(ctx, src, volume.ReadyOrFailed); err != nil {
+		return nil, volume.WaitError("snapshot source volume "+src, err)
 	}
-	ss = &storev1.VolumeSnapshotState{
+	return &storev1.VolumeSnapshotState{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: id,
 			Labels: map[string]string{
@@ -157,38 +120,32 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csipb.CreateSnapsh
 			},
 		},
 		Spec: storev1.VolumeSnapshotStateSpec{CSIName: name, SourceVolume: src, StoreName: vs.Spec.StoreName, Pool: vs.Spec.Policy.Pool, AccessibleNode: accessible},
-	}
-	if err := s.d.kube.Create(ctx, ss); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			return nil, status.Errorf(codes.Aborted, "snapshot %s is being created by another call", id)
-		}
-		return nil, status.Errorf(codes.Internal, "create VolumeSnapshotState %s: %v", id, err)
-	}
-	return s.answerSnapshot(ctx, id, ss, ch)
+	}, nil
 }
 
-// answerSnapshot waits until the agent took the snapshot and answers CreateSnapshot. A
-// snapshot the agent had no room for, or that its backend cannot take, is deleted so that a
-// retry starts afresh.
-func (s *controller) answerSnapshot(ctx context.Context, id string, ss *storev1.VolumeSnapshotState, ch <-chan *storev1.VolumeSnapshotState) (*csipb.CreateSnapshotResponse, error) {
+// answerSnapshot waits from h.State on until the agent took the snapshot and answers
+// CreateSnapshot. A snapshot the agent had no room for, or that its backend cannot take, is
+// deleted so that a retry starts afresh.
+func (s *controller) answerSnapshot(ctx context.Context, h *volume.Handle[*storev1.VolumeSnapshotState]) (*csipb.CreateSnapshotResponse, error) {
+	id := h.ID
 	var ready *storev1.VolumeSnapshotState
-	err := s.d.waitSnapshot(ctx, id, ss, ch, func(ss *storev1.VolumeSnapshotState) (bool, error) {
-		ok, err := snapshotReady(ss)
+	err := h.WaitFrom(ctx, h.State, func(ss *storev1.VolumeSnapshotState) (bool, error) {
+		ok, err := volume.SnapshotReady(ss)
 		if ok {
 			ready = ss
 		}
 		return ok, err
 	})
-	if errors.Is(err, errCapacity) || errors.Is(err, errSnapshotUnsupported) {
-		if derr := s.d.kube.Delete(ctx, &storev1.VolumeSnapshotState{ObjectMeta: metav1.ObjectMeta{Name: id}}); derr != nil && !apierrors.IsNotFound(derr) {
+	if errors.Is(err, volume.ErrAgentNoRoom) || errors.Is(err, volume.ErrSnapshotUnsupported) {
+		if derr := h.Delete(ctx); derr != nil && !apierrors.IsNotFound(derr) {
 			s.d.log.Error(derr, "delete VolumeSnapshotState that could not be taken", "snapshot", id)
 		}
 	}
-	if errors.Is(err, errSnapshotUnsupported) {
-		return nil, status.Errorf(codes.InvalidArgument, "create snapshot %s: %v", id, err)
+	if errors.Is(err, volume.ErrSnapshotUnsupported) {
+		return nil, volume.Errorf(volume.ErrInvalid, "create snapshot %s: %v", id, err)
 	}
 	if err != nil {
-		return nil, waitError("create snapshot "+id, err)
+		return nil, volume.WaitError("create snapshot "+id, err)
 	}
 	return &csipb.CreateSnapshotResponse{Snapshot: csiSnapshot(ready)}, nil
 }
@@ -216,32 +173,32 @@ func csiSnapshot(ss *storev1.VolumeSnapshotState) *csipb.Snapshot {
 func (s *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapshotRequest) (*csipb.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "snapshot id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "snapshot id is required")
 	}
 	if !storev1.IsSnapshotID(id) {
 		return &csipb.DeleteSnapshotResponse{}, nil // never ours: nothing to delete
 	}
-	release, err := s.d.locks.acquire(id)
+	h, err := s.d.snapshots.Open(id)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
+	defer h.Close()
 	var store string
-	if ss := (&storev1.VolumeSnapshotState{}); s.d.live.Get(ctx, client.ObjectKey{Name: id}, ss) == nil {
-		store = ss.Spec.StoreName
+	if h.ReadLive(ctx) == nil && h.Exists() {
+		store = h.State.Spec.StoreName
 	}
-	if err := s.d.kube.Delete(ctx, &storev1.VolumeSnapshotState{ObjectMeta: metav1.ObjectMeta{Name: id}}); err != nil {
+	if err := h.Delete(ctx); err != nil {
 		if apierrors.IsNotFound(err) {
 			return &csipb.DeleteSnapshotResponse{}, nil
 		}
-		return nil, status.Errorf(codes.Unavailable, "delete VolumeSnapshotState %s: %v", id, err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "delete VolumeSnapshotState %s: %v", id, err)
 	}
 	// As DeleteVolume: an agent that cannot answer would keep this call for the whole wait.
 	if why, _ := s.storeAgentAbsent(ctx, store); why != "" {
-		return nil, status.Errorf(codes.Unavailable, "delete snapshot %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
+		return nil, volume.Errorf(volume.ErrUnavailable, "delete snapshot %s: marked for deletion, but %s; the agent deletes it when it reports again", id, why)
 	}
-	if err := s.d.waitSnapshot(ctx, id, nil, nil, func(ss *storev1.VolumeSnapshotState) (bool, error) { return ss == nil, nil }); err != nil {
-		return nil, waitError("delete snapshot "+id, err)
+	if err := h.Wait(ctx, func(ss *storev1.VolumeSnapshotState) (bool, error) { return ss == nil, nil }); err != nil {
+		return nil, volume.WaitError("delete snapshot "+id, err)
 	}
 	return &csipb.DeleteSnapshotResponse{}, nil
 }
@@ -249,14 +206,14 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapsh
 func (s *controller) GetSnapshot(ctx context.Context, req *csipb.GetSnapshotRequest) (*csipb.GetSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "snapshot id is required")
+		return nil, volume.Errorf(volume.ErrInvalid, "snapshot id is required")
 	}
-	ss := &storev1.VolumeSnapshotState{}
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, ss); err != nil {
-		if apierrors.IsNotFound(err) || !storev1.IsSnapshotID(id) {
-			return nil, status.Errorf(codes.NotFound, "snapshot %s does not exist", id)
-		}
-		return nil, status.Errorf(codes.Unavailable, "read VolumeSnapshotState %s: %v", id, err)
+	ss, err := s.d.snapshots.Get(ctx, id)
+	if ss == nil && (err == nil || !storev1.IsSnapshotID(id)) {
+		return nil, volume.Errorf(volume.ErrNotFound, "snapshot %s does not exist", id)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return &csipb.GetSnapshotResponse{Snapshot: csiSnapshot(ss)}, nil
 }
@@ -265,11 +222,11 @@ func (s *controller) GetSnapshot(ctx context.Context, req *csipb.GetSnapshotRequ
 // token is the last id of the previous page, like ListVolumes.
 func (s *controller) ListSnapshots(ctx context.Context, req *csipb.ListSnapshotsRequest) (*csipb.ListSnapshotsResponse, error) {
 	if req.GetMaxEntries() < 0 {
-		return nil, status.Error(codes.InvalidArgument, "max_entries must not be negative")
+		return nil, volume.Errorf(volume.ErrInvalid, "max_entries must not be negative")
 	}
 	var list storev1.VolumeSnapshotStateList
 	if err := s.d.kube.List(ctx, &list); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list VolumeSnapshotStates: %v", err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "list VolumeSnapshotStates: %v", err)
 	}
 	items := slices.DeleteFunc(list.Items, func(ss storev1.VolumeSnapshotState) bool {
 		return (req.GetSnapshotId() != "" && ss.Name != req.GetSnapshotId()) ||
@@ -279,7 +236,7 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csipb.ListSnapshots
 	start := 0
 	if tok := req.GetStartingToken(); tok != "" {
 		if !storev1.IsSnapshotID(tok) {
-			return nil, status.Errorf(codes.Aborted, "starting token %q is not valid", tok)
+			return nil, volume.Errorf(volume.ErrConflict, "starting token %q is not valid", tok)
 		}
 		start = sort.Search(len(items), func(i int) bool { return items[i].Name > tok })
 	}
@@ -313,44 +270,44 @@ type source struct {
 func (s *controller) contentSource(ctx context.Context, cs *csipb.VolumeContentSource) (*source, error) {
 	if snap := cs.GetSnapshot(); snap != nil {
 		id := snap.GetSnapshotId()
-		ss := &storev1.VolumeSnapshotState{}
-		if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, ss); err != nil {
-			if apierrors.IsNotFound(err) || !storev1.IsSnapshotID(id) {
-				return nil, status.Errorf(codes.NotFound, "source snapshot %s does not exist", id)
-			}
-			return nil, status.Errorf(codes.Unavailable, "read VolumeSnapshotState %s: %v", id, err)
+		ss, err := s.d.snapshots.Get(ctx, id)
+		if ss == nil && (err == nil || !storev1.IsSnapshotID(id)) {
+			return nil, volume.Errorf(volume.ErrNotFound, "source snapshot %s does not exist", id)
+		}
+		if err != nil {
+			return nil, err
 		}
 		if ss.DeletionTimestamp != nil {
-			return nil, status.Errorf(codes.NotFound, "source snapshot %s is being deleted", id)
+			return nil, volume.Errorf(volume.ErrNotFound, "source snapshot %s is being deleted", id)
 		}
 		if !ss.Status.ReadyToUse {
-			return nil, status.Errorf(codes.Unavailable, "source snapshot %s is not ready to use yet", id)
+			return nil, volume.Errorf(volume.ErrUnavailable, "source snapshot %s is not ready to use yet", id)
 		}
 		return &source{spec: storev1.ContentSource{Snapshot: id}, storeName: ss.Spec.StoreName, pool: ss.Spec.Pool,
 			minBytes: ss.Status.SizeBytes, what: "snapshot " + id}, nil
 	}
 	if vol := cs.GetVolume(); vol != nil {
 		id := vol.GetVolumeId()
-		vs := &storev1.VolumeState{}
-		if err := s.d.live.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
-			if apierrors.IsNotFound(err) || !storev1.IsVolumeID(id) {
-				return nil, status.Errorf(codes.NotFound, "source volume %s does not exist", id)
-			}
-			return nil, status.Errorf(codes.Unavailable, "read VolumeState %s: %v", id, err)
+		vs, err := s.d.volumes.Get(ctx, id)
+		if vs == nil && (err == nil || !storev1.IsVolumeID(id)) {
+			return nil, volume.Errorf(volume.ErrNotFound, "source volume %s does not exist", id)
+		}
+		if err != nil {
+			return nil, err
 		}
 		if why := snapshotsSupported(vs.Spec.Policy.Backend); why != "" {
-			return nil, status.Errorf(codes.InvalidArgument, "clone of volume %s: %s", id, why)
+			return nil, volume.Errorf(volume.ErrInvalid, "clone of volume %s: %s", id, why)
 		}
 		if vs.DeletionTimestamp != nil {
-			return nil, status.Errorf(codes.NotFound, "source volume %s is being deleted", id)
+			return nil, volume.Errorf(volume.ErrNotFound, "source volume %s is being deleted", id)
 		}
-		if ok, _ := readyOrFailed(vs); !ok {
-			return nil, status.Errorf(codes.Unavailable, "source volume %s is not ready yet", id)
+		if ok, _ := volume.ReadyOrFailed(vs); !ok {
+			return nil, volume.Errorf(volume.ErrUnavailable, "source volume %s is not ready yet", id)
 		}
 		return &source{spec: storev1.ContentSource{Volume: id}, storeName: vs.Spec.StoreName, pool: vs.Spec.Policy.Pool,
 			minBytes: max(vs.Spec.CapacityBytes, vs.Status.ActualBytes), what: "volume " + id}, nil
 	}
-	return nil, status.Error(codes.InvalidArgument, "volume content source names neither a snapshot nor a volume")
+	return nil, volume.Errorf(volume.ErrInvalid, "volume content source names neither a snapshot nor a volume")
 }
 
 // sourceStore returns the Store a volume made from src must live on, with the volume's size:
@@ -361,11 +318,11 @@ func (s *controller) contentSource(ctx context.Context, cs *csipb.VolumeContentS
 // a request that rounds below the source's size is OUT_OF_RANGE.
 func sourceStore(src *source, stores []storev1.Store, pool string, nvme bool, strategy policyv1.Strategy, req *csipb.TopologyRequirement, required, limit int64) (*storev1.Store, int64, error) {
 	if src.pool != pool {
-		return nil, 0, status.Errorf(codes.InvalidArgument, "%s lives in pool %q; the StorageClass asks for pool %q: a restore or clone stays in its source's pool", src.what, src.pool, pool)
+		return nil, 0, volume.Errorf(volume.ErrInvalid, "%s lives in pool %q; the StorageClass asks for pool %q: a restore or clone stays in its source's pool", src.what, src.pool, pool)
 	}
 	i := slices.IndexFunc(stores, func(st storev1.Store) bool { return st.Name == src.storeName })
 	if i < 0 {
-		return nil, 0, status.Errorf(codes.FailedPrecondition, "store %s of %s is gone", src.storeName, src.what)
+		return nil, 0, volume.Errorf(volume.ErrPrecondition, "store %s of %s is gone", src.storeName, src.what)
 	}
 	st := stores[i]
 	if !nvme {
@@ -376,7 +333,7 @@ func sourceStore(src *source, stores []storev1.Store, pool string, nvme bool, st
 			allowed = topologyNodes(req.GetRequisite())
 		}
 		if allowed != nil && !slices.Contains(allowed, st.Spec.NodeName) {
-			return nil, 0, status.Errorf(codes.InvalidArgument,
+			return nil, 0, volume.Errorf(volume.ErrInvalid,
 				"%s lives on node %s, but the volume is asked for on %v: a volume of a local class is made where its source is and cannot reach another node (use an NVMe-oF class to restore across nodes)",
 				src.what, st.Spec.NodeName, allowed)
 		}
@@ -390,10 +347,10 @@ func sourceStore(src *source, stores []storev1.Store, pool string, nvme bool, st
 	}
 	size, err := RoundSize(required, limit, unit)
 	if err != nil {
-		return nil, 0, status.Error(codes.OutOfRange, err.Error())
+		return nil, 0, volume.Errorf(volume.ErrOutOfRange, "%w", err)
 	}
 	if size < src.minBytes {
-		return nil, 0, status.Errorf(codes.OutOfRange, "%d bytes asked (%d after rounding to the store's unit of %d): smaller than the %d bytes of %s", required, size, unit, src.minBytes, src.what)
+		return nil, 0, volume.Errorf(volume.ErrOutOfRange, "%d bytes asked (%d after rounding to the store's unit of %d): smaller than the %d bytes of %s", required, size, unit, src.minBytes, src.what)
 	}
 	store, size, err := chooseStore([]storev1.Store{st}, true, strategy, nil, size, limit)
 	if err != nil {

@@ -46,7 +46,7 @@ func TestSourceStore(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st, size, err := sourceStore(src, stores, tc.pool, tc.nvme, policyv1.StrategyBinpack, tc.req, tc.required, tc.limit)
 			if tc.wantCode != codes.OK {
-				if status.Code(err) != tc.wantCode || !strings.Contains(err.Error(), tc.wantMsg) {
+				if status.Code(rpcError(err)) != tc.wantCode || !strings.Contains(err.Error(), tc.wantMsg) {
 					t.Fatalf("err = %v, want %v containing %q", err, tc.wantCode, tc.wantMsg)
 				}
 				return
@@ -60,10 +60,10 @@ func TestSourceStore(t *testing.T) {
 		})
 	}
 	full := []storev1.Store{store("p.node-1", "node-1", srcBytes-1, ext)}
-	if _, _, err := sourceStore(src, full, "p", false, policyv1.StrategyBinpack, nil, 0, 0); status.Code(err) != codes.ResourceExhausted {
+	if _, _, err := sourceStore(src, full, "p", false, policyv1.StrategyBinpack, nil, 0, 0); status.Code(rpcError(err)) != codes.ResourceExhausted {
 		t.Errorf("no room on the source's store: %v, want RESOURCE_EXHAUSTED", err)
 	}
-	if _, _, err := sourceStore(src, stores[1:], "p", false, policyv1.StrategyBinpack, nil, 0, 0); status.Code(err) != codes.FailedPrecondition {
+	if _, _, err := sourceStore(src, stores[1:], "p", false, policyv1.StrategyBinpack, nil, 0, 0); status.Code(rpcError(err)) != codes.FailedPrecondition {
 		t.Errorf("source's store gone: %v, want FAILED_PRECONDITION", err)
 	}
 }

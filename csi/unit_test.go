@@ -3,13 +3,10 @@ package csi
 import (
 	"strings"
 	"testing"
-	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -76,8 +73,8 @@ func TestChooseStore(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, size, err := chooseStore(stores, tc.nvme, tc.strategy, tc.req, tc.required, 0)
-			if status.Code(err) != tc.wantCode {
-				t.Fatalf("code %v (%v), want %v", status.Code(err), err, tc.wantCode)
+			if status.Code(rpcError(err)) != tc.wantCode {
+				t.Fatalf("code %v (%v), want %v", status.Code(rpcError(err)), err, tc.wantCode)
 			}
 			if err != nil {
 				return
@@ -90,11 +87,11 @@ func TestChooseStore(t *testing.T) {
 	// A store without reported capacity is never chosen.
 	unreported := store("p.node-9", "node-9", 0, ext)
 	unreported.Status.Capacity = nil
-	if _, _, err := chooseStore([]storev1.Store{unreported}, false, "", nil, 1, 0); status.Code(err) != codes.ResourceExhausted {
+	if _, _, err := chooseStore([]storev1.Store{unreported}, false, "", nil, 1, 0); status.Code(rpcError(err)) != codes.ResourceExhausted {
 		t.Errorf("store without capacity: %v", err)
 	}
 	// required > limit: OUT_OF_RANGE.
-	if _, _, err := chooseStore(stores, false, "", nil, 2*gib, gib); status.Code(err) != codes.OutOfRange {
+	if _, _, err := chooseStore(stores, false, "", nil, 2*gib, gib); status.Code(rpcError(err)) != codes.OutOfRange {
 		t.Errorf("required > limit: %v", err)
 	}
 }
@@ -121,73 +118,6 @@ func TestCheckCapabilities(t *testing.T) {
 		if _, _, err := checkCapabilities(caps); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
-	}
-}
-
-// waitOn, from the state CreateVolume created: a late event of a deleted earlier VolumeState of
-// the same name (another UID, Ready) must not end the wait; the created one's Ready does.
-func TestWaitOnIgnoresEarlierIncarnation(t *testing.T) {
-	d := &Driver{opts: Options{WaitTimeout: time.Minute}, hub: newHub[*storev1.VolumeState]()}
-	ch, unsubscribe := d.hub.subscribe("vol-a")
-	defer unsubscribe()
-	state := func(uid string, ready bool) *storev1.VolumeState {
-		vs := &storev1.VolumeState{}
-		vs.Name, vs.UID, vs.Generation, vs.Spec.CapacityBytes = "vol-a", types.UID(uid), 1, 1<<20
-		if ready {
-			vs.Status = storev1.VolumeStateStatus{Phase: storev1.VolumeReady, ObservedGeneration: 1, ActualBytes: 1 << 20}
-		}
-		return vs
-	}
-	created := state("new", false)
-	var got []string
-	go func() {
-		d.hub.notify("vol-a", state("old", true)) // the earlier incarnation, late
-		for len(ch) > 0 {                         // taken by the waiter before the next event
-			time.Sleep(time.Millisecond)
-		}
-		d.hub.notify("vol-a", state("new", true))
-	}()
-	err := d.waitOn(t.Context(), ch, created, func(vs *storev1.VolumeState) (bool, error) {
-		got = append(got, string(vs.UID))
-		return readyOrFailed(vs)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, uid := range got {
-		if uid == "old" {
-			t.Errorf("the wait looked at the earlier incarnation: %v", got)
-		}
-	}
-	if got[len(got)-1] != "new" {
-		t.Errorf("finished on %v, want the created volume", got)
-	}
-}
-
-// A refused expansion (reason ExpansionRefused at the current generation) ends the wait with
-// OUT_OF_RANGE; the same reason of an older generation does not (a new request is pending),
-// and no room stays RESOURCE_EXHAUSTED.
-func TestExpansionRefusedIsOutOfRange(t *testing.T) {
-	vs := &storev1.VolumeState{}
-	vs.Generation, vs.Spec.CapacityBytes = 2, 128<<20
-	vs.Status = storev1.VolumeStateStatus{Phase: storev1.VolumeExpanding, ObservedGeneration: 1, ActualBytes: 64 << 20}
-	set := func(reason string, gen int64) {
-		vs.Status.Conditions = []metav1.Condition{{Type: storev1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, ObservedGeneration: gen,
-			Message: "can grow only into the free space right after it"}}
-	}
-	set(storev1.ReasonExpansionRefused, 1)
-	if ok, err := readyOrFailed(vs); ok || err != nil {
-		t.Fatalf("refusal of an older generation: %v, %v; want to keep waiting", ok, err)
-	}
-	set(storev1.ReasonExpansionRefused, 2)
-	_, err := readyOrFailed(vs)
-	if st, _ := status.FromError(waitError("expand volume x", err)); st.Code() != codes.OutOfRange || !strings.Contains(st.Message(), "right after it") {
-		t.Fatalf("refused expansion: %v, want OUT_OF_RANGE with the agent's message", st)
-	}
-	set(storev1.ReasonInsufficientCapacity, 2)
-	_, err = readyOrFailed(vs)
-	if st, _ := status.FromError(waitError("expand volume x", err)); st.Code() != codes.ResourceExhausted {
-		t.Fatalf("no room: %v, want RESOURCE_EXHAUSTED", st)
 	}
 }
 
