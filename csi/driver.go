@@ -25,8 +25,10 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/controller"
 	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/mount"
+	"github.com/plinth-storage/plinth/csi/node"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
 	"github.com/plinth-storage/plinth/internal/failpoint"
@@ -112,14 +114,14 @@ type Driver struct {
 	hostNQN   string
 
 	locks      *volume.Locks // per volume or snapshot id
+	node       *node.Service // node modes, built by Run
 	ready      atomic.Bool
 	serving    chan struct{}
 	regPath    string // the registration socket while registration is on
 	duration   *prometheus.HistogramVec
 	registered prometheus.Gauge
 	events     events.EventRecorder // events.go; nil without an API config
-	metrics    volumeMetrics        // volumehealth.go
-	monitor    volumeMonitor
+	metrics    node.Metrics         // the node service's volume health series
 }
 
 // Scheme returns the scheme the driver reads and writes with: core, storage.plinth.dev and
@@ -179,7 +181,7 @@ func New(opts Options) (*Driver, error) {
 		initiator: opts.Initiator,
 		locks:     &volume.Locks{},
 		serving:   make(chan struct{}),
-		metrics:   newVolumeMetrics(),
+		metrics:   node.NewMetrics(),
 	}
 	if d.nodeMode() && opts.RegistrationDir != "" {
 		d.regPath = filepath.Join(opts.RegistrationDir, RegistrationSocketName)
@@ -218,7 +220,7 @@ func New(opts Options) (*Driver, error) {
 			cs = append(cs, d.registered)
 		}
 		if d.nodeMode() {
-			cs = append(cs, d.metrics.inaccessible, d.metrics.failures)
+			cs = append(cs, d.metrics.Inaccessible, d.metrics.Failures)
 		}
 		for _, c := range cs {
 			if err := opts.Registerer.Register(c); err != nil {
@@ -257,14 +259,17 @@ func (d *Driver) Run(ctx context.Context) error {
 		return err
 	}
 	if d.nodeMode() {
-		if err := d.initNode(ctx); err != nil {
+		d.node = node.New(node.Config{NodeName: d.opts.NodeName, HostNQNFile: d.opts.HostNQNFile, Stages: d.stages,
+			Mounter: d.mounter, Initiator: d.initiator, Kube: d.kube, Live: d.live, Keys: d.keys, Events: d.events,
+			Metrics: d.metrics, Locks: d.locks, Log: d.log})
+		if err := d.node.Init(ctx); err != nil {
 			return err
 		}
 		if d.opts.VolumeHealthInterval > 0 {
 			// the volume health monitor, and the key rotation follower on the same period: both
 			// only read sysfs while nothing needs the API
-			go every(ctx, d.opts.VolumeHealthInterval, d.checkVolumes)
-			go every(ctx, d.opts.VolumeHealthInterval, d.rotateKeys)
+			go every(ctx, d.opts.VolumeHealthInterval, d.node.CheckVolumes)
+			go every(ctx, d.opts.VolumeHealthInterval, d.node.RotateKeys)
 		}
 	}
 	lis, err := listen(d.opts.Endpoint)
@@ -274,10 +279,11 @@ func (d *Driver) Run(ctx context.Context) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csipb.RegisterIdentityServer(srv, &identity{d: d})
 	if d.controllerMode() {
-		csipb.RegisterControllerServer(srv, &controller{d: d})
+		csipb.RegisterControllerServer(srv, controller.New(controller.Config{Kube: d.kube, Live: d.live,
+			Volumes: d.volumes, Snapshots: d.snapshots, Events: d.events, Log: d.log}))
 	}
 	if d.nodeMode() {
-		csipb.RegisterNodeServer(srv, &node{d: d})
+		csipb.RegisterNodeServer(srv, d.node)
 	}
 	d.ready.Store(true)
 	errc := make(chan error, 1)
@@ -416,4 +422,19 @@ func strip(m protoreflect.Message) {
 		}
 		return true
 	})
+}
+
+// every calls fn every interval, the first time one interval from now, until ctx ends (the
+// node plugin's volume health monitor and its key rotation follower).
+func every(ctx context.Context, interval time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn(ctx)
+		}
+	}
 }

@@ -15,15 +15,8 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// The controller service's API access (kustomize/rbac/csi_controller.yaml grants this and what
-// the sidecars need): VolumeStates created by CreateVolume, updated by the publication and
-// expansion compare-and-swap, deleted by DeleteVolume, watched by waitVolume; the informers of
-// connect on Stores, the policy kinds and Nodes; Nodes read by ControllerPublishVolume.
-//
-// +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates;volumesnapshotstates,verbs=get;list;watch;create;update;delete
-// +kubebuilder:rbac:groups=storage.plinth.dev,resources=stores,verbs=get;list;watch
-// +kubebuilder:rbac:groups=policy.plinth.dev,resources=storagepools;protocols;placements,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// The API access the informers below need is declared with the controller service
+// (csi/controller, controller.go).
 
 // connect builds the API clients: in controller modes a cache with informers on the kinds the
 // controller reads (synced before Run serves), otherwise a direct client.

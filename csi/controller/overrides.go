@@ -1,4 +1,4 @@
-package csi
+package controller
 
 import (
 	"context"
@@ -30,7 +30,7 @@ const ReasonOverrideRefused = "OverrideRefused"
 // against pl for a volume of filesystem fsType: an annotation for a parameter pl does not
 // allow, a value too long or one its schema refuses is INVALID_ARGUMENT naming the PVC, the
 // annotation and the rule, also reported as a Warning event on the PVC.
-func (s *controller) pvcOverrides(ctx context.Context, params map[string]string, pl *policyv1.Placement, fsType string) (*overrides.Set, error) {
+func (s *Service) pvcOverrides(ctx context.Context, params map[string]string, pl *policyv1.Placement, fsType string) (*overrides.Set, error) {
 	name, ns := params[ParamPVCName], params[ParamPVCNamespace]
 	if name == "" || ns == "" {
 		return nil, nil
@@ -42,9 +42,9 @@ func (s *controller) pvcOverrides(ctx context.Context, params map[string]string,
 	key := client.ObjectKey{Namespace: ns, Name: name}
 	pvc := &metav1.PartialObjectMetadata{}
 	pvc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"))
-	err := s.d.live.Get(ctx, key, pvc, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}})
+	err := s.live.Get(ctx, key, pvc, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}})
 	if apierrors.IsNotFound(err) {
-		err = s.d.live.Get(ctx, key, pvc)
+		err = s.live.Get(ctx, key, pvc)
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) { // deleted while provisioning: the sidecar gives up too
@@ -55,7 +55,7 @@ func (s *controller) pvcOverrides(ctx context.Context, params map[string]string,
 	o, err := overrides.Parse(pvc.Annotations, pl, fsType)
 	if err != nil {
 		msg := fmt.Sprintf("PVC %s/%s: %v", ns, name, err)
-		s.d.warn(pvc, ReasonOverrideRefused, "CreateVolume", msg)
+		s.warn(pvc, ReasonOverrideRefused, "CreateVolume", msg)
 		return nil, volume.Errorf(volume.ErrInvalid, "%s", msg)
 	}
 	return o, nil

@@ -1,4 +1,4 @@
-package csi
+package node
 
 import (
 	"context"
@@ -21,44 +21,44 @@ const DefaultAuthNamespace = "plinth-system"
 
 // hostSecrets puts this node's DH-HMAC-CHAP secrets toward storage node target into t for a
 // volume whose protocol asks for mode (only DHHMACCHAP is known). target is the publish
-// context's PublishTargetNode, or "" for a publication made before it existed (the Agent whose
+// context's volume.PublishTargetNode, or "" for a publication made before it existed (the Agent whose
 // status.address is t.Address names it then). Errors never hold a key: ErrInvalid for an
 // unknown mode, ErrPrecondition when this kernel cannot authenticate or the keys are missing,
 // refused, for another host NQN or malformed (the CO retries; the controller makes the Secret
 // once the node's host NQN is known), ErrUnavailable when they could not be asked for.
-func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode, target string, bidirectional bool) error {
+func (s *Service) hostSecrets(ctx context.Context, t *nvme.Target, mode, target string, bidirectional bool) error {
 	if mode != string(policyv1.AuthDHHMACCHAP) {
 		return volume.Errorf(volume.ErrInvalid, "publish context asks for authentication %q: only %s is known", mode, policyv1.AuthDHHMACCHAP)
 	}
-	if !d.initiator.AuthUsable() {
-		return volume.Errorf(volume.ErrPrecondition, "node %s: the volume needs DH-HMAC-CHAP but this kernel has no NVMe host authentication (CONFIG_NVME_HOST_AUTH, Linux 6.0 or newer built with it)", d.opts.NodeName)
+	if !s.initiator.AuthUsable() {
+		return volume.Errorf(volume.ErrPrecondition, "node %s: the volume needs DH-HMAC-CHAP but this kernel has no NVMe host authentication (CONFIG_NVME_HOST_AUTH, Linux 6.0 or newer built with it)", s.nodeName)
 	}
-	if d.keys == nil {
+	if s.keys == nil {
 		return volume.Errorf(volume.ErrPrecondition, "the volume needs DH-HMAC-CHAP: no key server or API server to get the host keys from")
 	}
 	if target == "" {
 		var err error
-		if target, err = d.targetAt(ctx, t.Address); err != nil {
+		if target, err = s.targetAt(ctx, t.Address); err != nil {
 			return err
 		}
 	}
-	k, err := d.keys.HostKey(ctx, d.opts.NodeName, target)
+	k, err := s.keys.HostKey(ctx, s.nodeName, target)
 	switch {
 	case errors.Is(err, hostkeys.ErrNotFound) || errors.Is(err, hostkeys.ErrUnusable) || errors.Is(err, hostkeys.ErrRefused):
-		return volume.Errorf(volume.ErrPrecondition, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+		return volume.Errorf(volume.ErrPrecondition, "keys of node %s for storage node %s: %v", s.nodeName, target, err)
 	case err != nil:
-		return volume.Errorf(volume.ErrUnavailable, "keys of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+		return volume.Errorf(volume.ErrUnavailable, "keys of node %s for storage node %s: %v", s.nodeName, target, err)
 	}
-	if k.HostNQN != d.hostNQN {
-		return volume.Errorf(volume.ErrPrecondition, "the keys of node %s are for host NQN %q, this node is %q (the controller makes them anew)", d.opts.NodeName, k.HostNQN, d.hostNQN)
+	if k.HostNQN != s.hostNQN {
+		return volume.Errorf(volume.ErrPrecondition, "the keys of node %s are for host NQN %q, this node is %q (the controller makes them anew)", s.nodeName, k.HostNQN, s.hostNQN)
 	}
 	if _, _, err := nvmeauth.Decode(k.Key); err != nil {
-		return volume.Errorf(volume.ErrPrecondition, "host key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+		return volume.Errorf(volume.ErrPrecondition, "host key of node %s for storage node %s: %v", s.nodeName, target, err)
 	}
 	t.DHCHAPSecret = k.Key
 	if bidirectional {
 		if _, _, err := nvmeauth.Decode(k.CtrlKey); err != nil {
-			return volume.Errorf(volume.ErrPrecondition, "controller key of node %s for storage node %s: %v", d.opts.NodeName, target, err)
+			return volume.Errorf(volume.ErrPrecondition, "controller key of node %s for storage node %s: %v", s.nodeName, target, err)
 		}
 		t.DHCHAPCtrlSecret = k.CtrlKey
 	}
@@ -67,12 +67,12 @@ func (d *Driver) hostSecrets(ctx context.Context, t *nvme.Target, mode, target s
 
 // targetAt returns the name of the Agent whose status.address is address (the storage node of
 // a publication made before publish contexts named it). ErrPrecondition when none is.
-func (d *Driver) targetAt(ctx context.Context, address string) (string, error) {
-	if d.live == nil {
+func (s *Service) targetAt(ctx context.Context, address string) (string, error) {
+	if s.live == nil {
 		return "", volume.Errorf(volume.ErrPrecondition, "the publish context names no storage node and there is no API server to find it")
 	}
 	var agents storev1.AgentList
-	if err := d.live.List(ctx, &agents); err != nil {
+	if err := s.live.List(ctx, &agents); err != nil {
 		return "", volume.Errorf(volume.ErrUnavailable, "list the Agents: %v", err)
 	}
 	if a := agentAt(agents.Items, address); a != nil {
@@ -98,12 +98,12 @@ func agentAt(agents []storev1.Agent, address string) *storev1.Agent {
 // its other subsystems too. The kernel authenticates only when the target asks (the connect
 // response's AUTHREQ), so a key given to a target that does not ask costs nothing. Without
 // keys nothing is added.
-func (d *Driver) optionalHostSecret(ctx context.Context, t *nvme.Target, target string) {
-	if d.keys == nil || !d.initiator.AuthUsable() {
+func (s *Service) optionalHostSecret(ctx context.Context, t *nvme.Target, target string) {
+	if s.keys == nil || !s.initiator.AuthUsable() {
 		return
 	}
 	u := *t
-	if err := d.hostSecrets(ctx, &u, string(policyv1.AuthDHHMACCHAP), target, false); err == nil {
+	if err := s.hostSecrets(ctx, &u, string(policyv1.AuthDHHMACCHAP), target, false); err == nil {
 		t.DHCHAPSecret = u.DHCHAPSecret
 	}
 }

@@ -1,4 +1,4 @@
-package csi
+package controller
 
 import (
 	"context"
@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/internal/volume"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -41,7 +38,7 @@ func snapshotsSupported(b policyv1.Backend) string {
 	return ""
 }
 
-func (s *controller) CreateSnapshot(ctx context.Context, req *csipb.CreateSnapshotRequest) (*csipb.CreateSnapshotResponse, error) {
+func (s *Service) CreateSnapshot(ctx context.Context, req *csipb.CreateSnapshotRequest) (*csipb.CreateSnapshotResponse, error) {
 	name, src := req.GetName(), req.GetSourceVolumeId()
 	if name == "" {
 		return nil, volume.Errorf(volume.ErrInvalid, "name is required")
@@ -50,7 +47,7 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csipb.CreateSnapsh
 		return nil, volume.Errorf(volume.ErrInvalid, "source volume id is required")
 	}
 	id := storev1.SnapshotID(name)
-	h, err := s.d.snapshots.OpenLive(ctx, id)
+	h, err := s.snapshots.OpenLive(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -82,9 +79,9 @@ func (s *controller) CreateSnapshot(ctx context.Context, req *csipb.CreateSnapsh
 
 // newSnapshotState makes the VolumeSnapshotState id of a new snapshot for req, once its source
 // volume is ready: on the source's Store and, for a local volume, accessible on its node only.
-func (s *controller) newSnapshotState(ctx context.Context, req *csipb.CreateSnapshotRequest, id string) (*storev1.VolumeSnapshotState, error) {
+func (s *Service) newSnapshotState(ctx context.Context, req *csipb.CreateSnapshotRequest, id string) (*storev1.VolumeSnapshotState, error) {
 	name, src := req.GetName(), req.GetSourceVolumeId()
-	vs, err := s.d.volumes.Get(ctx, src)
+	vs, err := s.volumes.Get(ctx, src)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +105,7 @@ func (s *controller) newSnapshotState(ctx context.Context, req *csipb.CreateSnap
 	if vs.DeletionTimestamp != nil {
 		return nil, volume.Errorf(volume.ErrPrecondition, "source volume %s is being deleted", src)
 	}
-	if err := s.d.volumes.Watch(ctx, src, volume.ReadyOrFailed); err != nil {
+	if err := s.volumes.Watch(ctx, src, volume.ReadyOrFailed); err != nil {
 		return nil, volume.WaitError("snapshot source volume "+src, err)
 	}
 	return &storev1.VolumeSnapshotState{
@@ -126,7 +123,7 @@ func (s *controller) newSnapshotState(ctx context.Context, req *csipb.CreateSnap
 // answerSnapshot waits from h.State on until the agent took the snapshot and answers
 // CreateSnapshot. A snapshot the agent had no room for, or that its backend cannot take, is
 // deleted so that a retry starts afresh.
-func (s *controller) answerSnapshot(ctx context.Context, h *volume.Handle[*storev1.VolumeSnapshotState]) (*csipb.CreateSnapshotResponse, error) {
+func (s *Service) answerSnapshot(ctx context.Context, h *volume.Handle[*storev1.VolumeSnapshotState]) (*csipb.CreateSnapshotResponse, error) {
 	id := h.ID
 	var ready *storev1.VolumeSnapshotState
 	err := h.WaitFrom(ctx, h.State, func(ss *storev1.VolumeSnapshotState) (bool, error) {
@@ -138,7 +135,7 @@ func (s *controller) answerSnapshot(ctx context.Context, h *volume.Handle[*store
 	})
 	if errors.Is(err, volume.ErrAgentNoRoom) || errors.Is(err, volume.ErrSnapshotUnsupported) {
 		if derr := h.Delete(ctx); derr != nil && !apierrors.IsNotFound(derr) {
-			s.d.log.Error(derr, "delete VolumeSnapshotState that could not be taken", "snapshot", id)
+			s.log.Error(derr, "delete VolumeSnapshotState that could not be taken", "snapshot", id)
 		}
 	}
 	if errors.Is(err, volume.ErrSnapshotUnsupported) {
@@ -170,7 +167,7 @@ func csiSnapshot(ss *storev1.VolumeSnapshotState) *csipb.Snapshot {
 	return snap
 }
 
-func (s *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapshotRequest) (*csipb.DeleteSnapshotResponse, error) {
+func (s *Service) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapshotRequest) (*csipb.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if id == "" {
 		return nil, volume.Errorf(volume.ErrInvalid, "snapshot id is required")
@@ -178,7 +175,7 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapsh
 	if !storev1.IsSnapshotID(id) {
 		return &csipb.DeleteSnapshotResponse{}, nil // never ours: nothing to delete
 	}
-	h, err := s.d.snapshots.Open(id)
+	h, err := s.snapshots.Open(id)
 	if err != nil {
 		return nil, err
 	}
@@ -203,12 +200,12 @@ func (s *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapsh
 	return &csipb.DeleteSnapshotResponse{}, nil
 }
 
-func (s *controller) GetSnapshot(ctx context.Context, req *csipb.GetSnapshotRequest) (*csipb.GetSnapshotResponse, error) {
+func (s *Service) GetSnapshot(ctx context.Context, req *csipb.GetSnapshotRequest) (*csipb.GetSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if id == "" {
 		return nil, volume.Errorf(volume.ErrInvalid, "snapshot id is required")
 	}
-	ss, err := s.d.snapshots.Get(ctx, id)
+	ss, err := s.snapshots.Get(ctx, id)
 	if ss == nil && (err == nil || !storev1.IsSnapshotID(id)) {
 		return nil, volume.Errorf(volume.ErrNotFound, "snapshot %s does not exist", id)
 	}
@@ -220,12 +217,12 @@ func (s *controller) GetSnapshot(ctx context.Context, req *csipb.GetSnapshotRequ
 
 // ListSnapshots lists the snapshots by id, filtered by snapshot id or source volume id; the
 // token is the last id of the previous page, like ListVolumes.
-func (s *controller) ListSnapshots(ctx context.Context, req *csipb.ListSnapshotsRequest) (*csipb.ListSnapshotsResponse, error) {
+func (s *Service) ListSnapshots(ctx context.Context, req *csipb.ListSnapshotsRequest) (*csipb.ListSnapshotsResponse, error) {
 	if req.GetMaxEntries() < 0 {
 		return nil, volume.Errorf(volume.ErrInvalid, "max_entries must not be negative")
 	}
 	var list storev1.VolumeSnapshotStateList
-	if err := s.d.kube.List(ctx, &list); err != nil {
+	if err := s.kube.List(ctx, &list); err != nil {
 		return nil, volume.Errorf(volume.ErrUnavailable, "list VolumeSnapshotStates: %v", err)
 	}
 	items := slices.DeleteFunc(list.Items, func(ss storev1.VolumeSnapshotState) bool {
@@ -252,146 +249,4 @@ func (s *controller) ListSnapshots(ctx context.Context, req *csipb.ListSnapshots
 		resp.NextToken = items[end-1].Name
 	}
 	return resp, nil
-}
-
-// source is a CreateVolume content source resolved to the API objects: where the new volume
-// must live and how small it may be.
-type source struct {
-	spec      storev1.ContentSource
-	storeName string
-	pool      string
-	minBytes  int64 // the source's size: a restore or clone is never smaller
-	what      string
-}
-
-// contentSource resolves a CreateVolume content source: NOT_FOUND when the snapshot or volume
-// does not exist (CSI spec, CreateVolume errors), UNAVAILABLE while a snapshot is not ready to
-// use, INVALID_ARGUMENT when its backend has no snapshots or clones.
-func (s *controller) contentSource(ctx context.Context, cs *csipb.VolumeContentSource) (*source, error) {
-	if snap := cs.GetSnapshot(); snap != nil {
-		id := snap.GetSnapshotId()
-		ss, err := s.d.snapshots.Get(ctx, id)
-		if ss == nil && (err == nil || !storev1.IsSnapshotID(id)) {
-			return nil, volume.Errorf(volume.ErrNotFound, "source snapshot %s does not exist", id)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if ss.DeletionTimestamp != nil {
-			return nil, volume.Errorf(volume.ErrNotFound, "source snapshot %s is being deleted", id)
-		}
-		if !ss.Status.ReadyToUse {
-			return nil, volume.Errorf(volume.ErrUnavailable, "source snapshot %s is not ready to use yet", id)
-		}
-		return &source{spec: storev1.ContentSource{Snapshot: id}, storeName: ss.Spec.StoreName, pool: ss.Spec.Pool,
-			minBytes: ss.Status.SizeBytes, what: "snapshot " + id}, nil
-	}
-	if vol := cs.GetVolume(); vol != nil {
-		id := vol.GetVolumeId()
-		vs, err := s.d.volumes.Get(ctx, id)
-		if vs == nil && (err == nil || !storev1.IsVolumeID(id)) {
-			return nil, volume.Errorf(volume.ErrNotFound, "source volume %s does not exist", id)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if why := snapshotsSupported(vs.Spec.Policy.Backend); why != "" {
-			return nil, volume.Errorf(volume.ErrInvalid, "clone of volume %s: %s", id, why)
-		}
-		if vs.DeletionTimestamp != nil {
-			return nil, volume.Errorf(volume.ErrNotFound, "source volume %s is being deleted", id)
-		}
-		if ok, _ := volume.ReadyOrFailed(vs); !ok {
-			return nil, volume.Errorf(volume.ErrUnavailable, "source volume %s is not ready yet", id)
-		}
-		return &source{spec: storev1.ContentSource{Volume: id}, storeName: vs.Spec.StoreName, pool: vs.Spec.Policy.Pool,
-			minBytes: max(vs.Spec.CapacityBytes, vs.Status.ActualBytes), what: "volume " + id}, nil
-	}
-	return nil, volume.Errorf(volume.ErrInvalid, "volume content source names neither a snapshot nor a volume")
-}
-
-// sourceStore returns the Store a volume made from src must live on, with the volume's size:
-// the source's own Store (the data is there), in the StorageClass's pool; for a local class
-// only when the requested topology allows that node (a local volume cannot reach another
-// node); for NVMe-oF the volume is made on the storage node and exported to the consumer. The
-// size is the request rounded to the store's unit, or the source's size when none is given;
-// a request that rounds below the source's size is OUT_OF_RANGE.
-func sourceStore(src *source, stores []storev1.Store, pool string, nvme bool, strategy policyv1.Strategy, req *csipb.TopologyRequirement, required, limit int64) (*storev1.Store, int64, error) {
-	if src.pool != pool {
-		return nil, 0, volume.Errorf(volume.ErrInvalid, "%s lives in pool %q; the StorageClass asks for pool %q: a restore or clone stays in its source's pool", src.what, src.pool, pool)
-	}
-	i := slices.IndexFunc(stores, func(st storev1.Store) bool { return st.Name == src.storeName })
-	if i < 0 {
-		return nil, 0, volume.Errorf(volume.ErrPrecondition, "store %s of %s is gone", src.storeName, src.what)
-	}
-	st := stores[i]
-	if !nvme {
-		var allowed []string
-		if pref := topologyNodes(req.GetPreferred()); len(pref) > 0 {
-			allowed = pref[:1]
-		} else {
-			allowed = topologyNodes(req.GetRequisite())
-		}
-		if allowed != nil && !slices.Contains(allowed, st.Spec.NodeName) {
-			return nil, 0, volume.Errorf(volume.ErrInvalid,
-				"%s lives on node %s, but the volume is asked for on %v: a volume of a local class is made where its source is and cannot reach another node (use an NVMe-oF class to restore across nodes)",
-				src.what, st.Spec.NodeName, allowed)
-		}
-	}
-	if required == 0 {
-		required = src.minBytes
-	}
-	unit := st.Status.ExtentBytes
-	if unit <= 0 {
-		unit = DefaultExtentBytes
-	}
-	size, err := RoundSize(required, limit, unit)
-	if err != nil {
-		return nil, 0, volume.Errorf(volume.ErrOutOfRange, "%w", err)
-	}
-	if size < src.minBytes {
-		return nil, 0, volume.Errorf(volume.ErrOutOfRange, "%d bytes asked (%d after rounding to the store's unit of %d): smaller than the %d bytes of %s", required, size, unit, src.minBytes, src.what)
-	}
-	store, size, err := chooseStore([]storev1.Store{st}, true, strategy, nil, size, limit)
-	if err != nil {
-		return nil, 0, err
-	}
-	return store, size, nil
-}
-
-// sameSource reports whether a CreateVolume content source names what spec holds (both may be
-// empty): a volume that exists under the name with another source is ALREADY_EXISTS.
-func sameSource(cs *csipb.VolumeContentSource, spec *storev1.ContentSource) bool {
-	var want storev1.ContentSource
-	if cs != nil {
-		want = storev1.ContentSource{Snapshot: cs.GetSnapshot().GetSnapshotId(), Volume: cs.GetVolume().GetVolumeId()}
-	}
-	var have storev1.ContentSource
-	if spec != nil {
-		have = *spec
-	}
-	return want == have
-}
-
-// storeAgentAbsent says why the agent of a Store cannot answer now: the Node of the Store no
-// longer exists (nodeGone), or the Store's heartbeat is older than agentSilentAfter. "" means it
-// may answer, also when that cannot be told (no Store, no heartbeat yet): then callers wait as
-// before. Store and Node are read directly: an informer a moment behind would see a deleted
-// Node still there.
-func (s *controller) storeAgentAbsent(ctx context.Context, store string) (why string, nodeGone bool) {
-	if store == "" {
-		return "", false
-	}
-	var st storev1.Store
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: store}, &st); err != nil {
-		return "", false
-	}
-	var n corev1.Node
-	if err := s.d.live.Get(ctx, client.ObjectKey{Name: st.Spec.NodeName}, &n); apierrors.IsNotFound(err) {
-		return fmt.Sprintf("node %s of store %s no longer exists", st.Spec.NodeName, st.Name), true
-	}
-	if hb := st.Status.LastHeartbeatTime; hb != nil && time.Since(hb.Time) > agentSilentAfter {
-		return fmt.Sprintf("the agent of node %s has not reported since %s", st.Spec.NodeName, hb.UTC().Format(time.RFC3339)), false
-	}
-	return "", false
 }
