@@ -111,7 +111,6 @@ type Driver struct {
 	stages    stage.Dir
 	mounter   *mount.Mounter
 	initiator *nvme.Initiator
-	hostNQN   string
 
 	locks      *volume.Locks // per volume or snapshot id
 	node       *node.Service // node modes, built by Run

@@ -9,7 +9,6 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/internal/volume"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -78,8 +77,7 @@ func (s *Service) awaitDeletion(ctx context.Context, h *volume.Handle[*storev1.V
 		if vs != nil {
 			return false, nil
 		}
-		err := s.kube.Get(ctx, client.ObjectKey{Name: id}, &storev1.VolumeState{})
-		return apierrors.IsNotFound(err), nil
+		return !h.Cached(ctx), nil
 	}
 	quick, cancel := context.WithTimeout(ctx, agentAnswerGrace)
 	err := h.WaitFrom(quick, cur, gone)

@@ -8,8 +8,8 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 )
 
-// SupportedModes are the access modes the driver serves: RWO, RWOP (and SINGLE_NODE_MULTI_WRITER, which the capability brings),
-// single-node read-only, and ROX.
+// SupportedModes are the access modes the driver serves: RWO, RWOP (and
+// SINGLE_NODE_MULTI_WRITER, which the capability brings), single-node read-only, and ROX.
 var SupportedModes = []csipb.VolumeCapability_AccessMode_Mode{
 	csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 	csipb.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
@@ -19,7 +19,8 @@ var SupportedModes = []csipb.VolumeCapability_AccessMode_Mode{
 }
 
 // CheckCapabilities returns the volume mode ("Block" or "Filesystem") and the fs_type the
-// capabilities ask for, or why they are unsupported.
+// capabilities ask for, or why they are unsupported (a plain error: the caller says which kind,
+// or reports it in ValidateVolumeCapabilities' message).
 func CheckCapabilities(caps []*csipb.VolumeCapability) (mode, fsType string, err error) {
 	if len(caps) == 0 {
 		return "", "", errors.New("volume capabilities are required")

@@ -133,6 +133,13 @@ func (h *Handle[T]) Delete(ctx context.Context) error {
 	return h.kind.Writer.Delete(ctx, obj)
 }
 
+// Cached reports whether the informer cache still holds the object; an error other than
+// NotFound counts as held.
+func (h *Handle[T]) Cached(ctx context.Context) bool {
+	err := h.kind.Cache.Get(ctx, client.ObjectKey{Name: h.ID}, h.kind.New())
+	return !apierrors.IsNotFound(err)
+}
+
 // Get reads object id from the API server without a lock; nil when it does not exist,
 // ErrUnavailable when the API server cannot answer.
 func (k *Kind[T]) Get(ctx context.Context, id string) (T, error) {
