@@ -187,70 +187,8 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	}
 	defer p.Stop() //nolint:errcheck
 
-	// watches that resume where they were when the API server ends them (a loaded server does)
-	pvcList, err := cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	pvcW, err := watchtools.NewRetryWatcherWithContext(ctx, pvcList.ResourceVersion, &cache.ListWatch{
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return cs.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, o)
-		}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pvcW.Stop()
-	pvList, err := cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	pvW, err := watchtools.NewRetryWatcherWithContext(ctx, pvList.ResourceVersion, &cache.ListWatch{
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return cs.CoreV1().PersistentVolumes().Watch(ctx, o)
-		}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pvW.Stop()
-	var mu sync.Mutex
-	boundAt, pvGone := map[string]time.Time{}, map[string]time.Time{}
-	pvOf := map[string]string{} // PV name → PVC name
-	allBound, allGone := make(chan struct{}), make(chan struct{})
-	go func() {
-		for ev := range pvcW.ResultChan() {
-			pvc, ok := ev.Object.(*corev1.PersistentVolumeClaim)
-			if !ok || pvc.Status.Phase != corev1.ClaimBound {
-				continue
-			}
-			mu.Lock()
-			if _, seen := boundAt[pvc.Name]; !seen {
-				boundAt[pvc.Name] = time.Now()
-				pvOf[pvc.Spec.VolumeName] = pvc.Name
-				if len(boundAt) == n {
-					close(allBound)
-				}
-			}
-			mu.Unlock()
-		}
-	}()
-	go func() {
-		for ev := range pvW.ResultChan() {
-			pv, ok := ev.Object.(*corev1.PersistentVolume)
-			if !ok || ev.Type != watch.Deleted {
-				continue
-			}
-			mu.Lock()
-			if claim, ours := pvOf[pv.Name]; ours {
-				if _, seen := pvGone[claim]; !seen {
-					pvGone[claim] = time.Now()
-					if len(pvGone) == n {
-						close(allGone)
-					}
-				}
-			}
-			mu.Unlock()
-		}
-	}()
+	w := watchBurst(b, ctx, cs, ns, n)
+	defer w.stop()
 
 	api := apiServerPID(b, cp)
 	cpu0 := controlplane.ProcCPU(b, api)
@@ -285,40 +223,26 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 			b.Error(err)
 		}
 	})
-	burstWait(b, allBound, 30*time.Minute, "all PVCs Bound")
-	mu.Lock()
+	burstWait(b, w.allBound, 30*time.Minute, "all PVCs Bound")
+	w.mu.Lock()
 	lat := make([]time.Duration, n)
 	last := first
 	for i, name := range names {
-		lat[i] = boundAt[name].Sub(started[i])
-		if boundAt[name].After(last) {
-			last = boundAt[name]
+		lat[i] = w.boundAt[name].Sub(started[i])
+		if w.boundAt[name].After(last) {
+			last = w.boundAt[name]
 		}
 	}
-	mu.Unlock()
+	w.mu.Unlock()
 	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "bound-vol/s")
 	burstReport(b, name, "bound", lat)
 	burstReport(b, name, "createvolume", relay.samples("/csi.v1.Controller/CreateVolume"))
 	if d.idle != "" {
-		// the driver's node side holding n volumes, nothing changing
-		window := 2*agent.DefaultRefreshInterval + 5*time.Second // two refreshes
-		if v, err := strconv.Atoi(os.Getenv("PLINTH_BENCH_IDLE_SECONDS")); err == nil && v > 0 {
-			window = time.Duration(v) * time.Second
+		apiIdle, reqIdle := measureIdle(b, cp, cs, d.idle, api)
+		cpu0 += apiIdle
+		for k, v := range reqIdle {
+			req0[k] += v
 		}
-		pid := processPID(b, cp, d.idle)
-		c0, t0 := controlplane.ProcCPU(b, pid), time.Now()
-		// the window is the agent's measurement, not the burst's: the API server's CPU and
-		// requests within it are left out of the per-volume figures below
-		apiIdle0, reqIdle0 := controlplane.ProcCPU(b, api), apiRequests(b, cs)
-		idle := time.NewTimer(window)
-		<-idle.C
-		b.ReportMetric(100*(controlplane.ProcCPU(b, pid)-c0).Seconds()/time.Since(t0).Seconds(), "agent-idle-cpu-%")
-		cpu0 += controlplane.ProcCPU(b, api) - apiIdle0
-		for k, v := range apiRequests(b, cs) {
-			req0[k] += v - reqIdle0[k]
-		}
-		// memory at scale: the agent holding the n volumes
-		b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "VmHWM"), "agent-rss-mb")
 	}
 
 	// and of the first burstProfileSeconds of the delete burst (~10 volumes/s: 30 s for 300),
@@ -332,15 +256,15 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 			b.Error(err)
 		}
 	})
-	burstWait(b, allGone, 30*time.Minute, "all PVs deleted")
-	mu.Lock()
+	burstWait(b, w.allGone, 30*time.Minute, "all PVs deleted")
+	w.mu.Lock()
 	last = first
-	for _, t := range pvGone {
+	for _, t := range w.pvGone {
 		if t.After(last) {
 			last = t
 		}
 	}
-	mu.Unlock()
+	w.mu.Unlock()
 	b.StopTimer()
 	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "delete-vol/s")
 	burstReport(b, name, "deletevolume", relay.samples("/csi.v1.Controller/DeleteVolume"))
@@ -349,6 +273,112 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	if d.pid != nil {
 		b.ReportMetric(controlplane.ProcStatusMiB(b, d.pid(b), "VmHWM"), "csi-rss-mib")
 	}
+}
+
+// burstWatch follows a burst: when each PVC of its namespace got Bound and when its PV was
+// deleted, through watches that resume where they were when the API server ends them (a
+// loaded server does). allBound and allGone close once all n have.
+type burstWatch struct {
+	mu                sync.Mutex
+	boundAt, pvGone   map[string]time.Time // PVC name → time
+	pvOf              map[string]string    // PV name → PVC name
+	allBound, allGone chan struct{}
+	stop              func()
+}
+
+// watchBurst starts the burstWatch of the n PVCs of namespace ns; stop ends it.
+func watchBurst(b *testing.B, ctx context.Context, cs kubernetes.Interface, ns string, n int) *burstWatch {
+	pvcList, err := cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pvcW, err := watchtools.NewRetryWatcherWithContext(ctx, pvcList.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, o)
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pvList, err := cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		pvcW.Stop()
+		b.Fatal(err)
+	}
+	pvW, err := watchtools.NewRetryWatcherWithContext(ctx, pvList.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().PersistentVolumes().Watch(ctx, o)
+		}})
+	if err != nil {
+		pvcW.Stop()
+		b.Fatal(err)
+	}
+	w := &burstWatch{boundAt: map[string]time.Time{}, pvGone: map[string]time.Time{}, pvOf: map[string]string{},
+		allBound: make(chan struct{}), allGone: make(chan struct{}), stop: func() { pvcW.Stop(); pvW.Stop() }}
+	go func() {
+		for ev := range pvcW.ResultChan() {
+			pvc, ok := ev.Object.(*corev1.PersistentVolumeClaim)
+			if !ok || pvc.Status.Phase != corev1.ClaimBound {
+				continue
+			}
+			w.mu.Lock()
+			if _, seen := w.boundAt[pvc.Name]; !seen {
+				w.boundAt[pvc.Name] = time.Now()
+				w.pvOf[pvc.Spec.VolumeName] = pvc.Name
+				if len(w.boundAt) == n {
+					close(w.allBound)
+				}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	go func() {
+		for ev := range pvW.ResultChan() {
+			pv, ok := ev.Object.(*corev1.PersistentVolume)
+			if !ok || ev.Type != watch.Deleted {
+				continue
+			}
+			w.mu.Lock()
+			if claim, ours := w.pvOf[pv.Name]; ours {
+				if _, seen := w.pvGone[claim]; !seen {
+					w.pvGone[claim] = time.Now()
+					if len(w.pvGone) == n {
+						close(w.allGone)
+					}
+				}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+// measureIdle measures the agent process holding the burst's volumes, nothing changing, over
+// two of its refreshes (PLINTH_BENCH_IDLE_SECONDS overrides the window): its CPU
+// (agent-idle-cpu-%) and peak RSS (agent-rss-mb). The window is the agent's measurement, not
+// the burst's: it returns the API server's CPU and requests within it, which the per-volume
+// figures leave out.
+func measureIdle(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interface, process string, api int) (apiCPU time.Duration, reqs map[string]float64) {
+	// the driver's node side holding n volumes, nothing changing
+	window := 2*agent.DefaultRefreshInterval + 5*time.Second // two refreshes
+	if v, err := strconv.Atoi(os.Getenv("PLINTH_BENCH_IDLE_SECONDS")); err == nil && v > 0 {
+		window = time.Duration(v) * time.Second
+	}
+	pid := processPID(b, cp, process)
+	c0, t0 := controlplane.ProcCPU(b, pid), time.Now()
+	// the window is the agent's measurement, not the burst's: the API server's CPU and
+	// requests within it are left out of runBurst's per-volume figures
+	apiIdle0, reqIdle0 := controlplane.ProcCPU(b, api), apiRequests(b, cs)
+	idle := time.NewTimer(window)
+	<-idle.C
+	b.ReportMetric(100*(controlplane.ProcCPU(b, pid)-c0).Seconds()/time.Since(t0).Seconds(), "agent-idle-cpu-%")
+	apiCPU = controlplane.ProcCPU(b, api) - apiIdle0
+	reqs = map[string]float64{}
+	for k, v := range apiRequests(b, cs) {
+		reqs[k] = v - reqIdle0[k]
+	}
+	// memory at scale: the agent holding the n volumes
+	b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "VmHWM"), "agent-rss-mb")
+	return apiCPU, reqs
 }
 
 func burstWait(b *testing.B, ch <-chan struct{}, timeout time.Duration, what string) {

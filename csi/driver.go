@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,7 +25,10 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/controller"
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/mount"
+	"github.com/plinth-storage/plinth/csi/node"
 	"github.com/plinth-storage/plinth/csi/nvme"
 	"github.com/plinth-storage/plinth/csi/stage"
 	"github.com/plinth-storage/plinth/internal/failpoint"
@@ -101,23 +103,24 @@ type Driver struct {
 	kube   client.Client   // cache-backed reads in controller modes, direct otherwise
 	live   client.Reader   // direct reads where freshness matters
 	keys   hostkeys.Source // this node's DH-HMAC-CHAP keys (Options.Keys)
-	hub    *hub[*storev1.VolumeState]
-	snaps  *hub[*storev1.VolumeSnapshotState] // snapshot.go
+	// volumes and snapshots are the volume layer's access to VolumeStates and
+	// VolumeSnapshotStates (controller modes; nil in node mode), sharing locks
+	volumes   *volume.Kind[*storev1.VolumeState]
+	snapshots *volume.Kind[*storev1.VolumeSnapshotState]
 
 	stages    stage.Dir
 	mounter   *mount.Mounter
 	initiator *nvme.Initiator
-	hostNQN   string
 
-	locks      volumeLocks
+	locks      *volume.Locks // per volume or snapshot id
+	node       *node.Service // node modes, built by Run
 	ready      atomic.Bool
 	serving    chan struct{}
 	regPath    string // the registration socket while registration is on
 	duration   *prometheus.HistogramVec
 	registered prometheus.Gauge
 	events     events.EventRecorder // events.go; nil without an API config
-	metrics    volumeMetrics        // volumehealth.go
-	monitor    volumeMonitor
+	metrics    node.Metrics         // the node service's volume health series
 }
 
 // Scheme returns the scheme the driver reads and writes with: core, storage.plinth.dev and
@@ -175,9 +178,9 @@ func New(opts Options) (*Driver, error) {
 		stages:    stage.Dir{Path: opts.StateDir},
 		mounter:   opts.Mounter,
 		initiator: opts.Initiator,
-		locks:     volumeLocks{held: map[string]struct{}{}},
+		locks:     &volume.Locks{},
 		serving:   make(chan struct{}),
-		metrics:   newVolumeMetrics(),
+		metrics:   node.NewMetrics(),
 	}
 	if d.nodeMode() && opts.RegistrationDir != "" {
 		d.regPath = filepath.Join(opts.RegistrationDir, RegistrationSocketName)
@@ -216,7 +219,7 @@ func New(opts Options) (*Driver, error) {
 			cs = append(cs, d.registered)
 		}
 		if d.nodeMode() {
-			cs = append(cs, d.metrics.inaccessible, d.metrics.failures)
+			cs = append(cs, d.metrics.Inaccessible, d.metrics.Failures)
 		}
 		for _, c := range cs {
 			if err := opts.Registerer.Register(c); err != nil {
@@ -255,14 +258,17 @@ func (d *Driver) Run(ctx context.Context) error {
 		return err
 	}
 	if d.nodeMode() {
-		if err := d.initNode(ctx); err != nil {
+		d.node = node.New(node.Config{NodeName: d.opts.NodeName, HostNQNFile: d.opts.HostNQNFile, Stages: d.stages,
+			Mounter: d.mounter, Initiator: d.initiator, Kube: d.kube, Live: d.live, Keys: d.keys, Events: d.events,
+			Metrics: d.metrics, Locks: d.locks, Log: d.log})
+		if err := d.node.Init(ctx); err != nil {
 			return err
 		}
 		if d.opts.VolumeHealthInterval > 0 {
 			// the volume health monitor, and the key rotation follower on the same period: both
 			// only read sysfs while nothing needs the API
-			go every(ctx, d.opts.VolumeHealthInterval, d.checkVolumes)
-			go every(ctx, d.opts.VolumeHealthInterval, d.rotateKeys)
+			go every(ctx, d.opts.VolumeHealthInterval, d.node.CheckVolumes)
+			go every(ctx, d.opts.VolumeHealthInterval, d.node.RotateKeys)
 		}
 	}
 	lis, err := listen(d.opts.Endpoint)
@@ -272,10 +278,11 @@ func (d *Driver) Run(ctx context.Context) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csipb.RegisterIdentityServer(srv, &identity{d: d})
 	if d.controllerMode() {
-		csipb.RegisterControllerServer(srv, &controller{d: d})
+		csipb.RegisterControllerServer(srv, controller.New(controller.Config{Kube: d.kube, Live: d.live,
+			Volumes: d.volumes, Snapshots: d.snapshots, Events: d.events, Log: d.log}))
 	}
 	if d.nodeMode() {
-		csipb.RegisterNodeServer(srv, &node{d: d})
+		csipb.RegisterNodeServer(srv, d.node)
 	}
 	d.ready.Store(true)
 	errc := make(chan error, 1)
@@ -343,7 +350,8 @@ func listen(endpoint string) (net.Listener, error) {
 }
 
 // intercept logs each call (method at V(2), stripped payloads at V(5)) and records its
-// duration and code.
+// duration and code. It is the RPC edge: the services' errors get their gRPC codes here
+// (rpcError), nowhere else.
 func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
 	log := d.log.WithValues("method", method)
@@ -352,6 +360,7 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		v.Info("request", "payload", stripSecrets(req))
 	}
 	resp, err := handler(logr.NewContext(ctx, log), req)
+	err = rpcError(err)
 	code := status.Code(err)
 	d.duration.WithLabelValues(method, code.String()).Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -414,23 +423,17 @@ func strip(m protoreflect.Message) {
 	})
 }
 
-// volumeLocks serialises operations per volume id; a busy volume answers ABORTED so the CO
-// retries (CSI spec, "Concurrency": "operation pending for volume").
-type volumeLocks struct {
-	mu   sync.Mutex
-	held map[string]struct{}
-}
-
-func (l *volumeLocks) acquire(id string) (release func(), err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, busy := l.held[id]; busy {
-		return nil, status.Errorf(codes.Aborted, "an operation on volume %s is in progress", id)
+// every calls fn every interval, the first time one interval from now, until ctx ends (the
+// node plugin's volume health monitor and its key rotation follower).
+func every(ctx context.Context, interval time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn(ctx)
+		}
 	}
-	l.held[id] = struct{}{}
-	return func() {
-		l.mu.Lock()
-		delete(l.held, id)
-		l.mu.Unlock()
-	}, nil
 }

@@ -4,14 +4,14 @@ import (
 	"context"
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 )
 
 // The driver's events (events.k8s.io/v1): the controller service reports a publication refused
-// because another node presents the same host NQN; the node plugin reports a rejected host NQN
-// registration and a staged volume whose device is gone.
+// because another node presents the same host NQN and a PVC's refused overrides; the node plugin
+// reports a rejected host NQN registration and a staged volume whose device is gone. Both
+// services record through the recorder started here.
 //
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -33,12 +33,4 @@ func (d *Driver) startEvents(ctx context.Context) error {
 	go func() { <-ctx.Done(); b.Shutdown() }()
 	d.events = b.NewRecorder(d.scheme, "plinth-csi")
 	return nil
-}
-
-// warn records a Warning event on obj (an object of the driver's scheme) with reason and the
-// action the driver was taking; dropped without a recorder.
-func (d *Driver) warn(obj runtime.Object, reason, action, msg string) {
-	if d.events != nil {
-		d.events.Eventf(obj, nil, "Warning", reason, action, "%s", msg)
-	}
 }

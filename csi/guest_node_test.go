@@ -139,95 +139,14 @@ func TestInGuestNVMeoFNode(t *testing.T) {
 	}
 	stageReq := &csipb.NodeStageVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging, VolumeCapability: capability,
 		VolumeContext: cv.GetVolume().GetVolumeContext()}
+	v := &guestNodeVolume{ctrl: ctrl, node: node, id: id, nqn: nqn, addr: addr, port: port, hostNQN: hostNQN, state: state,
+		staging: staging, target: target, pc: pc, capability: capability, stageReq: stageReq}
 
-	t.Run("AlreadyConnected", func(t *testing.T) {
-		// connected before the stage (a connect that outlived a crashed attempt, or by hand)
-		run(t, "nvme", "connect", "-t", "tcp", "-a", addr, "-s", port, "-n", nqn, "-q", hostNQN)
-		in := &nvme.Initiator{}
-		dev, err := in.WaitDevice(ctx, nqn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// the kernel's answer to a duplicate connect with the same host NQN: EALREADY
-		p, _ := strconv.Atoi(port)
-		err = writeFabrics(nvme.ConnectOptions(nvme.Target{NQN: nqn, Address: addr, Port: int32(p), HostNQN: hostNQN}))
-		if !errors.Is(err, syscall.EALREADY) {
-			t.Errorf("duplicate connect through /dev/nvme-fabrics: %v, want EALREADY", err)
-		}
-		if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
-			t.Fatalf("NodeStage with the subsystem already connected: %v", err)
-		}
-		s, _ := subsystemOf(t, nqn)
-		if len(s.controllers) != 1 || s.hostNQNs[0] != hostNQN {
-			t.Errorf("controllers %v with host NQNs %v, want one with %s (the existing one reused)", s.controllers, s.hostNQNs, hostNQN)
-		}
-		if src, err := mount.New().SourceOf(staging); err != nil || src != dev {
-			t.Errorf("staging mounted from %q (%v), want %s", src, err, dev)
-		}
-		if fs := strings.TrimSpace(run(t, "blkid", "-p", "-o", "value", "-s", "TYPE", dev)); fs != "ext4" {
-			t.Errorf("%s holds %q, want ext4", dev, fs)
-		}
-		// a retried stage is OK too
-		if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
-			t.Errorf("second NodeStage: %v", err)
-		}
-	})
+	t.Run("AlreadyConnected", func(t *testing.T) { guestAlreadyConnected(t, v) })
 
-	t.Run("PublishWriteExpand", func(t *testing.T) {
-		if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging,
-			TargetPath: target, VolumeCapability: capability}); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(target, "data"), []byte("over nvme-tcp"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		ex, err := ctrl.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csipb.CapacityRange{RequiredBytes: 128 << 20},
-			VolumeCapability: capability})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ex.GetNodeExpansionRequired() || ex.GetCapacityBytes() != 128<<20 {
-			t.Errorf("ControllerExpand: %+v", ex)
-		}
-		// at once, as the CO does: the initiator must see the grown namespace
-		ne, err := node.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target, StagingTargetPath: staging,
-			CapacityRange: &csipb.CapacityRange{RequiredBytes: 128 << 20}, VolumeCapability: capability})
-		if err != nil {
-			t.Fatalf("NodeExpand right after ControllerExpand: %v", err)
-		}
-		if ne.GetCapacityBytes() != 128<<20 {
-			t.Errorf("NodeExpand capacity %d", ne.GetCapacityBytes())
-		}
-		var st syscall.Statfs_t
-		if err := syscall.Statfs(target, &st); err != nil {
-			t.Fatal(err)
-		}
-		if size := int64(st.Blocks) * st.Bsize; size < 100<<20 {
-			t.Errorf("filesystem %d bytes after expansion to 128 MiB", size)
-		}
-		if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
-			t.Fatal(err)
-		}
-	})
+	t.Run("PublishWriteExpand", func(t *testing.T) { guestPublishWriteExpand(t, v) })
 
-	t.Run("UnstageDisconnects", func(t *testing.T) {
-		if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-			t.Fatal(err)
-		}
-		if _, ok := subsystemOf(t, nqn); ok {
-			t.Errorf("%s still connected after unstage", nqn)
-		}
-		if m, _ := mount.New().IsMounted(staging); m {
-			t.Errorf("%s still mounted", staging)
-		}
-		if _, err := os.Stat(filepath.Join(state, id+".json")); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("stage record after unstage: %v", err)
-		}
-		// Nothing staged, nothing connected: unstage is still OK.
-		if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-			t.Errorf("second NodeUnstage: %v", err)
-		}
-	})
+	t.Run("UnstageDisconnects", func(t *testing.T) { guestUnstageDisconnects(t, v) })
 
 	t.Run("ControllerAlreadyGone", func(t *testing.T) {
 		if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
@@ -253,6 +172,118 @@ func TestInGuestNVMeoFNode(t *testing.T) {
 			t.Errorf("%s connected again", nqn)
 		}
 	})
+}
+
+// guestNodeVolume is the NVMe-oF volume of TestInGuestNVMeoFNode, published to this node: the
+// clients, its id, its export (subsystem NQN, address, port), this node's host NQN, the stage
+// records' folder, the staging and target paths, the publish context and the stage request.
+type guestNodeVolume struct {
+	ctrl                                                 csipb.ControllerClient
+	node                                                 csipb.NodeClient
+	id, nqn, addr, port, hostNQN, state, staging, target string
+	pc                                                   map[string]string
+	capability                                           *csipb.VolumeCapability
+	stageReq                                             *csipb.NodeStageVolumeRequest
+}
+
+// guestAlreadyConnected: NodeStage of a subsystem connected before the stage (a connect that
+// outlived a crashed attempt, or by hand) reuses that controller, and a retried stage is OK.
+func guestAlreadyConnected(t *testing.T, v *guestNodeVolume) {
+	ctx, node, stageReq, staging := t.Context(), v.node, v.stageReq, v.staging
+	nqn, addr, port, hostNQN := v.nqn, v.addr, v.port, v.hostNQN
+	// connected before the stage (a connect that outlived a crashed attempt, or by hand)
+	run(t, "nvme", "connect", "-t", "tcp", "-a", addr, "-s", port, "-n", nqn, "-q", hostNQN)
+	in := &nvme.Initiator{}
+	dev, err := in.WaitDevice(ctx, nqn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the kernel's answer to a duplicate connect with the same host NQN: EALREADY
+	p, _ := strconv.Atoi(port)
+	err = writeFabrics(nvme.ConnectOptions(nvme.Target{NQN: nqn, Address: addr, Port: int32(p), HostNQN: hostNQN}))
+	if !errors.Is(err, syscall.EALREADY) {
+		t.Errorf("duplicate connect through /dev/nvme-fabrics: %v, want EALREADY", err)
+	}
+	if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
+		t.Fatalf("NodeStage with the subsystem already connected: %v", err)
+	}
+	s, _ := subsystemOf(t, nqn)
+	if len(s.controllers) != 1 || s.hostNQNs[0] != hostNQN {
+		t.Errorf("controllers %v with host NQNs %v, want one with %s (the existing one reused)", s.controllers, s.hostNQNs, hostNQN)
+	}
+	if src, err := mount.New().SourceOf(staging); err != nil || src != dev {
+		t.Errorf("staging mounted from %q (%v), want %s", src, err, dev)
+	}
+	if fs := strings.TrimSpace(run(t, "blkid", "-p", "-o", "value", "-s", "TYPE", dev)); fs != "ext4" {
+		t.Errorf("%s holds %q, want ext4", dev, fs)
+	}
+	// a retried stage is OK too
+	if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
+		t.Errorf("second NodeStage: %v", err)
+	}
+}
+
+// guestPublishWriteExpand publishes, writes, expands (ControllerExpand, then at once
+// NodeExpand, as the CO does) and unpublishes.
+func guestPublishWriteExpand(t *testing.T, v *guestNodeVolume) {
+	ctx, ctrl, node, id, pc := t.Context(), v.ctrl, v.node, v.id, v.pc
+	staging, target, capability := v.staging, v.target, v.capability
+	if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: capability}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "data"), []byte("over nvme-tcp"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := ctrl.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csipb.CapacityRange{RequiredBytes: 128 << 20},
+		VolumeCapability: capability})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ex.GetNodeExpansionRequired() || ex.GetCapacityBytes() != 128<<20 {
+		t.Errorf("ControllerExpand: %+v", ex)
+	}
+	// at once, as the CO does: the initiator must see the grown namespace
+	ne, err := node.NodeExpandVolume(ctx, &csipb.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target, StagingTargetPath: staging,
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 128 << 20}, VolumeCapability: capability})
+	if err != nil {
+		t.Fatalf("NodeExpand right after ControllerExpand: %v", err)
+	}
+	if ne.GetCapacityBytes() != 128<<20 {
+		t.Errorf("NodeExpand capacity %d", ne.GetCapacityBytes())
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(target, &st); err != nil {
+		t.Fatal(err)
+	}
+	if size := int64(st.Blocks) * st.Bsize; size < 100<<20 {
+		t.Errorf("filesystem %d bytes after expansion to 128 MiB", size)
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// guestUnstageDisconnects: unstage unmounts, disconnects and removes the stage record; a
+// second unstage is OK.
+func guestUnstageDisconnects(t *testing.T, v *guestNodeVolume) {
+	ctx, node, id, nqn, staging, state := t.Context(), v.node, v.id, v.nqn, v.staging, v.state
+	if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := subsystemOf(t, nqn); ok {
+		t.Errorf("%s still connected after unstage", nqn)
+	}
+	if m, _ := mount.New().IsMounted(staging); m {
+		t.Errorf("%s still mounted", staging)
+	}
+	if _, err := os.Stat(filepath.Join(state, id+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stage record after unstage: %v", err)
+	}
+	// Nothing staged, nothing connected: unstage is still OK.
+	if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Errorf("second NodeUnstage: %v", err)
+	}
 }
 
 // writeFabrics writes one connect option string to /dev/nvme-fabrics, as nvme-cli does.

@@ -182,6 +182,131 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	}
 	demux := apimux.StartForTest(t, cp.URL)
 
+	p := createGuestPolicy(t, c)
+	store, zfsStore, rawStores := p.store, p.zfsStore, p.rawStores
+
+	bootStart := time.Now()
+	gg, err := guest.Boot(ctx, guest.Options{
+		// /dev/vda: the VG; /dev/vdb, /dev/vdc: the raw GPT pool; /dev/vdd, /dev/vde: the raw
+		// Whole pool; /dev/vdf: the zpool
+		DiskBytes:     []int64{3 << 30, 1 << 30, 512 << 20, 128 << 20, 192 << 20, 1 << 30},
+		GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
+		Timeout:       40 * time.Minute,
+	})
+	if err != nil {
+		t.Fatalf("boot guest: %v", err)
+	}
+	t.Cleanup(func() { gg.Stop() }) //nolint:errcheck
+	g := csiGuest{t, gg}
+	t.Logf("TIMING guest-boot %s", time.Since(bootStart).Round(time.Millisecond))
+
+	shareGuestFiles(t, cp, gg, p, filepath.Join(work, "plinth"), filepath.Join(work, "apimux"), filepath.Join(work, "csi.test"), sanity)
+	share := guest.SharePath
+	g.sh(time.Minute, fmt.Sprintf("cp %s/apimux %s/plinth %s/csi-sanity %s/csi.test /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %s:6443 >/tmp/apimux.log 2>&1 &)",
+		share, share, share, share, guest.GuestForwardAddr))
+	// the zpool exists before the agent starts (Plinth creates datasets, not pools)
+	g.sh(time.Minute, "zpool create -f -o ashift=12 "+guestZpool+" /dev/vdf")
+	g.sh(time.Minute, fmt.Sprintf("/tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/agent-state --refresh-interval 10s "+
+		"--metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >/tmp/agent.log 2>&1 &", csiGuestNode, share))
+	g.sh(time.Minute, fmt.Sprintf("mkdir -p /tmp/csi && /tmp/plinth csi --mode all --endpoint unix://%s --node-name %s --kubeconfig %s/kubeconfig "+
+		"--state-dir %s --wait-timeout 3m --registration-dir= -v 2 >/tmp/csi.log 2>&1 &", guestSocket, csiGuestNode, share, guestStateDir))
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := g.try(time.Minute, "tail -n 60 /tmp/agent.log; echo ---- csi; tail -n 120 /tmp/csi.log; echo ----; cat /tmp/apimux.log; lvs -a; "+
+				"ls /sys/class/nvme-subsystem/; ls /sys/kernel/config/nvmet/subsystems; grep -v ' /sys\\| /proc\\| /dev' /proc/self/mountinfo")
+			t.Logf("guest logs and kernel state:\n%s", out)
+		}
+	})
+
+	waitGuestReady(t, g, c, store, zfsStore, rawStores)
+
+	t.Run("Sanity", func(t *testing.T) { guestSanity(t, gg, share) })
+
+	t.Run("NodeNVMeoF", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_PARAMS=%s/params.yaml PLINTH_CSI_GUEST_STATE=%s "+
+			"PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestNVMeoFNode$' -test.v -test.count=1 -test.timeout=14m 2>&1",
+			guestSocket, share, guestStateDir, csiGuestNode))
+		t.Logf("in the guest:\n%s", out)
+		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestNVMeoFNode") {
+			t.Fatalf("TestInGuestNVMeoFNode in the guest: exit %d", code)
+		}
+		// A subtest that skipped in the guest would pass its parent: no skip counts as run.
+		if strings.Contains(out, "--- SKIP") {
+			t.Errorf("TestInGuestNVMeoFNode skipped subtests in the guest (see its output above)")
+		}
+	})
+
+	// The raw backend through the agent and the driver: csi-sanity on the GPT class (its
+	// snapshot and clone specs skipped: raw volumes have none, CreateSnapshot refuses them),
+	// then TestInGuestRaw in the guest.
+	t.Run("RawStores", func(t *testing.T) { guestRawStores(t, gg, c, rawStores) })
+
+	t.Run("RawSanity", func(t *testing.T) { guestRawSanity(t, gg, share) })
+
+	// csi-sanity's snapshot, restore and clone specs on the ZFS class: zfs snapshot, zfs clone
+	// and the deferred destruction of a snapshot with clones (the LVM run covers the rest).
+	t.Run("ZFSSnapshotSanity", func(t *testing.T) { guestZFSSanity(t, gg, share) })
+
+	t.Run("Raw", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		start := time.Now()
+		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_RAW_PARAMS=%s/raw-params.yaml PLINTH_CSI_GUEST_WHOLE_PARAMS=%s/whole-params.yaml "+
+			"PLINTH_CSI_GUEST_RAW_DISKS=%s PLINTH_CSI_GUEST_WHOLE_DISKS=%s PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestRaw$' -test.v -test.count=1 -test.timeout=14m 2>&1",
+			guestSocket, share, share, strings.Join(guestRawGPTDisks, ","), strings.Join(guestRawWholeDisks, ","), csiGuestNode))
+		t.Logf("TIMING TestInGuestRaw %s; in the guest:\n%s", time.Since(start).Round(time.Second), out)
+		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestRaw") {
+			t.Fatalf("TestInGuestRaw in the guest: exit %d", code)
+		}
+		if strings.Contains(out, "--- SKIP") {
+			t.Errorf("TestInGuestRaw skipped subtests in the guest (see its output above)")
+		}
+	})
+
+	t.Run("NothingLeftBehind", func(t *testing.T) { guestNothingLeft(t, gg, c, store, zfsStore, rawStores) })
+}
+
+// shareGuestFiles puts into the guest's share folder what the guest run needs: a kubeconfig
+// for the API server as the guest reaches it, the StorageClass parameters of p's classes, and
+// binaries (by base name).
+func shareGuestFiles(t *testing.T, cp *controlplane.ControlPlane, gg *guest.Guest, p guestPolicy, binaries ...string) {
+	t.Helper()
+	kc, err := cp.KubeconfigFor("admin", "https://127.0.0.1:6443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdata, _ := yaml.Marshal(p.params)
+	gptData, _ := yaml.Marshal(p.rawParams["graw"])
+	wholeData, _ := yaml.Marshal(p.rawParams["gwhole"])
+	zfsData, _ := yaml.Marshal(p.zfsParams)
+	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "raw-params.yaml": gptData, "whole-params.yaml": wholeData, "zfs-params.yaml": zfsData}
+	for _, f := range binaries {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[filepath.Base(f)] = data
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(gg.ShareDir(), name), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// guestPolicy is the policy of the guest run: the Stores of the LVM thin pool (NVMe-oF), of
+// the ZFS pool and of the raw pools (local), and the StorageClass parameters of each class.
+type guestPolicy struct {
+	store, zfsStore   string
+	rawStores         []string
+	params, zfsParams map[string]string
+	rawParams         map[string]map[string]string // by pool: graw (GPT), gwhole (whole disks)
+}
+
+// createGuestPolicy creates the guest run's Node, pools, protocols, placements, Stores and
+// Agent, as Plinth's controller renders them and kubelet registers the Node.
+func createGuestPolicy(t *testing.T, c client.Client) guestPolicy {
+	t.Helper()
 	// The policy as Plinth's controller renders it: an LVM thin pool on the guest's first
 	// disk, exported over NVMe-oF/TCP on loopback; the Node as kubelet registers it.
 	pool := "gthin"
@@ -239,60 +364,14 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		policyv1.LabelPool: storev1.NameLabelValue(pool), policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
 		Spec: storev1.StoreSpec{Pool: pool, NodeName: csiGuestNode, Backend: vg, Reserve: "5%", OvercommitPercent: 400}})
 	params := map[string]string{policyv1.ParamPlacement: pool + "-nvme", policyv1.ParamPool: pool, policyv1.ParamProtocol: pool + "-nvme"}
+	return guestPolicy{store: store, zfsStore: zfsStore, rawStores: rawStores, params: params, rawParams: rawParams, zfsParams: zfsParams}
+}
 
-	bootStart := time.Now()
-	gg, err := guest.Boot(ctx, guest.Options{
-		// /dev/vda: the VG; /dev/vdb, /dev/vdc: the raw GPT pool; /dev/vdd, /dev/vde: the raw
-		// Whole pool; /dev/vdf: the zpool
-		DiskBytes:     []int64{3 << 30, 1 << 30, 512 << 20, 128 << 20, 192 << 20, 1 << 30},
-		GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}},
-		Timeout:       40 * time.Minute,
-	})
-	if err != nil {
-		t.Fatalf("boot guest: %v", err)
-	}
-	t.Cleanup(func() { gg.Stop() }) //nolint:errcheck
-	g := csiGuest{t, gg}
-	t.Logf("TIMING guest-boot %s", time.Since(bootStart).Round(time.Millisecond))
-
-	kc, err := cp.KubeconfigFor("admin", "https://127.0.0.1:6443")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pdata, _ := yaml.Marshal(params)
-	gptData, _ := yaml.Marshal(rawParams["graw"])
-	wholeData, _ := yaml.Marshal(rawParams["gwhole"])
-	zfsData, _ := yaml.Marshal(zfsParams)
-	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "raw-params.yaml": gptData, "whole-params.yaml": wholeData, "zfs-params.yaml": zfsData}
-	for _, f := range []string{filepath.Join(work, "plinth"), filepath.Join(work, "apimux"), filepath.Join(work, "csi.test"), sanity} {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[filepath.Base(f)] = data
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(gg.ShareDir(), name), data, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	share := guest.SharePath
-	g.sh(time.Minute, fmt.Sprintf("cp %s/apimux %s/plinth %s/csi-sanity %s/csi.test /tmp/ && (/tmp/apimux -listen 127.0.0.1:6443 -upstream %s:6443 >/tmp/apimux.log 2>&1 &)",
-		share, share, share, share, guest.GuestForwardAddr))
-	// the zpool exists before the agent starts (Plinth creates datasets, not pools)
-	g.sh(time.Minute, "zpool create -f -o ashift=12 "+guestZpool+" /dev/vdf")
-	g.sh(time.Minute, fmt.Sprintf("/tmp/plinth agent --node %s --kubeconfig %s/kubeconfig --state-dir /tmp/agent-state --refresh-interval 10s "+
-		"--metrics-bind-address 0 --health-probe-bind-address 0 --v 1 >/tmp/agent.log 2>&1 &", csiGuestNode, share))
-	g.sh(time.Minute, fmt.Sprintf("mkdir -p /tmp/csi && /tmp/plinth csi --mode all --endpoint unix://%s --node-name %s --kubeconfig %s/kubeconfig "+
-		"--state-dir %s --wait-timeout 3m --registration-dir= -v 2 >/tmp/csi.log 2>&1 &", guestSocket, csiGuestNode, share, guestStateDir))
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := g.try(time.Minute, "tail -n 60 /tmp/agent.log; echo ---- csi; tail -n 120 /tmp/csi.log; echo ----; cat /tmp/apimux.log; lvs -a; "+
-				"ls /sys/class/nvme-subsystem/; ls /sys/kernel/config/nvmet/subsystems; grep -v ' /sys\\| /proc\\| /dev' /proc/self/mountinfo")
-			t.Logf("guest logs and kernel state:\n%s", out)
-		}
-	})
-
+// waitGuestReady waits until the agent in the guest reports its Stores Ready and the node
+// plugin has labelled and annotated its Node, and the CSI socket is there.
+func waitGuestReady(t *testing.T, g csiGuest, c client.Client, store, zfsStore string, rawStores []string) {
+	t.Helper()
+	ctx := t.Context()
 	// The agent reports the thin pool; the node plugin labels and annotates its Node.
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
@@ -319,153 +398,129 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	if _, code := g.try(time.Minute, "test -S "+guestSocket); code != 0 {
 		t.Fatalf("no CSI socket at %s", guestSocket)
 	}
+}
 
-	t.Run("Sanity", func(t *testing.T) {
-		g := csiGuest{t, gg}
-		start := time.Now()
-		out, code := g.try(40*time.Minute, fmt.Sprintf("mkdir -p /tmp/sanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/params.yaml "+
-			"--csi.mountdir=/tmp/sanity/mount --csi.stagingdir=/tmp/sanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
-			"--ginkgo.no-color --ginkgo.timeout=35m %s 2>&1", guestSocket, share, 64<<20, 128<<20, csisanity.ReportFlag(share+"/sanity-report.json")))
-		t.Logf("TIMING csi-sanity in the guest %s", time.Since(start).Round(time.Second))
-		m := sanitySummary.FindStringSubmatch(out)
-		if code != 0 || m == nil {
-			t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
-		}
-		t.Logf("csi-sanity on LVM + NVMe-oF/TCP in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
-		if m[4] != "0" {
-			t.Errorf("csi-sanity failures:\n%s", tailLines(out, 250))
-		}
-		checkSanityReport(t, filepath.Join(gg.ShareDir(), "sanity-report.json"))
-		// sanity's node specs staged NVMe-oF namespaces: mount-utils formatted /dev/nvme* devices
-		formatted := g.sh(time.Minute, `grep -c 'Disk successfully formatted (mkfs): ext4 - /dev/nvme[0-9]*n[0-9]* ' /tmp/csi.log || true`)
-		t.Logf("csi-sanity's NodeStage formatted %s NVMe-oF namespaces", strings.TrimSpace(formatted))
-		if strings.TrimSpace(formatted) == "0" {
-			t.Error("csi-sanity staged no NVMe-oF namespace (no mkfs of a /dev/nvme* device in the driver's log)")
-		}
-	})
+// guestSanity runs csi-sanity in the guest on the LVM thin + NVMe-oF/TCP class.
+func guestSanity(t *testing.T, gg *guest.Guest, share string) {
+	g := csiGuest{t, gg}
+	start := time.Now()
+	out, code := g.try(40*time.Minute, fmt.Sprintf("mkdir -p /tmp/sanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/params.yaml "+
+		"--csi.mountdir=/tmp/sanity/mount --csi.stagingdir=/tmp/sanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
+		"--ginkgo.no-color --ginkgo.timeout=35m %s 2>&1", guestSocket, share, 64<<20, 128<<20, csisanity.ReportFlag(share+"/sanity-report.json")))
+	t.Logf("TIMING csi-sanity in the guest %s", time.Since(start).Round(time.Second))
+	m := sanitySummary.FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
+	}
+	t.Logf("csi-sanity on LVM + NVMe-oF/TCP in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
+	if m[4] != "0" {
+		t.Errorf("csi-sanity failures:\n%s", tailLines(out, 250))
+	}
+	checkSanityReport(t, filepath.Join(gg.ShareDir(), "sanity-report.json"))
+	// sanity's node specs staged NVMe-oF namespaces: mount-utils formatted /dev/nvme* devices
+	formatted := g.sh(time.Minute, `grep -c 'Disk successfully formatted (mkfs): ext4 - /dev/nvme[0-9]*n[0-9]* ' /tmp/csi.log || true`)
+	t.Logf("csi-sanity's NodeStage formatted %s NVMe-oF namespaces", strings.TrimSpace(formatted))
+	if strings.TrimSpace(formatted) == "0" {
+		t.Error("csi-sanity staged no NVMe-oF namespace (no mkfs of a /dev/nvme* device in the driver's log)")
+	}
+}
 
-	t.Run("NodeNVMeoF", func(t *testing.T) {
-		g := csiGuest{t, gg}
-		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_PARAMS=%s/params.yaml PLINTH_CSI_GUEST_STATE=%s "+
-			"PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestNVMeoFNode$' -test.v -test.count=1 -test.timeout=14m 2>&1",
-			guestSocket, share, guestStateDir, csiGuestNode))
-		t.Logf("in the guest:\n%s", out)
-		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestNVMeoFNode") {
-			t.Fatalf("TestInGuestNVMeoFNode in the guest: exit %d", code)
-		}
-		// A subtest that skipped in the guest would pass its parent: no skip counts as run.
-		if strings.Contains(out, "--- SKIP") {
-			t.Errorf("TestInGuestNVMeoFNode skipped subtests in the guest (see its output above)")
-		}
-	})
-
-	// The raw backend through the agent and the driver: csi-sanity on the GPT class (its
-	// snapshot and clone specs skipped: raw volumes have none, CreateSnapshot refuses them),
-	// then TestInGuestRaw in the guest.
-	t.Run("RawStores", func(t *testing.T) {
-		for _, name := range rawStores {
-			var st storev1.Store
-			if err := c.Get(ctx, client.ObjectKey{Name: name}, &st); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("store %s: capacity %+v", name, *st.Status.Capacity)
-			// GPT: 1 GiB + 512 MiB disks, 2 MiB each for the GPT and alignment, the larger bounds a
-			// volume; Whole: 128 + 192 MiB disks, the larger free one bounds a volume
-			want := [2]int64{1532 << 20, 1022 << 20}
-			if name == storev1.StoreName("gwhole", csiGuestNode) {
-				want = [2]int64{316 << 20, 190 << 20}
-			}
-			if cp := st.Status.Capacity; cp.Total != want[0] || cp.Available != want[1] || cp.Provisioned != 0 || st.Status.ExtentBytes != 1<<20 {
-				t.Errorf("store %s: capacity %+v, extent %d; want total %d, available %d, unit 1 MiB", name, *cp, st.Status.ExtentBytes, want[0], want[1])
-			}
-		}
-		g := csiGuest{t, gg}
-		// the disks now carry an empty GPT
-		out := g.sh(time.Minute, "for d in "+strings.Join(append(append([]string{}, guestRawGPTDisks...), guestRawWholeDisks...), " ")+"; do sfdisk --json $d | grep -c '\"label\": \"gpt\"'; done")
-		if got := strings.Join(strings.Fields(out), " "); got != "1 1 1 1" {
-			t.Errorf("GPT labels on the raw disks: %q, want 4", out)
-		}
-	})
-
-	t.Run("RawSanity", func(t *testing.T) {
-		g := csiGuest{t, gg}
-		start := time.Now()
-		out, code := g.try(40*time.Minute, fmt.Sprintf("mkdir -p /tmp/rsanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/raw-params.yaml "+
-			"--csi.mountdir=/tmp/rsanity/mount --csi.stagingdir=/tmp/rsanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
-			"--ginkgo.no-color --ginkgo.timeout=35m --ginkgo.skip='%s' %s 2>&1", guestSocket, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/raw-sanity-report.json")))
-		t.Logf("TIMING csi-sanity raw in the guest %s", time.Since(start).Round(time.Second))
-		m := sanitySummary.FindStringSubmatch(out)
-		if code != 0 || m == nil {
-			t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
-		}
-		t.Logf("csi-sanity on raw GPT partitions in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
-		if m[4] != "0" {
-			t.Errorf("csi-sanity failures:\n%s", tailLines(out, 250))
-		}
-		checkRawSanityReport(t, filepath.Join(gg.ShareDir(), "raw-sanity-report.json"))
-		formatted := g.sh(time.Minute, `grep -c 'Disk successfully formatted (mkfs): ext4 - /dev/vd[bc][0-9]* ' /tmp/csi.log || true`)
-		t.Logf("csi-sanity's NodeStage formatted %s raw partitions", strings.TrimSpace(formatted))
-		if strings.TrimSpace(formatted) == "0" {
-			t.Error("csi-sanity staged no raw partition (no mkfs of a /dev/vd[bc]N device in the driver's log)")
-		}
-	})
-
-	// csi-sanity's snapshot, restore and clone specs on the ZFS class: zfs snapshot, zfs clone
-	// and the deferred destruction of a snapshot with clones (the LVM run covers the rest).
-	t.Run("ZFSSnapshotSanity", func(t *testing.T) {
-		g := csiGuest{t, gg}
-		start := time.Now()
-		out, code := g.try(30*time.Minute, fmt.Sprintf("mkdir -p /tmp/zsanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/zfs-params.yaml "+
-			"--csi.mountdir=/tmp/zsanity/mount --csi.stagingdir=/tmp/zsanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
-			"--ginkgo.no-color --ginkgo.timeout=25m --ginkgo.focus='%s' %s 2>&1", guestSocket, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/zfs-sanity-report.json")))
-		t.Logf("TIMING csi-sanity ZFS snapshots in the guest %s", time.Since(start).Round(time.Second))
-		m := sanitySummary.FindStringSubmatch(out)
-		if code != 0 || m == nil {
-			t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
-		}
-		t.Logf("csi-sanity snapshot specs on ZFS in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
-		checkZFSSanityReport(t, filepath.Join(gg.ShareDir(), "zfs-sanity-report.json"))
-		// the agent destroys in the background of the finalizers: wait up to 2 minutes
-		if n := strings.TrimSpace(g.sh(3*time.Minute, "for i in $(seq 120); do n=$(zfs list -H -t snapshot -o name -r "+guestZpool+" | wc -l); [ \"$n\" = 0 ] && break; sleep 1; done; echo $n")); n != "0" {
-			t.Errorf("%s zfs snapshots left 2 minutes after the snapshot specs", n)
-		}
-	})
-
-	t.Run("Raw", func(t *testing.T) {
-		g := csiGuest{t, gg}
-		start := time.Now()
-		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_RAW_PARAMS=%s/raw-params.yaml PLINTH_CSI_GUEST_WHOLE_PARAMS=%s/whole-params.yaml "+
-			"PLINTH_CSI_GUEST_RAW_DISKS=%s PLINTH_CSI_GUEST_WHOLE_DISKS=%s PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestRaw$' -test.v -test.count=1 -test.timeout=14m 2>&1",
-			guestSocket, share, share, strings.Join(guestRawGPTDisks, ","), strings.Join(guestRawWholeDisks, ","), csiGuestNode))
-		t.Logf("TIMING TestInGuestRaw %s; in the guest:\n%s", time.Since(start).Round(time.Second), out)
-		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestRaw") {
-			t.Fatalf("TestInGuestRaw in the guest: exit %d", code)
-		}
-		if strings.Contains(out, "--- SKIP") {
-			t.Errorf("TestInGuestRaw skipped subtests in the guest (see its output above)")
-		}
-	})
-
-	t.Run("NothingLeftBehind", func(t *testing.T) {
-		g := csiGuest{t, gg}
-		var list storev1.VolumeStateList
-		if err := c.List(ctx, &list); err != nil {
+// guestRawStores checks the raw Stores' capacity and the GPT labels the agent put on their disks.
+func guestRawStores(t *testing.T, gg *guest.Guest, c client.Client, rawStores []string) {
+	ctx := t.Context()
+	for _, name := range rawStores {
+		var st storev1.Store
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, &st); err != nil {
 			t.Fatal(err)
 		}
-		for _, vs := range list.Items {
-			if vs.Spec.StoreName == store || vs.Spec.StoreName == zfsStore || slices.Contains(rawStores, vs.Spec.StoreName) {
-				t.Errorf("VolumeState %s left behind (phase %s)", vs.Name, vs.Status.Phase)
-			}
+		t.Logf("store %s: capacity %+v", name, *st.Status.Capacity)
+		// GPT: 1 GiB + 512 MiB disks, 2 MiB each for the GPT and alignment, the larger bounds a
+		// volume; Whole: 128 + 192 MiB disks, the larger free one bounds a volume
+		want := [2]int64{1532 << 20, 1022 << 20}
+		if name == storev1.StoreName("gwhole", csiGuestNode) {
+			want = [2]int64{316 << 20, 190 << 20}
 		}
-		// the agent deletes in the background of the VolumeState's finalizer: wait for the LVs
-		out, code := g.try(5*time.Minute, `for i in $(seq 120); do n=$(lvs --noheadings -o lv_name plinth-csi | grep -vc '^ *pool$'); [ "$n" = 0 ] && break; sleep 1; done
+		if cp := st.Status.Capacity; cp.Total != want[0] || cp.Available != want[1] || cp.Provisioned != 0 || st.Status.ExtentBytes != 1<<20 {
+			t.Errorf("store %s: capacity %+v, extent %d; want total %d, available %d, unit 1 MiB", name, *cp, st.Status.ExtentBytes, want[0], want[1])
+		}
+	}
+	g := csiGuest{t, gg}
+	// the disks now carry an empty GPT
+	out := g.sh(time.Minute, "for d in "+strings.Join(append(append([]string{}, guestRawGPTDisks...), guestRawWholeDisks...), " ")+"; do sfdisk --json $d | grep -c '\"label\": \"gpt\"'; done")
+	if got := strings.Join(strings.Fields(out), " "); got != "1 1 1 1" {
+		t.Errorf("GPT labels on the raw disks: %q, want 4", out)
+	}
+}
+
+// guestRawSanity runs csi-sanity in the guest on the raw GPT class, its snapshot and clone
+// specs skipped.
+func guestRawSanity(t *testing.T, gg *guest.Guest, share string) {
+	g := csiGuest{t, gg}
+	start := time.Now()
+	out, code := g.try(40*time.Minute, fmt.Sprintf("mkdir -p /tmp/rsanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/raw-params.yaml "+
+		"--csi.mountdir=/tmp/rsanity/mount --csi.stagingdir=/tmp/rsanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
+		"--ginkgo.no-color --ginkgo.timeout=35m --ginkgo.skip='%s' %s 2>&1", guestSocket, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/raw-sanity-report.json")))
+	t.Logf("TIMING csi-sanity raw in the guest %s", time.Since(start).Round(time.Second))
+	m := sanitySummary.FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
+	}
+	t.Logf("csi-sanity on raw GPT partitions in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
+	if m[4] != "0" {
+		t.Errorf("csi-sanity failures:\n%s", tailLines(out, 250))
+	}
+	checkRawSanityReport(t, filepath.Join(gg.ShareDir(), "raw-sanity-report.json"))
+	formatted := g.sh(time.Minute, `grep -c 'Disk successfully formatted (mkfs): ext4 - /dev/vd[bc][0-9]* ' /tmp/csi.log || true`)
+	t.Logf("csi-sanity's NodeStage formatted %s raw partitions", strings.TrimSpace(formatted))
+	if strings.TrimSpace(formatted) == "0" {
+		t.Error("csi-sanity staged no raw partition (no mkfs of a /dev/vd[bc]N device in the driver's log)")
+	}
+}
+
+// guestZFSSanity runs csi-sanity's snapshot, restore and clone specs in the guest on the ZFS
+// class, then waits for the zfs snapshots to go.
+func guestZFSSanity(t *testing.T, gg *guest.Guest, share string) {
+	g := csiGuest{t, gg}
+	start := time.Now()
+	out, code := g.try(30*time.Minute, fmt.Sprintf("mkdir -p /tmp/zsanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/zfs-params.yaml "+
+		"--csi.mountdir=/tmp/zsanity/mount --csi.stagingdir=/tmp/zsanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
+		"--ginkgo.no-color --ginkgo.timeout=25m --ginkgo.focus='%s' %s 2>&1", guestSocket, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/zfs-sanity-report.json")))
+	t.Logf("TIMING csi-sanity ZFS snapshots in the guest %s", time.Since(start).Round(time.Second))
+	m := sanitySummary.FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("csi-sanity: exit %d\n%s", code, tailLines(out, 250))
+	}
+	t.Logf("csi-sanity snapshot specs on ZFS in the guest: ran %s of %s specs: %s passed, %s failed, %s pending, %s skipped", m[1], m[2], m[3], m[4], m[5], m[6])
+	checkZFSSanityReport(t, filepath.Join(gg.ShareDir(), "zfs-sanity-report.json"))
+	// the agent destroys in the background of the finalizers: wait up to 2 minutes
+	if n := strings.TrimSpace(g.sh(3*time.Minute, "for i in $(seq 120); do n=$(zfs list -H -t snapshot -o name -r "+guestZpool+" | wc -l); [ \"$n\" = 0 ] && break; sleep 1; done; echo $n")); n != "0" {
+		t.Errorf("%s zfs snapshots left 2 minutes after the snapshot specs", n)
+	}
+}
+
+// guestNothingLeft checks that no VolumeState of the guest's Stores is left, nor LVs, NVMe
+// subsystems, nvmet subsystems, stage records, zvols and snapshots, mounts or raw partitions
+// in the guest.
+func guestNothingLeft(t *testing.T, gg *guest.Guest, c client.Client, store, zfsStore string, rawStores []string) {
+	ctx := t.Context()
+	g := csiGuest{t, gg}
+	var list storev1.VolumeStateList
+	if err := c.List(ctx, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, vs := range list.Items {
+		if vs.Spec.StoreName == store || vs.Spec.StoreName == zfsStore || slices.Contains(rawStores, vs.Spec.StoreName) {
+			t.Errorf("VolumeState %s left behind (phase %s)", vs.Name, vs.Status.Phase)
+		}
+	}
+	// the agent deletes in the background of the VolumeState's finalizer: wait for the LVs
+	out, code := g.try(5*time.Minute, `for i in $(seq 120); do n=$(lvs --noheadings -o lv_name plinth-csi | grep -vc '^ *pool$'); [ "$n" = 0 ] && break; sleep 1; done
 lvs --noheadings -o lv_name plinth-csi | grep -v '^ *pool$'
 for d in /sys/class/nvme-subsystem /sys/kernel/config/nvmet/subsystems `+guestStateDir+`; do ls -A $d 2>/dev/null; done
 zfs list -H -t all -o name -r `+guestZpool+` | grep -v '^`+guestZpool+`$\|^`+guestZpool+`/csi$'
 grep ' /tmp/sanity\| /tmp/rsanity\| /tmp/zsanity\| /tmp/ig' /proc/self/mountinfo
 for d in `+strings.Join(append(append([]string{}, guestRawGPTDisks...), guestRawWholeDisks...), " ")+`; do sfdisk --json $d | grep '"node"'; done; true`)
-		if code != 0 || strings.TrimSpace(out) != "" {
-			t.Errorf("left in the guest (LVs, NVMe subsystems, nvmet subsystems, stage records, zvols and snapshots, mounts, raw partitions):\n%s", out)
-		}
-	})
+	if code != 0 || strings.TrimSpace(out) != "" {
+		t.Errorf("left in the guest (LVs, NVMe subsystems, nvmet subsystems, stage records, zvols and snapshots, mounts, raw partitions):\n%s", out)
+	}
 }

@@ -1,10 +1,6 @@
 package csi
 
 import (
-	"errors"
-	"math"
-	"math/big"
-	"slices"
 	"strings"
 	"testing"
 
@@ -13,50 +9,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
-
-// FuzzRoundSize feeds arbitrary CapacityRange bounds and store allocation units to RoundSize.
-// Properties: an accepted size is positive, a multiple of the unit and within the range
-// (InRange agrees); a refusal wraps ErrOutOfRange and happens only when no positive multiple
-// of the unit fits (counted in big integers, so no overflow hides one).
-func FuzzRoundSize(f *testing.F) {
-	f.Add(int64(1), int64(0), int64(4<<20))
-	f.Add(int64(1073741825), int64(2147483648), int64(4<<20))
-	f.Add(int64(0), int64(10<<20+5), int64(4<<20))
-	f.Add(int64(math.MaxInt64-1), int64(0), int64(4<<20))
-	f.Fuzz(func(t *testing.T, req, lim, unit int64) {
-		got, err := RoundSize(req, lim, unit)
-		u := unit
-		if u <= 0 {
-			u = DefaultExtentBytes
-		}
-		if err == nil {
-			if got <= 0 || got < req || (lim > 0 && got > lim) || got%u != 0 || !InRange(got, req, lim) {
-				t.Fatalf("RoundSize(%d, %d, %d) = %d", req, lim, unit, got)
-			}
-			return
-		}
-		if !errors.Is(err, ErrOutOfRange) {
-			t.Fatalf("RoundSize(%d, %d, %d): %v does not wrap ErrOutOfRange", req, lim, unit, err)
-		}
-		if req < 0 || lim < 0 || (lim > 0 && req > lim) {
-			return
-		}
-		// the smallest positive multiple of u at or above req (the default size when req is 0
-		// may be rounded down to the limit instead)
-		bu := big.NewInt(u)
-		least := new(big.Int).Mul(new(big.Int).Div(new(big.Int).Add(big.NewInt(max(req, 1)), big.NewInt(u-1)), bu), bu)
-		if req == 0 && lim > 0 {
-			least = bu
-		}
-		top := big.NewInt(math.MaxInt64)
-		if lim > 0 {
-			top = big.NewInt(lim)
-		}
-		if least.Cmp(top) <= 0 {
-			t.Fatalf("RoundSize(%d, %d, %d): %v, but %s fits", req, lim, unit, err, least)
-		}
-	})
-}
 
 // secretMarker stands for every secret value in FuzzStripSecrets.
 const secretMarker = "s3cr3t-marker-9f2c"
@@ -124,60 +76,4 @@ func plantSecrets(m protoreflect.Message) {
 		}
 		plantSecrets(m.Mutable(fd).Message())
 	}
-}
-
-// FuzzCheckCapabilities decodes arbitrary bytes as a CreateVolumeRequest and judges its volume
-// capabilities. Properties: accepted capabilities are at least one, each with a supported access
-// mode and the same access type (block, or mount with fs_type "", ext4 or xfs, one filesystem
-// at most), and the answer names that type and filesystem; refused ones break one of those rules.
-func FuzzCheckCapabilities(f *testing.F) {
-	for _, caps := range [][]*csipb.VolumeCapability{
-		{{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{FsType: "xfs"}},
-			AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}},
-		{{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
-			AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER}}},
-	} {
-		b, _ := proto.Marshal(&csipb.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: caps})
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, wire []byte) {
-		var req csipb.CreateVolumeRequest
-		if err := proto.Unmarshal(wire, &req); err != nil {
-			return
-		}
-		caps := req.GetVolumeCapabilities()
-		mode, fsType, err := checkCapabilities(caps)
-		broken := len(caps) == 0
-		types, filesystems := map[string]bool{}, map[string]bool{}
-		for _, c := range caps {
-			if c.GetAccessMode() == nil || !slices.Contains(supportedModes, c.GetAccessMode().GetMode()) {
-				broken = true
-			}
-			switch {
-			case c.GetBlock() != nil:
-				types["Block"] = true
-			case c.GetMount() != nil:
-				types["Filesystem"] = true
-				switch fs := c.GetMount().GetFsType(); fs {
-				case "":
-				case "ext4", "xfs":
-					filesystems[fs] = true
-				default:
-					broken = true
-				}
-			default:
-				broken = true
-			}
-		}
-		broken = broken || len(types) > 1 || len(filesystems) > 1
-		if err != nil {
-			if !broken {
-				t.Fatalf("capabilities %v refused: %v", caps, err)
-			}
-			return
-		}
-		if broken || !types[mode] || (fsType != "" && !filesystems[fsType]) || (fsType == "" && len(filesystems) > 0) {
-			t.Fatalf("capabilities %v accepted as %q %q", caps, mode, fsType)
-		}
-	})
 }

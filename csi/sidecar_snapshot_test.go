@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -107,29 +108,7 @@ func sidecarSnapshot(t *testing.T, s *sidecars) {
 
 	// The source: 64Mi with 8 MiB of random bytes at offset 1 MiB and the rest sparse.
 	const srcBytes, dataOff, dataLen = 64 << 20, 1 << 20, 8 << 20
-	if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx, s.pvc("snap-src", "64Mi"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	srcPV, srcID := s.boundVolume(t, "snap-src")
-	data := make([]byte, dataLen)
-	if _, err := rand.Read(data); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(s.volumeFile(srcID), os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatalf("the source's backing file: %v", err)
-	}
-	if _, err := f.WriteAt(data, dataOff); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	want, size := sha256File(t, s.volumeFile(srcID), srcBytes)
-	if size != srcBytes {
-		t.Fatalf("source file %d bytes, want %d", size, srcBytes)
-	}
+	srcPV, srcID, want := writeSnapshotSource(t, s, srcBytes, dataOff, dataLen)
 
 	snap := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
@@ -223,7 +202,51 @@ func sidecarSnapshot(t *testing.T, s *sidecars) {
 	if _, err := os.Stat(s.volumeFile(resID)); err != nil {
 		t.Fatalf("the restored volume's file went with the snapshot: %v", err)
 	}
-	for _, pvc := range []struct{ name, pv, id string }{{"snap-restored", resPV, resID}, {"snap-src", srcPV, srcID}} {
+	deleteSnapshotPVCs(t, s, c, dyn, []restoredPVC{{"snap-restored", resPV, resID}, {"snap-src", srcPV, srcID}})
+}
+
+// writeSnapshotSource makes PVC "snap-src" of srcBytes bound and writes dataLen random bytes at
+// dataOff into its backing file (the rest stays sparse). It returns the PV, the volume id and
+// the sha256 of the file's first srcBytes.
+func writeSnapshotSource(t *testing.T, s *sidecars, srcBytes, dataOff, dataLen int64) (pv, id, sum string) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx, s.pvc("snap-src", "64Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pv, id = s.boundVolume(t, "snap-src")
+	data := make([]byte, dataLen)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(s.volumeFile(id), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatalf("the source's backing file: %v", err)
+	}
+	if _, err := f.WriteAt(data, dataOff); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	sum, size := sha256File(t, s.volumeFile(id), srcBytes)
+	if size != srcBytes {
+		t.Fatalf("source file %d bytes, want %d", size, srcBytes)
+	}
+	return pv, id, sum
+}
+
+// restoredPVC is a PVC of sidecarSnapshot with its PV and volume id.
+type restoredPVC struct{ name, pv, id string }
+
+// deleteSnapshotPVCs deletes pvcs one after the other, each until its PVC, PV, VolumeState and
+// backing file are gone, then checks that nothing of the snapshot kinds is left: no
+// VolumeSnapshotState of these volumes, no VolumeSnapshot, no VolumeSnapshotContent.
+func deleteSnapshotPVCs(t *testing.T, s *sidecars, c client.Reader, dyn dynamic.Interface, pvcs []restoredPVC) {
+	t.Helper()
+	ctx := t.Context()
+	for _, pvc := range pvcs {
 		if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(ctx, pvc.name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -244,11 +267,12 @@ func sidecarSnapshot(t *testing.T, s *sidecars) {
 		})
 	}
 	// Nothing of the snapshot kinds is left anywhere, finalizers included.
+	var states storev1.VolumeSnapshotStateList
 	if err := c.List(ctx, &states); err != nil {
 		t.Fatal(err)
 	}
 	for _, ss := range states.Items {
-		if ss.Spec.SourceVolume == srcID || ss.Spec.SourceVolume == resID {
+		if slices.ContainsFunc(pvcs, func(p restoredPVC) bool { return ss.Spec.SourceVolume == p.id }) {
 			t.Errorf("VolumeSnapshotState %s of a deleted volume left (finalizers %v)", ss.Name, ss.Finalizers)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -226,31 +227,7 @@ func TestSidecars(t *testing.T) {
 		return nil
 	})
 
-	// Expand: the resizer calls ControllerExpandVolume; the agent grows the file.
-	pvc, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Get(ctx, "data", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("2Gi")
-	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	until(t, 2*time.Minute, "PV and volume grown to 2Gi", func() error {
-		got, err := cs.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if q := got.Spec.Capacity[corev1.ResourceStorage]; q.Value() < 2<<30 {
-			return fmt.Errorf("PV capacity %s", q.String())
-		}
-		if err := c.Get(ctx, clientKey(id), vs); err != nil {
-			return err
-		}
-		if vs.Status.ActualBytes < 2<<30 {
-			return fmt.Errorf("volume %d bytes", vs.Status.ActualBytes)
-		}
-		return nil
-	})
+	sidecarExpand(t, s, c, pv.Name, id)
 
 	// Capacity tracking: the provisioner publishes GetCapacity as CSIStorageCapacity.
 	until(t, time.Minute, "CSIStorageCapacity for the class", func() error {
@@ -266,12 +243,54 @@ func TestSidecars(t *testing.T) {
 		return fmt.Errorf("%d objects, none with capacity for %s-wffc", len(list.Items), s.class)
 	})
 
-	// Detach, then delete: PV and volume go.
-	if err := cs.StorageV1().VolumeAttachments().Delete(ctx, va.Name, metav1.DeleteOptions{}); err != nil {
+	sidecarDetachDelete(t, s, c, va.Name, pv.Name, id)
+
+	t.Run("overrides", func(t *testing.T) { sidecarOverrides(t, s, "side-local") })
+	t.Run("snapshot and restore", func(t *testing.T) { sidecarSnapshot(t, s) })
+}
+
+// sidecarExpand grows PVC "data" of s to 2Gi: the resizer calls ControllerExpandVolume and the
+// agent grows volume id, until PV pvName and the volume have 2Gi.
+func sidecarExpand(t *testing.T, s *sidecars, c client.Reader, pvName, id string) {
+	t.Helper()
+	ctx, cs := t.Context(), s.cs
+	pvc, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Get(ctx, "data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("2Gi")
+	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 2*time.Minute, "PV and volume grown to 2Gi", func() error {
+		got, err := cs.CoreV1().PersistentVolumes().Get(ctx, pvName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if q := got.Spec.Capacity[corev1.ResourceStorage]; q.Value() < 2<<30 {
+			return fmt.Errorf("PV capacity %s", q.String())
+		}
+		vs := &storev1.VolumeState{}
+		if err := c.Get(ctx, clientKey(id), vs); err != nil {
+			return err
+		}
+		if vs.Status.ActualBytes < 2<<30 {
+			return fmt.Errorf("volume %d bytes", vs.Status.ActualBytes)
+		}
+		return nil
+	})
+}
+
+// sidecarDetachDelete deletes VolumeAttachment vaName (the attacher unpublishes), then PVC
+// "data" of s: PV pvName and the VolumeState of volume id go.
+func sidecarDetachDelete(t *testing.T, s *sidecars, c client.Reader, vaName, pvName, id string) {
+	t.Helper()
+	ctx, cs := t.Context(), s.cs
+	if err := cs.StorageV1().VolumeAttachments().Delete(ctx, vaName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	until(t, time.Minute, "VolumeAttachment gone", func() error {
-		if _, err := cs.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := cs.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (%v)", err)
 		}
 		return nil
@@ -280,7 +299,7 @@ func TestSidecars(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(t, 2*time.Minute, "PV and VolumeState deleted", func() error {
-		if _, err := cs.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := cs.CoreV1().PersistentVolumes().Get(ctx, pvName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("PV still there (%v)", err)
 		}
 		if err := c.Get(ctx, clientKey(id), &storev1.VolumeState{}); !apierrors.IsNotFound(err) {
@@ -288,9 +307,6 @@ func TestSidecars(t *testing.T) {
 		}
 		return nil
 	})
-
-	t.Run("overrides", func(t *testing.T) { sidecarOverrides(t, s, "side-local") })
-	t.Run("snapshot and restore", func(t *testing.T) { sidecarSnapshot(t, s) })
 }
 
 // BenchmarkPVCBound measures PVC creation → Bound with the real sidecars, the controller, the

@@ -191,7 +191,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	// A rotation renews the host secret only: the live re-authentication that hands it to the
-	// hosts' controllers (csi/rotate.go) can switch one secret at a time, and with both changed
+	// hosts' controllers (csi/node/rotate.go) can switch one secret at a time, and with both changed
 	// Linux 6.12 first re-authenticates with one new and one old, fails, and the target drops
 	// the connection (seen stuck in "resetting" for minutes in the kernel tests). The
 	// controller secret is made anew with the host NQN or the hash.

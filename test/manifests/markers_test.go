@@ -16,13 +16,17 @@ import (
 var rbacMarker = regexp.MustCompile(`^//\s*\+kubebuilder:rbac:(.*)$`)
 
 // markerGrants returns the grants (group|resource|verb, namespace-scoped ones prefixed with
-// "ns=<namespace>|") that the +kubebuilder:rbac markers of the non-test Go files in dir declare,
-// as controller-gen's rbac generator reads them.
-func markerGrants(t *testing.T, dir string) map[string]bool {
+// "ns=<namespace>|") that the +kubebuilder:rbac markers of the non-test Go files in dirs (one
+// folder, or several separated by commas) declare, as controller-gen's rbac generator reads them.
+func markerGrants(t *testing.T, dirs string) map[string]bool {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil {
-		t.Fatal(err)
+	var files []string
+	for _, dir := range strings.Split(dirs, ",") {
+		fs, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, fs...)
 	}
 	out := map[string]bool{}
 	for _, f := range files {
@@ -121,8 +125,8 @@ func TestRBACMatchesMarkers(t *testing.T) {
 	}{
 		{"../../agents/agent", "plinth-agent", true},
 		{"../../controllers/policy", "plinth-controller", true},
-		// one package, two components: markers of both services against both roles
-		{"../../csi", "plinth-csi-controller,plinth-csi-node", false},
+		// one binary, two components: markers of the driver and both services against both roles
+		{"../../csi,../../csi/controller,../../csi/node", "plinth-csi-controller,plinth-csi-node", false},
 	}
 	for _, c := range cases {
 		markers := markerGrants(t, c.dir)

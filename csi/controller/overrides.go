@@ -1,16 +1,15 @@
-package csi
+package controller
 
 import (
 	"context"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/internal/overrides"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
@@ -31,7 +30,7 @@ const ReasonOverrideRefused = "OverrideRefused"
 // against pl for a volume of filesystem fsType: an annotation for a parameter pl does not
 // allow, a value too long or one its schema refuses is INVALID_ARGUMENT naming the PVC, the
 // annotation and the rule, also reported as a Warning event on the PVC.
-func (s *controller) pvcOverrides(ctx context.Context, params map[string]string, pl *policyv1.Placement, fsType string) (*overrides.Set, error) {
+func (s *Service) pvcOverrides(ctx context.Context, params map[string]string, pl *policyv1.Placement, fsType string) (*overrides.Set, error) {
 	name, ns := params[ParamPVCName], params[ParamPVCNamespace]
 	if name == "" || ns == "" {
 		return nil, nil
@@ -43,21 +42,21 @@ func (s *controller) pvcOverrides(ctx context.Context, params map[string]string,
 	key := client.ObjectKey{Namespace: ns, Name: name}
 	pvc := &metav1.PartialObjectMetadata{}
 	pvc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"))
-	err := s.d.live.Get(ctx, key, pvc, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}})
+	err := s.live.Get(ctx, key, pvc, &client.GetOptions{Raw: &metav1.GetOptions{ResourceVersion: "0"}})
 	if apierrors.IsNotFound(err) {
-		err = s.d.live.Get(ctx, key, pvc)
+		err = s.live.Get(ctx, key, pvc)
 	}
 	if err != nil {
 		if apierrors.IsNotFound(err) { // deleted while provisioning: the sidecar gives up too
-			return nil, status.Errorf(codes.InvalidArgument, "PVC %s/%s named by the request does not exist", ns, name)
+			return nil, volume.Errorf(volume.ErrInvalid, "PVC %s/%s named by the request does not exist", ns, name)
 		}
-		return nil, status.Errorf(codes.Unavailable, "read PVC %s/%s: %v", ns, name, err)
+		return nil, volume.Errorf(volume.ErrUnavailable, "read PVC %s/%s: %v", ns, name, err)
 	}
 	o, err := overrides.Parse(pvc.Annotations, pl, fsType)
 	if err != nil {
 		msg := fmt.Sprintf("PVC %s/%s: %v", ns, name, err)
-		s.d.warn(pvc, ReasonOverrideRefused, "CreateVolume", msg)
-		return nil, status.Error(codes.InvalidArgument, msg)
+		s.warn(pvc, ReasonOverrideRefused, "CreateVolume", msg)
+		return nil, volume.Errorf(volume.ErrInvalid, "%s", msg)
 	}
 	return o, nil
 }

@@ -1,4 +1,4 @@
-package csi
+package node
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 //
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents,verbs=get;list
 
-// rotateKeys makes every controller of this node that authenticated with DH-HMAC-CHAP
+// RotateKeys makes every controller of this node that authenticated with DH-HMAC-CHAP
 // re-authenticate with the node's current host secret for its storage node when it holds
 // another (the controller rotated the node's master: Protocol keyGeneration). The storage node
 // is the Agent whose status.address is the controller's address; the keys are this node's
@@ -26,36 +26,36 @@ import (
 // controller that is reconnecting gets the secret too: the kernel presents it at its next
 // attempt. Without authenticated controllers it asks for nothing; errors are logged and the
 // next round retries. Secrets are never logged: controllers, storage node and key id are.
-func (d *Driver) rotateKeys(ctx context.Context) {
-	if d.keys == nil || d.live == nil || d.initiator == nil || d.hostNQN == "" || !d.initiator.AuthUsable() {
+func (s *Service) RotateKeys(ctx context.Context) {
+	if s.keys == nil || s.live == nil || s.initiator == nil || s.hostNQN == "" || !s.initiator.AuthUsable() {
 		return
 	}
-	ctrls, err := d.initiator.AuthControllers(d.hostNQN)
+	ctrls, err := s.initiator.AuthControllers(s.hostNQN)
 	if err != nil {
-		d.log.Error(err, "key rotation: list the authenticated NVMe controllers")
+		s.log.Error(err, "key rotation: list the authenticated NVMe controllers")
 		return
 	}
 	if len(ctrls) == 0 {
 		return
 	}
 	var agents storev1.AgentList
-	if err := d.live.List(ctx, &agents); err != nil {
-		d.log.Error(err, "key rotation: list the Agents")
+	if err := s.live.List(ctx, &agents); err != nil {
+		s.log.Error(err, "key rotation: list the Agents")
 		return
 	}
 	keys := map[string]*hostkeys.Key{} // per storage node; nil: not usable this round
 	for _, c := range ctrls {
 		a := agentAt(agents.Items, c.Address)
 		if a == nil {
-			d.log.V(1).Info("key rotation: no Agent reports the controller's address", "controller", c.Name, "address", c.Address)
+			s.log.V(1).Info("key rotation: no Agent reports the controller's address", "controller", c.Name, "address", c.Address)
 			continue
 		}
 		k, asked := keys[a.Name]
 		if !asked {
-			got, err := d.keys.HostKey(ctx, d.opts.NodeName, a.Name)
+			got, err := s.keys.HostKey(ctx, s.nodeName, a.Name)
 			if err != nil {
-				d.log.Error(err, "key rotation: get this node's keys", "storageNode", a.Name)
-			} else if _, _, derr := dhchap.Decode(got.Key); derr == nil && got.KeyID != "" && got.HostNQN == d.hostNQN {
+				s.log.Error(err, "key rotation: get this node's keys", "storageNode", a.Name)
+			} else if _, _, derr := dhchap.Decode(got.Key); derr == nil && got.KeyID != "" && got.HostNQN == s.hostNQN {
 				k = &got
 			} // else for another NQN (stage reports it), malformed, or made before key ids
 			keys[a.Name] = k
@@ -67,18 +67,18 @@ func (d *Driver) rotateKeys(ctx context.Context) {
 			// both secrets changed (a new host NQN or hash, not a rotation): a live switch would
 			// re-authenticate once with one new and one old secret and fail (the target drops
 			// the connection), so the controller keeps its secrets until it is staged again
-			d.log.Info("key rotation: the controller secret changed too; restage the volume to use the new secrets", "controller", c.Name, "subsystem", c.SubsysNQN, "storageNode", a.Name)
+			s.log.Info("key rotation: the controller secret changed too; restage the volume to use the new secrets", "controller", c.Name, "subsystem", c.SubsysNQN, "storageNode", a.Name)
 			continue
 		}
-		if !targetHolds(agents.Items, c.Address, d.hostNQN, k.KeyID) {
-			d.log.V(1).Info("key rotation: the storage node does not hold the new secrets yet", "controller", c.Name, "storageNode", a.Name, "keyID", k.KeyID)
+		if !targetHolds(agents.Items, c.Address, s.hostNQN, k.KeyID) {
+			s.log.V(1).Info("key rotation: the storage node does not hold the new secrets yet", "controller", c.Name, "storageNode", a.Name, "keyID", k.KeyID)
 			continue
 		}
-		if err := d.initiator.Reauthenticate(c.Name, k.Key, ""); err != nil {
-			d.log.Error(err, "key rotation: hand the new secrets to the controller", "controller", c.Name, "subsystem", c.SubsysNQN)
+		if err := s.initiator.Reauthenticate(c.Name, k.Key, ""); err != nil {
+			s.log.Error(err, "key rotation: hand the new secrets to the controller", "controller", c.Name, "subsystem", c.SubsysNQN)
 			continue
 		}
-		d.log.Info("re-authenticating an NVMe controller with the rotated DH-HMAC-CHAP secrets", "controller", c.Name, "subsystem", c.SubsysNQN,
+		s.log.Info("re-authenticating an NVMe controller with the rotated DH-HMAC-CHAP secrets", "controller", c.Name, "subsystem", c.SubsysNQN,
 			"address", c.Address, "storageNode", a.Name, "keyID", k.KeyID, "bidirectional", c.CtrlSecret != "")
 	}
 }

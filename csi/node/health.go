@@ -1,4 +1,4 @@
-package csi
+package node
 
 import (
 	"context"
@@ -13,10 +13,42 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/stage"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
+
+// ReasonMountDead is the VolumeHealth reason of a mount whose probe returns EIO, ENOTCONN,
+// ESTALE or similar (the backing path died under the mount).
+const ReasonMountDead = "MountDead"
+
+// ReasonDeviceGone is the VolumeHealth reason of a staged volume whose block device vanished.
+const ReasonDeviceGone = "DeviceGone"
+
+// NodeGetVolumeHealth reports INACCESSIBLE when the staging or publish mount is dead or the
+// staged device is gone; no entries mean healthy (CSI v1.13 NodeGetVolumeHealth, which
+// replaced the VolumeCondition of NodeGetVolumeStats).
+func (s *Service) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolumeHealthRequest) (*csipb.NodeGetVolumeHealthResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, volume.Errorf(volume.ErrInvalid, "volume id is required")
+	}
+	rec, err := s.stages.Load(id)
+	if err != nil && !errors.Is(err, stage.ErrNotFound) {
+		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
+	}
+	staged := err == nil
+	if !staged && req.GetVolumePublishPath() == "" && req.GetStagingTargetPath() == "" {
+		return nil, volume.Errorf(volume.ErrNotFound, "volume %s is not staged on this node", id)
+	}
+	var r *stage.Record
+	if staged {
+		r = &rec
+	}
+	h := &csipb.VolumeHealth{VolumeId: id, HealthStatuses: s.volumeHealth(r, req.GetStagingTargetPath(), req.GetVolumePublishPath())}
+	return &csipb.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
 
 // The node plugin watches the volumes it staged, so that a failure nobody asks about is still
 // reported: an NVMe-oF link cut for longer than ctrlLossTmo makes the kernel remove the
@@ -32,31 +64,32 @@ import (
 // DefaultVolumeHealthInterval is the period of the node plugin's check of its staged volumes.
 const DefaultVolumeHealthInterval = 30 * time.Second
 
-// volumeMetrics are the node plugin's volume health series; no per-volume label.
-type volumeMetrics struct {
-	// inaccessible is plinth_csi_node_volumes_inaccessible{reason}: staged volumes of this
+// Metrics are the node plugin's volume health series; no per-volume label.
+type Metrics struct {
+	// Inaccessible is plinth_csi_node_volumes_inaccessible{reason}: staged volumes of this
 	// node that are inaccessible now, by reason (DeviceGone, MountDead).
-	inaccessible *prometheus.GaugeVec
-	// failures is plinth_csi_node_volume_failures_total{reason}: staged volumes that became
+	Inaccessible *prometheus.GaugeVec
+	// Failures is plinth_csi_node_volume_failures_total{reason}: staged volumes that became
 	// inaccessible, counted once per failure.
-	failures *prometheus.CounterVec
+	Failures *prometheus.CounterVec
 }
 
-func newVolumeMetrics() volumeMetrics {
-	m := volumeMetrics{
-		inaccessible: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+// NewMetrics returns the volume health series, every reason at 0.
+func NewMetrics() Metrics {
+	m := Metrics{
+		Inaccessible: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "plinth_csi_node_volumes_inaccessible",
 			Help: "Staged volumes of this node that are inaccessible now (device gone, mount dead), by reason.",
 		}, []string{"reason"}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "plinth_csi_node_volume_failures_total",
 			Help: "Staged volumes of this node that became inaccessible (device gone, mount dead), by reason.",
 		}, []string{"reason"}),
 	}
 	// every reason exists from the start at 0, so that increase() sees the first failure
 	for _, r := range []string{ReasonDeviceGone, ReasonMountDead} {
-		m.inaccessible.WithLabelValues(r)
-		m.failures.WithLabelValues(r)
+		m.Inaccessible.WithLabelValues(r)
+		m.Failures.WithLabelValues(r)
 	}
 	return m
 }
@@ -65,7 +98,7 @@ func newVolumeMetrics() volumeMetrics {
 // a stage in progress, has none to check), and the mounts at the given paths (empty ones
 // skipped) are not dead (EIO, ENOTCONN, ESTALE). It returns the problems found, none when
 // healthy.
-func (d *Driver) volumeHealth(rec *stage.Record, paths ...string) []*csipb.VolumeHealth_VolumeHealthEntry {
+func (s *Service) volumeHealth(rec *stage.Record, paths ...string) []*csipb.VolumeHealth_VolumeHealthEntry {
 	var out []*csipb.VolumeHealth_VolumeHealthEntry
 	add := func(reason, msg string) {
 		out = append(out, &csipb.VolumeHealth_VolumeHealthEntry{Status: csipb.VolumeHealthErrorType_INACCESSIBLE, Reason: reason, Message: msg})
@@ -82,7 +115,7 @@ func (d *Driver) volumeHealth(rec *stage.Record, paths ...string) []*csipb.Volum
 		if p == "" {
 			continue
 		}
-		if err := d.mounter.Probe(p); err != nil && mount.IsCorrupted(err) {
+		if err := s.mounter.Probe(p); err != nil && mount.IsCorrupted(err) {
 			add(ReasonMountDead, fmt.Sprintf("%s: %v", p, err))
 			break
 		}
@@ -96,76 +129,61 @@ type volumeMonitor struct {
 	reported map[string]string // volume id → reason, "" when healthy
 }
 
-// every calls fn every interval, the first time one interval from now, until ctx ends (the
-// node plugin's volume health monitor and its key rotation follower).
-func every(ctx context.Context, interval time.Duration, fn func(context.Context)) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			fn(ctx)
-		}
-	}
-}
-
-// checkVolumes checks every staged volume once (stage records), sets the gauge, and reports each
+// CheckVolumes checks every staged volume once (stage records), sets the gauge, and reports each
 // volume that became inaccessible (counter, Warning event, log) once per failure.
-func (d *Driver) checkVolumes(ctx context.Context) {
-	recs, err := d.stages.List()
+func (s *Service) CheckVolumes(ctx context.Context) {
+	recs, err := s.stages.List()
 	if err != nil {
-		d.log.Error(err, "volume health: read stage records")
+		s.log.Error(err, "volume health: read stage records")
 		return
 	}
-	d.monitor.mu.Lock()
-	defer d.monitor.mu.Unlock()
-	if d.monitor.reported == nil {
-		d.monitor.reported = map[string]string{}
+	s.monitor.mu.Lock()
+	defer s.monitor.mu.Unlock()
+	if s.monitor.reported == nil {
+		s.monitor.reported = map[string]string{}
 	}
 	counts := map[string]float64{ReasonDeviceGone: 0, ReasonMountDead: 0}
 	seen := map[string]bool{}
 	for i := range recs {
 		rec := &recs[i]
 		seen[rec.VolumeID] = true
-		problems := d.volumeHealth(rec, append([]string{rec.StagingPath}, rec.Targets...)...)
+		problems := s.volumeHealth(rec, append([]string{rec.StagingPath}, rec.Targets...)...)
 		reason, msg := "", ""
 		if len(problems) > 0 {
 			reason, msg = problems[0].GetReason(), problems[0].GetMessage()
 			counts[reason]++
 		}
-		prev := d.monitor.reported[rec.VolumeID]
-		d.monitor.reported[rec.VolumeID] = reason
+		prev := s.monitor.reported[rec.VolumeID]
+		s.monitor.reported[rec.VolumeID] = reason
 		if reason != "" && reason != prev {
-			d.metrics.failures.WithLabelValues(reason).Inc()
-			d.log.Error(errors.New(msg), "staged volume inaccessible", "volume", rec.VolumeID, "reason", reason, "node", d.opts.NodeName)
-			d.volumeEvent(ctx, rec.VolumeID, "Warning", reason, fmt.Sprintf("volume staged on node %s at %s is inaccessible: %s; "+
-				"unstage and stage it again once the target is reachable (see docs/operations.md)", d.opts.NodeName, rec.StagingPath, msg))
+			s.metrics.Failures.WithLabelValues(reason).Inc()
+			s.log.Error(errors.New(msg), "staged volume inaccessible", "volume", rec.VolumeID, "reason", reason, "node", s.nodeName)
+			s.volumeEvent(ctx, rec.VolumeID, "Warning", reason, fmt.Sprintf("volume staged on node %s at %s is inaccessible: %s; "+
+				"unstage and stage it again once the target is reachable (see docs/operations.md)", s.nodeName, rec.StagingPath, msg))
 		}
 	}
-	for id := range d.monitor.reported {
+	for id := range s.monitor.reported {
 		if !seen[id] {
-			delete(d.monitor.reported, id)
+			delete(s.monitor.reported, id)
 		}
 	}
 	for r, n := range counts {
-		d.metrics.inaccessible.WithLabelValues(r).Set(n)
+		s.metrics.Inaccessible.WithLabelValues(r).Set(n)
 	}
 }
 
 // volumeEvent records an event on the VolumeState of volume id (read for its UID, so that
 // kubectl describe lists it); dropped when there is no API access or no such VolumeState.
-func (d *Driver) volumeEvent(ctx context.Context, id, typ, reason, msg string) {
-	if d.events == nil || d.kube == nil {
+func (s *Service) volumeEvent(ctx context.Context, id, typ, reason, msg string) {
+	if s.events == nil || s.kube == nil {
 		return
 	}
 	vs := &storev1.VolumeState{}
-	if err := d.kube.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
+	if err := s.kube.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil {
 		if !apierrors.IsNotFound(err) {
-			d.log.Error(err, "volume health: read VolumeState for the event", "volume", id)
+			s.log.Error(err, "volume health: read VolumeState for the event", "volume", id)
 		}
 		return
 	}
-	d.events.Eventf(vs, nil, typ, reason, "VolumeHealth", "%s", msg)
+	s.events.Eventf(vs, nil, typ, reason, "VolumeHealth", "%s", msg)
 }

@@ -1,13 +1,12 @@
-package csi
+package controller
 
 import (
 	"strings"
 	"testing"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/plinth-storage/plinth/csi/internal/volume"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -29,25 +28,25 @@ func TestSourceStore(t *testing.T) {
 		required, limit int64
 		wantStore       string
 		wantSize        int64
-		wantCode        codes.Code
+		wantKind        error
 		wantMsg         string
 	}{
 		{name: "the source's own request size restores at the source's size", pool: "p", required: 1136234735, wantStore: "p.node-1", wantSize: srcBytes},
 		{name: "no size: the source's", pool: "p", wantStore: "p.node-1", wantSize: srcBytes},
 		{name: "larger: rounded up", pool: "p", required: srcBytes + 1, wantStore: "p.node-1", wantSize: srcBytes + ext},
-		{name: "smaller after rounding", pool: "p", required: srcBytes - ext, wantCode: codes.OutOfRange, wantMsg: "smaller than"},
-		{name: "limit below the source", pool: "p", limit: srcBytes - ext, wantCode: codes.OutOfRange},
-		{name: "another pool", pool: "q", wantCode: codes.InvalidArgument, wantMsg: `lives in pool "p"`},
+		{name: "smaller after rounding", pool: "p", required: srcBytes - ext, wantKind: volume.ErrOutOfRange, wantMsg: "smaller than"},
+		{name: "limit below the source", pool: "p", limit: srcBytes - ext, wantKind: volume.ErrOutOfRange},
+		{name: "another pool", pool: "q", wantKind: volume.ErrInvalid, wantMsg: `lives in pool "p"`},
 		{name: "local, selected node is the source's", pool: "p", req: &csipb.TopologyRequirement{Preferred: topo("node-1"), Requisite: topo("node-1", "node-2")}, wantStore: "p.node-1", wantSize: srcBytes},
-		{name: "local, selected node elsewhere", pool: "p", req: &csipb.TopologyRequirement{Preferred: topo("node-2"), Requisite: topo("node-1", "node-2")}, wantCode: codes.InvalidArgument, wantMsg: "lives on node node-1"},
-		{name: "local, requisite without the source's node", pool: "p", req: &csipb.TopologyRequirement{Requisite: topo("node-2")}, wantCode: codes.InvalidArgument, wantMsg: "cannot reach another node"},
+		{name: "local, selected node elsewhere", pool: "p", req: &csipb.TopologyRequirement{Preferred: topo("node-2"), Requisite: topo("node-1", "node-2")}, wantKind: volume.ErrInvalid, wantMsg: "lives on node node-1"},
+		{name: "local, requisite without the source's node", pool: "p", req: &csipb.TopologyRequirement{Requisite: topo("node-2")}, wantKind: volume.ErrInvalid, wantMsg: "cannot reach another node"},
 		{name: "nvme-of: made on the storage node whatever the consumer", pool: "p", nvme: true, req: &csipb.TopologyRequirement{Preferred: topo("node-2")}, wantStore: "p.node-1", wantSize: srcBytes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, size, err := sourceStore(src, stores, tc.pool, tc.nvme, policyv1.StrategyBinpack, tc.req, tc.required, tc.limit)
-			if tc.wantCode != codes.OK {
-				if status.Code(err) != tc.wantCode || !strings.Contains(err.Error(), tc.wantMsg) {
-					t.Fatalf("err = %v, want %v containing %q", err, tc.wantCode, tc.wantMsg)
+			if tc.wantKind != nil {
+				if volume.KindOf(err) != tc.wantKind || !strings.Contains(err.Error(), tc.wantMsg) {
+					t.Fatalf("err = %v, want %v containing %q", err, tc.wantKind, tc.wantMsg)
 				}
 				return
 			}
@@ -60,10 +59,10 @@ func TestSourceStore(t *testing.T) {
 		})
 	}
 	full := []storev1.Store{store("p.node-1", "node-1", srcBytes-1, ext)}
-	if _, _, err := sourceStore(src, full, "p", false, policyv1.StrategyBinpack, nil, 0, 0); status.Code(err) != codes.ResourceExhausted {
+	if _, _, err := sourceStore(src, full, "p", false, policyv1.StrategyBinpack, nil, 0, 0); volume.KindOf(err) != volume.ErrInsufficientCapacity {
 		t.Errorf("no room on the source's store: %v, want RESOURCE_EXHAUSTED", err)
 	}
-	if _, _, err := sourceStore(src, stores[1:], "p", false, policyv1.StrategyBinpack, nil, 0, 0); status.Code(err) != codes.FailedPrecondition {
+	if _, _, err := sourceStore(src, stores[1:], "p", false, policyv1.StrategyBinpack, nil, 0, 0); volume.KindOf(err) != volume.ErrPrecondition {
 		t.Errorf("source's store gone: %v, want FAILED_PRECONDITION", err)
 	}
 }
