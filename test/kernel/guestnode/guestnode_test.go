@@ -445,5 +445,8 @@ func TestGuestKubelet(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("ProductionNodeDaemonSets", func(t *testing.T) { testProductionNodes(t, cs, cp, root, nodes) })
+	if !t.Run("ProductionNodeDaemonSets", func(t *testing.T) { testProductionNodes(t, cs, cp, root, nodes) }) {
+		return
+	}
+	t.Run("NVMeoFVolumeOnWorker", func(t *testing.T) { testNVMeVolume(t, cs, cp, nodes) })
 }
