@@ -35,14 +35,15 @@ const (
 
 // startControlSide runs, as host processes against the same API server, what the shipped
 // controller Deployments run (those Deployments are not installed here yet): the policy
-// controller and the CSI controller service in this process, csi-provisioner and csi-attacher
-// from the test bin folder on its socket.
-func startControlSide(t *testing.T, cp *controlplane.ControlPlane) {
+// controller (with the DH-HMAC-CHAP key server on keyServerAddr, which the guests reach under
+// its Service name) and the CSI controller service in this process, csi-provisioner and
+// csi-attacher from the test bin folder on its socket.
+func startControlSide(t *testing.T, cp *controlplane.ControlPlane, keyServerAddr string) {
 	t.Helper()
 	controlplane.RequireBinaries(t, controlplane.BinCSIProvisioner, controlplane.BinCSIAttacher)
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, _, err := policy.NewManager(ctx, policy.Options{Config: cp.Admin.Config, MetricsAddr: "0", HealthAddr: "0",
-		Namespace: "plinth-system", Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 0}), SkipNameValidation: true})
+		Namespace: "plinth-system", KeyServerAddr: keyServerAddr, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 0}), SkipNameValidation: true})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -97,7 +98,7 @@ func startControlSide(t *testing.T, cp *controlplane.ControlPlane) {
 var sumLine = regexp.MustCompile(`(?m)([0-9a-f]{64})  /data/blob$`)
 
 // testNVMeVolume: Expected: with the policy (a StoragePool on the storage guest's thin pool, a
-// Protocol nvme-tcp on the relay's network without authentication, a Placement with an
+// Protocol nvme-tcp on the relay's network with bidirectional DH-HMAC-CHAP, a Placement with an
 // Immediate class) rendered by the policy controller, a PVC of that class is provisioned
 // (csi-provisioner → CreateVolume → the agent's thin LV) and Bound; a pod on the worker guest
 // gets it through its own kubelet: the attach-detach controller's VolumeAttachment is
@@ -108,7 +109,7 @@ var sumLine = regexp.MustCompile(`(?m)([0-9a-f]{64})  /data/blob$`)
 // data read back after the write, equal to the sum at write time, and the worker guest's kernel
 // holds one NVMe/TCP controller to the storage guest's address; with the worker guest's page
 // cache dropped, the file read through kubelet's mount of the volume has the same sum.
-func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.ControlPlane, nodes []*node) {
+func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.ControlPlane, nodes []*node, keyServerAddr string) {
 	storage, worker := nodes[0], nodes[1]
 	c, err := client.New(cp.Admin.Config, client.Options{Scheme: csi.Scheme()})
 	if err != nil {
@@ -125,7 +126,7 @@ func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.Con
 			Backend:      backend, Reserve: "5%", OvercommitPercent: ptr.To[int32](400)}},
 		&policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: volumeClass}, Spec: policyv1.ProtocolSpec{
 			NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: nvmePort, BindCIDR: netCIDR, ACL: ptr.To(true),
-				Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthNone}}}},
+				Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP, Hash: "sha256", DHGroup: "ffdhe2048", Bidirectional: true}}}},
 		&policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: volumeClass}, Spec: policyv1.PlacementSpec{
 			PoolRef: policyv1.LocalObjectReference{Name: agentPool}, ProtocolRef: policyv1.LocalObjectReference{Name: volumeClass},
 			StorageClass: policyv1.StorageClassTemplate{Name: volumeClass, VolumeBindingMode: "Immediate"},
@@ -135,7 +136,7 @@ func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.Con
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
-	startControlSide(t, cp)
+	startControlSide(t, cp, keyServerAddr)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, n := range nodes {
@@ -274,5 +275,11 @@ exec sleep 3600`
 	out := worker.sh(t, time.Minute, "for c in /sys/class/nvme/nvme*; do echo \"$(cat $c/transport) $(cat $c/address)\"; done")
 	if n := strings.Count(out, "tcp traddr="+storage.addr+","); n != 1 {
 		t.Errorf("NVMe/TCP controllers to %s in the worker guest: %d, want 1\n%s", storage.addr, n, out)
+	}
+	// Authenticated both ways: the kernel keeps the host and controller secrets the node plugin
+	// connected with (from the key server; sysfs shows them to root).
+	secrets := strings.Fields(worker.sh(t, time.Minute, "for c in /sys/class/nvme/nvme*; do cat $c/dhchap_secret $c/dhchap_ctrl_secret; done"))
+	if len(secrets) != 2 || !strings.HasPrefix(secrets[0], "DHHC-1:") || !strings.HasPrefix(secrets[1], "DHHC-1:") {
+		t.Errorf("the worker's NVMe controller: %d DH-HMAC-CHAP secrets (want a host and a controller secret, DHHC-1)", len(secrets))
 	}
 }
