@@ -57,6 +57,12 @@ const (
 	// guestRegistryPort is where the guest reaches the host's registry (its end of a second
 	// API mux, on 127.0.0.1).
 	guestRegistryPort = 5000
+	// keyServerPort is the key server's Service port, as the shipped --key-server URL names it:
+	// the guest's end of a third API mux listens there on 127.0.0.1, and the guest's /etc/hosts
+	// (which kubelet gives hostNetwork pods) maps keyServerHost to 127.0.0.1. The guests have no
+	// cluster DNS.
+	keyServerPort = 8443
+	keyServerHost = "plinth-key-server.plinth-system.svc"
 )
 
 // registryMirror, appended to the node's containerd config, makes the host's registry the
@@ -132,6 +138,8 @@ ip addr add %[11]s/32 dev lo
 cp $S/apimux /usr/bin/apimux
 (apimux -listen 0.0.0.0:%[3]d -upstream %[4]s:6443 >/var/log/apimux.log 2>&1 &)
 (apimux -listen 127.0.0.1:%[13]d -upstream %[4]s:%[13]d >/var/log/apimux-registry.log 2>&1 &)
+(apimux -listen 127.0.0.1:%[14]d -upstream %[4]s:%[14]d >/var/log/apimux-keyserver.log 2>&1 &)
+echo "127.0.0.1 %[15]s" >> /etc/hosts
 for i in /sys/class/net/*; do [ "$(cat $i/address)" = %[5]s ] && dev=${i##*/}; done
 [ -n "$dev" ] || { echo "no NIC with MAC %[5]s"; exit 1; }
 ip addr add %[6]s/24 dev $dev && ip link set $dev up
@@ -155,7 +163,7 @@ echo "images imported $(cut -d' ' -f1 /proc/uptime)"
 i=0; until wget -q -O /dev/null http://127.0.0.1:%[10]d/healthz 2>/dev/null; do i=$((i+1)); [ $i -lt 240 ] || { tail -30 /var/log/kubelet.log; exit 1; }; sleep 0.5; done
 echo "kubelet healthy $(cut -d' ' -f1 /proc/uptime)"`,
 		guest.SharePath, n.name, apiPort, guest.GuestForwardAddr, n.mac, n.addr, cniConfDir, caFile,
-		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR, guestRegistryPort)
+		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR, guestRegistryPort, keyServerPort, keyServerHost)
 }
 
 func goBuild(t *testing.T, root, out, pkg string) {
@@ -247,6 +255,13 @@ func TestGuestKubelet(t *testing.T) {
 	}
 	t.Logf("pushed %s as %s (%s)", pushed[0].Source, pushed[0].Target, pushed[0].Digest)
 	regDemux := apimux.StartForTest(t, "http://"+reg.Addr)
+	// the controller's key server listens on keyServerAddr once the volume scenario starts it
+	keyPort, err := controlplane.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyServerAddr := fmt.Sprintf("127.0.0.1:%d", keyPort)
+	keyDemux := apimux.StartForTest(t, "https://"+keyServerAddr)
 
 	relay, err := netrelay.Start(nodeSpecs[0].mac, nodeSpecs[1].mac)
 	if err != nil {
@@ -278,9 +293,10 @@ func TestGuestKubelet(t *testing.T) {
 			}
 			n.g, errs[i] = guest.Boot(t.Context(), guest.Options{Flavor: guest.FlavorNode, MemoryMiB: 2560, DiskBytes: disks,
 				Timeout: 40 * time.Minute, BootTimeout: 5 * time.Minute,
-				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, {HostPort: regDemux.Port(), GuestPort: guestRegistryPort}},
-				HostForwards:  []guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}},
-				ExtraArgs:     n.side(relay).NetdevArgs("p0")})
+				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, {HostPort: regDemux.Port(), GuestPort: guestRegistryPort},
+					{HostPort: keyDemux.Port(), GuestPort: keyServerPort}},
+				HostForwards: []guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}},
+				ExtraArgs:    n.side(relay).NetdevArgs("p0")})
 		}()
 	}
 	wg.Wait()
@@ -445,5 +461,8 @@ func TestGuestKubelet(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("ProductionNodeDaemonSets", func(t *testing.T) { testProductionNodes(t, cs, cp, root, nodes) })
+	if !t.Run("ProductionNodeDaemonSets", func(t *testing.T) { testProductionNodes(t, cs, cp, root, nodes) }) {
+		return
+	}
+	t.Run("NVMeoFVolumeOnWorker", func(t *testing.T) { testNVMeVolume(t, cs, cp, nodes, keyServerAddr) })
 }
