@@ -146,7 +146,7 @@ fuzz: $(CUE) ## Fuzz every Fuzz target of the main module for FUZZTIME each (def
 	done; \
 	test -z "$$failed" || { echo "fuzz targets that failed:$$failed" >&2; exit 1; }
 
-test-kernel: test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server, then NVMe-oF across two guests with link faults.
+test-kernel: test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-kernel-guestnode ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server, then NVMe-oF across two guests with link faults, then kubelets in the two guests.
 
 test-kernel-guest: kernel-assets skipcheck ## The agents' kernel suites in one qemu guest.
 	test/kernel/run.sh | $(SKIPCHECK) text -phase kernel-guest -dir $(SKIPS)
@@ -157,8 +157,8 @@ test-kernel-agent: kernel-assets testbin skipcheck ## plinth agent in the guest 
 test-kernel-csi: kernel-assets testbin skipcheck ## csi-sanity against plinth csi in the guest (LVM thin + NVMe-oF, raw disks, ZFS snapshots).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -json -count=1 -timeout 45m -run TestGuestCSI ./csi/ | $(SKIPCHECK) json -phase kernel-csi -dir $(SKIPS)
 
-test-kernel-guestnode: kernel-node-assets images ## Kubelets inside two backports guests joined to the host's control plane (not in make test yet).
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -count=1 -timeout 30m -v ./test/kernel/guestnode/
+test-kernel-guestnode: kernel-node-assets images skipcheck ## Kubelets inside two backports guests joined to the host's control plane: the shipped agent and CSI node DaemonSets on them, an NVMe-oF volume staged by the worker's kubelet.
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -json -count=1 -timeout 30m ./test/kernel/guestnode/ | $(SKIPCHECK) json -phase kernel-guestnode -dir $(SKIPS)
 
 test-kernel-crossnode: kernel-assets testbin skipcheck ## NVMe-oF across two guests with link faults.
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CROSSNODE=1 go test -json -count=1 -timeout 30m ./test/kernel/crossnode/ | $(SKIPCHECK) json -phase kernel-crossnode -dir $(SKIPS)
@@ -199,11 +199,12 @@ dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' ma
 # take 1 to 10 s per target here.
 CI_FUZZTIME ?= 5000x
 
-test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes: the main module's race lane ends the host one; a short fuzz of every target and the scheduler's race lane end the kernel one); then the two-guest phase.
+test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes: the main module's race lane ends the host one; a short fuzz of every target and the scheduler's race lane end the kernel one); then the two-guest phases (NVMe-oF with link faults; kubelets in the guests).
 	rm -rf $(SKIPS)
 	$(MAKE) testbin images kernel-assets skipcheck $(CUE)
 	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel
 	$(MAKE) test-kernel-crossnode
+	$(MAKE) test-kernel-guestnode
 	$(MAKE) test-skips
 
 BENCH_OUT ?= $(BIN)/bench
