@@ -18,6 +18,7 @@ import (
 
 	"github.com/plinth-storage/plinth/agents/agent"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/controlplane"
@@ -355,15 +356,42 @@ rmdir $C/subsystems/$N`, nqn))
 
 	t.Run("Delete", func(t *testing.T) {
 		g := guestT{t, gg}
+		// The delete is cut at agent.delete.unexported: the NVMe-oF export is gone, the LV not.
+		armed := g.rearm(failpoint.AgentDeleteUnexported + "=once")
 		if err := e.c.Delete(ctx, vs); err != nil {
 			t.Fatal(err)
 		}
+		// Expected: the agent's next exit is with failpoint.ExitCode at the point.
+		if code := g.waitExit(armed+1, 2*time.Minute); code != failpoint.ExitCode {
+			t.Fatalf("agent exited with %d, want %d (crash point %s)", code, failpoint.ExitCode, failpoint.AgentDeleteUnexported)
+		}
+		if _, code := g.try("test -d /sys/kernel/config/nvmet/subsystems/" + nqn); code == 0 {
+			t.Errorf("after the crash at %s: subsystem %s still there", failpoint.AgentDeleteUnexported, nqn)
+		}
+		if out, code := g.try("lvs --noheadings -o lv_name plinth-agent/" + vs.Name); code != 0 {
+			t.Errorf("after the crash at %s: LV %s gone already: %s", failpoint.AgentDeleteUnexported, vs.Name, out)
+		}
+		var held storev1.VolumeState
+		if err := e.c.Get(ctx, client.ObjectKeyFromObject(vs), &held); err != nil || len(held.Finalizers) != 1 {
+			t.Errorf("after the crash at %s: VolumeState %v, finalizers %v; want it held by one", failpoint.AgentDeleteUnexported, err, held.Finalizers)
+		}
+		if m, found := g.guestMark(vs.Name); !found || m.Released {
+			t.Errorf("after the crash at %s: mark %+v found=%v, want it unreleased", failpoint.AgentDeleteUnexported, m, found)
+		}
+		g.sh("echo go > /tmp/agent-resume")
+		// Expected: the restarted agent finishes the delete (an export already gone is no error).
 		eventually(t, 3*time.Minute, "VolumeState gone", func() error { return gone(ctx, e.c, vs) })
 		if out, code := g.try("lvs --noheadings -o lv_name plinth-agent/" + vs.Name); code == 0 {
 			t.Errorf("LV still there: %s", out)
 		}
 		if _, code := g.try("test -d /sys/kernel/config/nvmet/subsystems/" + nqn); code == 0 {
 			t.Error("subsystem still there")
+		}
+		if m, found := g.guestMark(vs.Name); !found || !m.Released {
+			t.Errorf("mark after the delete: %+v found=%v, want released", m, found)
+		}
+		if all := g.exits(); len(all) != armed+1 {
+			t.Errorf("agent exits %v, want one (at the crash point) after the first %d", all, armed)
 		}
 	})
 
