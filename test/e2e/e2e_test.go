@@ -136,6 +136,8 @@ func run(t *testing.T, flux bool) {
 			}
 		}
 	}
+	// Randomized faults with invariants, on the same running parts (chaos_test.go).
+	runChaos(t, walk)
 }
 
 // EnvPNGDir, when set, is the folder where the scenario's dashboards are drawn from the real
