@@ -189,6 +189,12 @@ test-skips: skipcheck ## Print every test the last test phases skipped and fail 
 test-e2e: testbin ## [root] End-to-end suites alone: plinth-dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
+# make test-chaos's number of faults (the short run inside test-e2e and make test makes 3).
+CHAOS_STEPS ?= 60
+
+test-chaos: testbin ## [root] The long randomized-fault run: the e2e scenario's cluster, then CHAOS_STEPS faults (Plinth pods killed, the claim recreated) while a pod writes checksummed data; the seed is printed, PLINTH_CHAOS_SEED=<seed> replays it.
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 PLINTH_CHAOS_STEPS=$(CHAOS_STEPS) go test -count=1 -timeout $$(( $(CHAOS_STEPS) * 5 + 45 ))m -run 'TestDevScenario$$' ./test/e2e/
+
 dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' main panels from the real-node scenario's Prometheus (test/e2e; needs root, the images of make images, /usr/bin/prometheus).
 	mkdir -p docs/dashboards
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 PLINTH_DASHBOARD_PNG_DIR=$(ROOT)/docs/dashboards go test -count=1 -timeout 30m -run TestDevScenario ./test/e2e/
@@ -245,4 +251,4 @@ dev-flux: dev ## [root] Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: kernel-node-assets test-kernel-guestnode push test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: kernel-node-assets test-kernel-guestnode push test-chaos test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

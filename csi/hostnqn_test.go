@@ -208,12 +208,32 @@ func TestVolumeHealthReported(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(300 * time.Millisecond) // several checks: the failure is counted once
-	if n := counter(); n != 1 {
-		t.Errorf("plinth_csi_node_volume_failures_total{reason=DeviceGone} = %v after several checks, want 1", n)
+	// Three more checks, counted by what they report rather than waited for: each step stages
+	// one more volume whose device is not there. The check that reports k+1 inaccessible
+	// volumes (the gauge, set at its end) also found the first one still gone; the counter,
+	// read after the gauge, must be k+1: each volume counted once, none again.
+	var gone []string
+	for k := 1; k <= 3; k++ {
+		extra := storev1.VolumeID(fresh("health-gone-"))
+		if err := stages.Save(stage.Record{VolumeID: extra, StagingPath: t.TempDir(), Kind: "nvmeofTcp",
+			Device: filepath.Join(t.TempDir(), "nvme9n1"), NQN: "nqn.2014-08.dev.plinth:" + extra}); err != nil {
+			t.Fatal(err)
+		}
+		gone = append(gone, extra)
+		controlplane.Eventually(t, 10*time.Second, 50*time.Millisecond, fmt.Sprintf("gauge %d", k+1), func() error {
+			if g := gauge(); g != float64(k+1) {
+				return fmt.Errorf("gauge %v", g)
+			}
+			return nil
+		})
+		if n := counter(); n != float64(k+1) {
+			t.Errorf("plinth_csi_node_volume_failures_total{reason=DeviceGone} = %v after the check that found %d volumes gone, want %d (each counted once)", n, k+1, k+1)
+		}
 	}
-	if err := stages.Remove(id); err != nil {
-		t.Fatal(err)
+	for _, v := range append(gone, id) {
+		if err := stages.Remove(v); err != nil {
+			t.Fatal(err)
+		}
 	}
 	controlplane.Eventually(t, 10*time.Second, 50*time.Millisecond, "gauge 0 once unstaged", func() error {
 		if g := gauge(); g != 0 {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/plinth-storage/plinth/agents/agent"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
@@ -68,19 +69,28 @@ func (g guestT) try(script string) (string, int) {
 	return string(res.Output), res.ExitCode
 }
 
-var commandsRe = regexp.MustCompile(`(?m)^plinth_agent_backend_commands_total\{backend="lvm"\} (\d+)`)
+var (
+	commandsRe  = regexp.MustCompile(`(?m)^plinth_agent_backend_commands_total\{backend="lvm"\} (\d+)`)
+	refreshesRe = regexp.MustCompile(`(?m)^plinth_agent_operation_duration_seconds_count\{op="refresh"\} (\d+)`)
+)
 
-// lvmCommands reads plinth_agent_backend_commands_total{backend="lvm"} from
-// the agent's /metrics in the guest.
-func (g guestT) lvmCommands() int {
+// lvmCounts reads, from one scrape of the agent's /metrics in the guest,
+// plinth_agent_backend_commands_total{backend="lvm"} and the number of Store
+// refreshes finished (plinth_agent_operation_duration_seconds_count{op="refresh"}).
+func (g guestT) lvmCounts() (commands, refreshes int) {
 	g.t.Helper()
 	out := g.sh("wget -q -O - http://127.0.0.1:18080/metrics")
-	m := commandsRe.FindStringSubmatch(out)
-	if m == nil {
-		g.t.Fatalf("no lvm command counter in /metrics")
+	for _, c := range []struct {
+		re *regexp.Regexp
+		n  *int
+	}{{commandsRe, &commands}, {refreshesRe, &refreshes}} {
+		m := c.re.FindStringSubmatch(out)
+		if m == nil {
+			g.t.Fatalf("no %s in /metrics", c.re)
+		}
+		*c.n, _ = strconv.Atoi(m[1])
 	}
-	n, _ := strconv.Atoi(m[1])
-	return n
+	return commands, refreshes
 }
 
 func TestGuestLVMNVMeoF(t *testing.T) {
@@ -273,16 +283,28 @@ func TestGuestLVMNVMeoF(t *testing.T) {
 
 	t.Run("IdleIsOneVgsLvsPairPerRefresh", func(t *testing.T) {
 		g := guestT{t, gg}
-		before := g.lvmCommands()
-		t0 := time.Now()
-		time.Sleep(4 * refresh)
-		after := g.lvmCommands()
-		intervals := int(time.Since(t0)/refresh) + 1
-		t.Logf("idle: %d LVM commands in %s (%d refresh intervals of %s)", after-before, time.Since(t0).Round(time.Millisecond), intervals, refresh)
-		// per refresh: the thin store one vgs+lvs pair; the refused store
-		// one vgs (no VG) and one blkid -p (the device still has data)
-		if max := 4 * intervals; after-before > max {
-			t.Errorf("%d LVM commands while idle over %d intervals, want at most %d (one vgs+lvs pair per store and refresh)", after-before, intervals, max)
+		// Counted, not slept: wait (bounded) until at least eight Store refreshes have finished,
+		// then compare the LVM commands to the refreshes that ran. Per refresh at most: the thin
+		// store one vgs+lvs pair; the refused store one vgs (no VG) and one blkid -p (the device
+		// still has data), and less once its failed Ensure backs off. A refresh in flight at the
+		// second scrape has run some of its commands without being counted: up to two per store.
+		c0, r0 := g.lvmCounts()
+		var c1, r1 int
+		eventually(t, 12*refresh, "eight Store refreshes", func() error {
+			if c1, r1 = g.lvmCounts(); r1-r0 < 8 {
+				return fmt.Errorf("%d refreshes", r1-r0)
+			}
+			return nil
+		})
+		commands, refreshes := c1-c0, r1-r0
+		t.Logf("idle: %d LVM commands over %d Store refreshes", commands, refreshes)
+		const perRefresh, inFlight = 2, 2 * 2
+		if commands > perRefresh*refreshes+inFlight {
+			t.Errorf("%d LVM commands while idle over %d Store refreshes, want at most %d (one vgs+lvs pair per store and refresh)",
+				commands, refreshes, perRefresh*refreshes+inFlight)
+		}
+		if commands == 0 {
+			t.Errorf("no LVM command over %d Store refreshes: the refreshes did not look at the VG", refreshes)
 		}
 	})
 
@@ -355,15 +377,42 @@ rmdir $C/subsystems/$N`, nqn))
 
 	t.Run("Delete", func(t *testing.T) {
 		g := guestT{t, gg}
+		// The delete is cut at agent.delete.unexported: the NVMe-oF export is gone, the LV not.
+		armed := g.rearm(failpoint.AgentDeleteUnexported + "=once")
 		if err := e.c.Delete(ctx, vs); err != nil {
 			t.Fatal(err)
 		}
+		// Expected: the agent's next exit is with failpoint.ExitCode at the point.
+		if code := g.waitExit(armed+1, 2*time.Minute); code != failpoint.ExitCode {
+			t.Fatalf("agent exited with %d, want %d (crash point %s)", code, failpoint.ExitCode, failpoint.AgentDeleteUnexported)
+		}
+		if _, code := g.try("test -d /sys/kernel/config/nvmet/subsystems/" + nqn); code == 0 {
+			t.Errorf("after the crash at %s: subsystem %s still there", failpoint.AgentDeleteUnexported, nqn)
+		}
+		if out, code := g.try("lvs --noheadings -o lv_name plinth-agent/" + vs.Name); code != 0 {
+			t.Errorf("after the crash at %s: LV %s gone already: %s", failpoint.AgentDeleteUnexported, vs.Name, out)
+		}
+		var held storev1.VolumeState
+		if err := e.c.Get(ctx, client.ObjectKeyFromObject(vs), &held); err != nil || len(held.Finalizers) != 1 {
+			t.Errorf("after the crash at %s: VolumeState %v, finalizers %v; want it held by one", failpoint.AgentDeleteUnexported, err, held.Finalizers)
+		}
+		if m, found := g.guestMark(vs.Name); !found || m.Released {
+			t.Errorf("after the crash at %s: mark %+v found=%v, want it unreleased", failpoint.AgentDeleteUnexported, m, found)
+		}
+		g.sh("echo go > /tmp/agent-resume")
+		// Expected: the restarted agent finishes the delete (an export already gone is no error).
 		eventually(t, 3*time.Minute, "VolumeState gone", func() error { return gone(ctx, e.c, vs) })
 		if out, code := g.try("lvs --noheadings -o lv_name plinth-agent/" + vs.Name); code == 0 {
 			t.Errorf("LV still there: %s", out)
 		}
 		if _, code := g.try("test -d /sys/kernel/config/nvmet/subsystems/" + nqn); code == 0 {
 			t.Error("subsystem still there")
+		}
+		if m, found := g.guestMark(vs.Name); !found || !m.Released {
+			t.Errorf("mark after the delete: %+v found=%v, want released", m, found)
+		}
+		if all := g.exits(); len(all) != armed+1 {
+			t.Errorf("agent exits %v, want one (at the crash point) after the first %d", all, armed)
 		}
 	})
 

@@ -267,23 +267,36 @@ func eventually(t *testing.T, timeout time.Duration, what string, f func() error
 // and returns the writes it made.
 func reconcileNow(t *testing.T, c *controller) (int64, []string) {
 	t.Helper()
+	_, n, log := reconcileResult(t, c)
+	return n, log
+}
+
+// reconcileResult is reconcileNow that also returns the reconcile's result (its requeue).
+func reconcileResult(t *testing.T, c *controller) (ctrl.Result, int64, []string) {
+	t.Helper()
 	settle(t)
 	before, _ := c.writes.writes()
-	if _, err := c.r.Reconcile(context.Background(), ctrl.Request{}); err != nil {
+	res, err := c.r.Reconcile(context.Background(), ctrl.Request{})
+	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
 	after, log := c.writes.writes()
-	return after - before, log[before:]
+	return res, after - before, log[before:]
 }
 
 // settle waits until the running controller has had no reconcile for a second, so its own
 // last writes have reached its informer cache (a reconcile that starts from a cache that has
 // not seen the previous status patch sends that patch again: a write the server discards, but
 // a write).
+// A controller that never goes quiet (a reconcile loop) fails the test after 30 s.
 func settle(t *testing.T) {
 	t.Helper()
 	last := reconciles(t)
+	deadline := time.Now().Add(30 * time.Second)
 	for quiet := 0; quiet < 10; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller never had a second without a reconcile in 30 s (%d reconciles so far): a reconcile loop", last)
+		}
 		time.Sleep(100 * time.Millisecond)
 		if n := reconciles(t); n != last {
 			last, quiet = n, 0

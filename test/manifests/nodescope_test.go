@@ -110,8 +110,13 @@ func testNodeScope(t *testing.T, c *cluster) {
 	admin := newClient(c.cfg)
 
 	const nodeA, nodeB = "scope-node-a", "scope-node-b"
+	// Node names over 63 bytes (label values hold 63: plinth.dev/node becomes "h-" and a hash),
+	// one a dotted suffix of the other: the agent of nodeLong must not reach nodeLong's
+	// sub-domain node, whose Store name "pool.x.<nodeLong>" also ends in "." + nodeLong.
+	nodeLong := "scope-long-" + strings.Repeat("l", 40) + ".example.internal"
+	nodeSub := "x." + nodeLong
 	backend := policyv1.Backend{File: &policyv1.FileBackend{Directory: "/var/lib/plinth/volumes"}}
-	for _, n := range []string{nodeA, nodeB} {
+	for _, n := range []string{nodeA, nodeB, nodeLong, nodeSub} {
 		label := map[string]string{policyv1.LabelNode: storev1.NameLabelValue(n)}
 		store := storev1.StoreName("pool", n)
 		objs := []client.Object{
@@ -124,6 +129,9 @@ func testNodeScope(t *testing.T, c *cluster) {
 				Spec: storev1.VolumeStateSpec{CSIName: n, StoreName: store, CapacityBytes: 1 << 20, VolumeMode: "Filesystem",
 					Policy: storev1.FrozenPolicy{Placement: "fast", Pool: "pool", Protocol: "local", Backend: backend,
 						ProtocolSpec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}}}},
+			&storev1.VolumeSnapshotState{ObjectMeta: metav1.ObjectMeta{Name: snapshotID(n), Labels: map[string]string{
+				policyv1.LabelNode: storev1.NameLabelValue(n), policyv1.LabelPool: "pool"}},
+				Spec: storev1.VolumeSnapshotStateSpec{CSIName: "snap-" + n, SourceVolume: storev1.VolumeID(n), StoreName: store, Pool: "pool", AccessibleNode: n}},
 		}
 		for _, o := range objs {
 			if err := admin.Create(ctx, o); err != nil {
@@ -133,6 +141,7 @@ func testNodeScope(t *testing.T, c *cluster) {
 	}
 
 	agent := newClient(boundToken(t, ctx, c, "plinth-agent", "agent-a", nodeA))
+	agentLong := newClient(boundToken(t, ctx, c, "plinth-agent", "agent-long", nodeLong))
 	unbound := rest.AnonymousClientConfig(c.cfg)
 	tok, err := c.kube.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "plinth-agent", &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
@@ -200,11 +209,15 @@ func testNodeScope(t *testing.T, c *cluster) {
 	volOf := func(n string) client.Object {
 		return &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: storev1.VolumeID(n)}}
 	}
+	snapOf := func(n string) client.Object {
+		return &storev1.VolumeSnapshotState{ObjectMeta: metav1.ObjectMeta{Name: snapshotID(n)}}
+	}
 	nodeOf := func(n string) client.Object { return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}} }
 	const (
 		agentStatus = `{"status":{"hostNQN":"nqn.2014-08.org.nvmexpress:uuid:0f6c1f7e-2d55-4a39-9a71-1b9d1d9a5c01"}}`
 		storeStatus = `{"status":{"capacity":{"total":1048576,"allocatable":1048576,"provisioned":0,"available":1048576}}}`
 		volStatus   = `{"status":{"phase":"Ready","actualBytes":1048576}}`
+		snapStatus  = `{"status":{"phase":"Ready","readyToUse":true,"sizeBytes":1048576}}`
 		initiator   = `{"metadata":{"labels":{"plinth.dev/nvme-initiator":"true"},"annotations":{"plinth.dev/host-nqn":"nqn.2014-08.org.nvmexpress:uuid:0f6c1f7e-2d55-4a39-9a71-1b9d1d9a5c01"}}}`
 	)
 	// The agent writes the main resource only for VolumeState finalizers (agents/agent
@@ -215,6 +228,12 @@ func testNodeScope(t *testing.T, c *cluster) {
 		{"agent A: status of VolumeState of A", true, statusPatch(agent, volOf(nodeA), volStatus)},
 		{"agent A: finalizer of VolumeState of A", true, update(agent, volOf(nodeA), addFinalizer)},
 		{"CSI node A: initiator label and host NQN of Node A", true, patch(csiNode, nodeOf(nodeA), initiator)},
+		{"agent A: status of VolumeSnapshotState of A", true, statusPatch(agent, snapOf(nodeA), snapStatus)},
+		{"agent of a long node: status of its Agent", true, statusPatch(agentLong, agentOf(nodeLong), agentStatus)},
+		{"agent of a long node: status of its Store", true, statusPatch(agentLong, storeOf(nodeLong), storeStatus)},
+		{"agent of a long node: status of its VolumeState", true, statusPatch(agentLong, volOf(nodeLong), volStatus)},
+		{"agent of a long node: finalizer of its VolumeState", true, update(agentLong, volOf(nodeLong), addFinalizer)},
+		{"agent of a long node: status of its VolumeSnapshotState", true, statusPatch(agentLong, snapOf(nodeLong), snapStatus)},
 
 		{"agent A: status of Agent B", false, statusPatch(agent, agentOf(nodeB), agentStatus)},
 		{"agent A: status of Store pool.B", false, statusPatch(agent, storeOf(nodeB), storeStatus)},
@@ -229,11 +248,27 @@ func testNodeScope(t *testing.T, c *cluster) {
 		{"CSI node A: initiator label of Node B", false, patch(csiNode, nodeOf(nodeB), initiator)},
 		{"CSI node A: another label of Node A", false, patch(csiNode, nodeOf(nodeA), `{"metadata":{"labels":{"node-role.kubernetes.io/storage":""}}}`)},
 		{"CSI node A: unschedulable Node A", false, patch(csiNode, nodeOf(nodeA), `{"spec":{"unschedulable":true}}`)},
+		{"agent A: status of VolumeSnapshotState of B", false, statusPatch(agent, snapOf(nodeB), snapStatus)},
+		{"agent A: status of VolumeSnapshotState of a long node", false, statusPatch(agent, snapOf(nodeLong), snapStatus)},
+		{"agent of a long node: status of VolumeState of A", false, statusPatch(agentLong, volOf(nodeA), volStatus)},
+		{"agent of a long node: status of the Agent of its sub-domain node", false, statusPatch(agentLong, agentOf(nodeSub), agentStatus)},
+		{"agent of a long node: status of the VolumeState of its sub-domain node", false, statusPatch(agentLong, volOf(nodeSub), volStatus)},
+		{"agent of a long node: finalizer of the VolumeState of its sub-domain node", false, update(agentLong, volOf(nodeSub), addFinalizer)},
+		{"agent of a long node: status of the VolumeSnapshotState of its sub-domain node", false, statusPatch(agentLong, snapOf(nodeSub), snapStatus)},
 	}
 
 	// RBAC and the admission policies are read from informers: wait (dry run, no effect) until
 	// the first allowed write passes and one refused write of each policy is refused.
-	probes := []write{cases[0], cases[5], cases[7], cases[15]}
+	var probes []write
+	for _, w := range cases {
+		switch w.what {
+		case "agent A: status of Agent A", "agent A: status of Agent B", "agent A: status of VolumeState of B", "CSI node A: initiator label of Node B":
+			probes = append(probes, w)
+		}
+	}
+	if len(probes) != 4 {
+		t.Fatalf("%d probes, want 4", len(probes))
+	}
 	for _, p := range probes {
 		waitFor(t, 60*time.Second, "policies in force: "+p.what, func() error {
 			err := p.do(ctx, true)
@@ -291,8 +326,8 @@ func testNodeScope(t *testing.T, c *cluster) {
 			t.Logf("%s: %v", w.what, err)
 		}
 	}
-	if allowed != 5 || refused != 13 {
-		t.Errorf("%d writes allowed and %d refused, want 5 and 13", allowed, refused)
+	if allowed != 11 || refused != 20 {
+		t.Errorf("%d writes allowed and %d refused, want 11 and 20", allowed, refused)
 	}
 
 	// What was allowed landed, what was refused did not.
@@ -313,8 +348,22 @@ func testNodeScope(t *testing.T, c *cluster) {
 	if na.Labels[policyv1.LabelNVMeInitiator] != "true" || na.Spec.Unschedulable || len(nb.Labels) != 0 {
 		t.Errorf("Node A labels %v unschedulable %v; Node B labels %v", na.Labels, na.Spec.Unschedulable, nb.Labels)
 	}
-	// Leave the finalizer to nobody: the cluster is shared by later subtests.
-	if err := admin.Patch(ctx, volOf(nodeA), client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+	var vl, vsub storev1.VolumeState
+	if err := errors.Join(admin.Get(ctx, client.ObjectKeyFromObject(volOf(nodeLong)), &vl),
+		admin.Get(ctx, client.ObjectKeyFromObject(volOf(nodeSub)), &vsub)); err != nil {
 		t.Fatal(err)
 	}
+	if vl.Status.Phase != storev1.VolumeReady || len(vl.Finalizers) != 1 || vsub.Status.Phase != "" || len(vsub.Finalizers) != 0 {
+		t.Errorf("VolumeState of the long node: phase %q, finalizers %v; of its sub-domain node: phase %q, finalizers %v",
+			vl.Status.Phase, vl.Finalizers, vsub.Status.Phase, vsub.Finalizers)
+	}
+	// Leave the finalizers to nobody: the cluster is shared by later subtests.
+	for _, n := range []string{nodeA, nodeLong} {
+		if err := admin.Patch(ctx, volOf(n), client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
+
+// snapshotID is the VolumeSnapshotState name of the test's snapshot on node n.
+func snapshotID(n string) string { return "snap-" + storev1.VolumeID(n)[len(storev1.VolumeIDPrefix):] }
