@@ -134,6 +134,8 @@ func run(t *testing.T, flux bool) {
 			}
 		}
 	}
+	// Argo CD's own controllers take the policy over on the same cluster (argocd_test.go).
+	argoCDPhase(t, walk)
 }
 
 // EnvPNGDir, when set, is the folder where the scenario's dashboards are drawn from the real
