@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/controllers/diff"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
@@ -381,6 +382,16 @@ func (e *Walk) startArgoProcesses(ctx context.Context) (string, error) {
 func (e *Walk) argoStall(ctx context.Context, sum *ArgoCDSummary) (string, error) {
 	bad := e.delivered.clone()
 	bad["placement-invalid.yaml"] = []byte(invalidPlacementYAML)
+	// Reviewed first: plinth diff on the pull request stops at the schema error, with its place.
+	rep, text, err := e.argoDiff(ctx, argoFiles(bad))
+	if err != nil {
+		return "", err
+	}
+	if rep.ExitCode() != diff.ExitErrors || len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0].String(), "placement-invalid.yaml:") || !strings.Contains(rep.Problems[0].String(), "DNS-1123") {
+		return "", fmt.Errorf("plinth diff on the pull request adding placement %s: exit %d, problems %v, want exit %d and one DNS-1123 problem in placement-invalid.yaml:\n%s",
+			InvalidPlacement, rep.ExitCode(), rep.Problems, diff.ExitErrors, text)
+	}
+	reviewed := fmt.Sprintf("plinth diff (live) on the pull request: exit %d, %s", rep.ExitCode(), rep.Problems[0])
 	start := time.Now()
 	if err := e.argoGit.commit("placement dev.xfs (invalid name)", argoFiles(bad)); err != nil {
 		return "", err
@@ -406,7 +417,7 @@ func (e *Walk) argoStall(ctx context.Context, sum *ArgoCDSummary) (string, error
 	if s, _, m := conditionOf(u, "Stalled"); s != "True" || m != degraded[0].Message {
 		return "", fmt.Errorf("Placement %s Stalled=%q %q; Argo CD shows %q", InvalidPlacement, s, m, degraded[0].Message)
 	}
-	shown := fmt.Sprintf("Application %s Degraded %.1fs after the commit; Placement %s: %s", ArgoCDPolicyApp, sum.Degraded.Seconds(), InvalidPlacement, degraded[0].Message)
+	shown := fmt.Sprintf("%s\nmerged anyway: Application %s Degraded %.1fs after the commit; Placement %s: %s", reviewed, ArgoCDPolicyApp, sum.Degraded.Seconds(), InvalidPlacement, degraded[0].Message)
 	if err := e.argoGit.commit("revert: remove placement dev.xfs", argoFiles(e.delivered)); err != nil {
 		return "", err
 	}
@@ -445,6 +456,12 @@ func (e *Walk) argoPruneInUse(ctx context.Context, sum *ArgoCDSummary) (string, 
 		return "", err
 	}
 	pvc, err := e.waitBound(ctx, name, 3*time.Minute)
+	if err != nil {
+		return "", err
+	}
+	// The pull request's review (docs/policy-review.md, "With Argo CD"): plinth diff's live mode on
+	// the pull request's checkout predicts that the removal keeps the class in use.
+	review, err := e.argoReview(ctx, argoFiles(e.delivered))
 	if err != nil {
 		return "", err
 	}
@@ -515,6 +532,48 @@ func (e *Walk) argoPruneInUse(ctx context.Context, sum *ArgoCDSummary) (string, 
 	if len(res) != sum.Resources {
 		return "", fmt.Errorf("Application %s tracks %d resources after the prune, want %d", ArgoCDPolicyApp, len(res), sum.Resources)
 	}
-	return fmt.Sprintf("Placement %s pruned by Argo CD (sync result %s) %.1fs after the commit, kept by Plinth: %s; StorageClass %s kept\nPVC %s deleted → Placement %s and StorageClass %s gone; Application Synced, Healthy, %d resources",
-		ExtraPlacement, prunedBy, sum.Pruned.Seconds(), reported, ExtraClass, name, ExtraPlacement, ExtraClass, len(res)), nil
+	return fmt.Sprintf("%s\nPlacement %s pruned by Argo CD (sync result %s) %.1fs after the commit, kept by Plinth: %s; StorageClass %s kept\nPVC %s deleted → Placement %s and StorageClass %s gone; Application Synced, Healthy, %d resources",
+		review, ExtraPlacement, prunedBy, sum.Pruned.Seconds(), reported, ExtraClass, name, ExtraPlacement, ExtraClass, len(res)), nil
+}
+
+// argoDiff runs plinth diff's live mode (controllers/diff.Live, the code of `plinth diff
+// --kubeconfig`) on a pull request's checkout of the policy repository: files are written under
+// a folder of their own, as CI checks the pull request out. It returns the report and its text.
+func (e *Walk) argoDiff(ctx context.Context, files map[string][]byte) (*diff.Report, string, error) {
+	pr := filepath.Join(e.Dir, "argocd", "pull-request")
+	if err := os.RemoveAll(pr); err != nil {
+		return nil, "", err
+	}
+	for p, data := range files {
+		full := filepath.Join(pr, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			return nil, "", err
+		}
+		if err := os.WriteFile(full, data, 0o644); err != nil {
+			return nil, "", err
+		}
+	}
+	rep, err := diff.Live(ctx, []string{filepath.Join(pr, fluxRepoPath)}, diff.LiveOptions{Client: e.Client})
+	if err != nil {
+		return nil, "", fmt.Errorf("plinth diff on the pull request: %w", err)
+	}
+	var text strings.Builder
+	if err := diff.Write(&text, rep, diff.FormatText); err != nil {
+		return nil, "", err
+	}
+	return rep, text.String(), nil
+}
+
+// argoReview wants plinth diff to report the pull request removing placement scratch as exit
+// status 3 (violations) with one PrunedClassInUse violation for it.
+func (e *Walk) argoReview(ctx context.Context, files map[string][]byte) (string, error) {
+	rep, text, err := e.argoDiff(ctx, files)
+	if err != nil {
+		return "", err
+	}
+	if rep.ExitCode() != diff.ExitViolations || len(rep.Violations) != 1 || rep.Violations[0].Rule != "PrunedClassInUse" || rep.Violations[0].Object != "Placement/"+ExtraPlacement {
+		return "", fmt.Errorf("plinth diff on the pull request removing placement %s: exit %d, violations %v, want exit %d and one PrunedClassInUse for it:\n%s",
+			ExtraPlacement, rep.ExitCode(), rep.Violations, diff.ExitViolations, text)
+	}
+	return fmt.Sprintf("plinth diff (live) on the pull request: exit %d, %s", rep.ExitCode(), rep.Violations[0]), nil
 }
