@@ -32,8 +32,10 @@ func argoCDPhase(t *testing.T, walk *devenv.Walk) {
 		t.Errorf("Argo CD phase: %v", err)
 		return
 	}
-	if sum.Resources != 3 {
-		t.Errorf("Argo CD tracks %d policy resources, want 3 (StoragePool, Protocol, Placement)", sum.Resources)
+	// The policy the Flux scenario left: the quickstart's StoragePool, Protocol and Placement, and
+	// the StatefulSet's xfs Placement.
+	if sum.PolicyObjects != 4 || sum.Resources != sum.PolicyObjects {
+		t.Errorf("Argo CD tracks %d resources of %d policy objects, want 4 of 4", sum.Resources, sum.PolicyObjects)
 	}
 	for name, d := range map[string]time.Duration{"Synced/Healthy": sum.Synced, "Degraded": sum.Degraded, "pruned": sum.Pruned} {
 		if d <= 0 {

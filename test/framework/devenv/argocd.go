@@ -48,8 +48,9 @@ type ArgoCDSummary struct {
 	Degraded time.Duration
 	// Pruned is the commit removing a placement → Placement deleted by Argo CD.
 	Pruned time.Duration
-	// Resources is the number of resources the Application tracks after the first sync.
-	Resources int
+	// Resources is the number of resources the Application tracks after the first sync;
+	// PolicyObjects the number of policy objects in the repository then.
+	Resources, PolicyObjects int
 }
 
 // argoApplication reads an Application of ArgoCDNamespace.
@@ -301,7 +302,7 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	if err != nil {
 		return "", err
 	}
-	sum.Resources = len(res)
+	sum.Resources, sum.PolicyObjects = len(res), len(keys)
 	if len(res) != len(keys) {
 		return "", fmt.Errorf("Application %s tracks %d resources %v, the policy has %d objects %v", ArgoCDPolicyApp, len(res), res, len(keys), keys)
 	}
