@@ -2,6 +2,8 @@ package devenv
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -205,7 +207,14 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	// What Argo CD's install manifests and its API server provide and the two controllers read:
 	// argocd-secret (settings) and the default AppProject.
 	partOf := map[string]string{"app.kubernetes.io/part-of": "argocd"}
-	if err := e.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "argocd-secret", Namespace: ArgoCDNamespace, Labels: partOf}}); err != nil && !apierrors.IsAlreadyExists(err) {
+	// server.secretkey: argocd-server generates it at its first start; the application-controller
+	// refuses every cluster (InvalidSpecError "server.secretkey is missing") without it.
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return "", err
+	}
+	if err := e.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "argocd-secret", Namespace: ArgoCDNamespace, Labels: partOf},
+		Data: map[string][]byte{"server.secretkey": []byte(base64.StdEncoding.EncodeToString(key))}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return "", err
 	}
 	proj := &unstructured.Unstructured{Object: map[string]any{
