@@ -376,7 +376,10 @@ func (e *Walk) startArgoProcesses(ctx context.Context) (string, error) {
 			"--metrics-port", fmt.Sprint(ports[3]),
 			// Git is polled every 5 s instead of 120-180 s (a webhook's role in production).
 			"--app-resync", "5", "--app-resync-jitter", "0", "--loglevel", "info"},
-		Env:   append([]string{"ARGOCD_BINARY_NAME=argocd-application-controller"}, env...),
+		// ARGOCD_FAKE_IN_CLUSTER: Argo CD's switch for running outside a pod (its own local
+		// development uses it): the in-cluster destination https://kubernetes.default.svc is
+		// reached through KUBECONFIG instead of the service account's token.
+		Env:   append([]string{"ARGOCD_BINARY_NAME=argocd-application-controller", "ARGOCD_FAKE_IN_CLUSTER=true", "KUBECONFIG=" + e.Kubeconfig}, env...),
 		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[3]), nil),
 	})
 	if err != nil {
