@@ -375,7 +375,11 @@ func (e *Walk) startArgoProcesses(ctx context.Context) (string, error) {
 			"--repo-server", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--repo-server-plaintext", "--redis", redisAddr,
 			"--metrics-port", fmt.Sprint(ports[3]),
 			// Git is polled every 5 s instead of 120-180 s (a webhook's role in production).
-			"--app-resync", "5", "--app-resync-jitter", "0", "--loglevel", "info"},
+			"--app-resync", "5", "--app-resync-jitter", "0", "--loglevel", "info",
+			// Each resource's health (and its message) in the Application's status.resources, as
+			// in Argo CD 2.x; 3.x keeps it in redis for its API server by default
+			// (argocd-cmd-params-cm controller.resource.health.persist).
+			"--persist-resource-health"},
 		// ARGOCD_FAKE_IN_CLUSTER: Argo CD's switch for running outside a pod (its own local
 		// development uses it): the in-cluster destination https://kubernetes.default.svc is
 		// reached through KUBECONFIG instead of the service account's token.
