@@ -283,10 +283,11 @@ snapshot_crds() {
 #   v3.3.9: requires github.com/argoproj/gitops-engine with replace => ./gitops-engine: the same.
 #   v3.2.12: its gitops-engine pseudo-version is served, but the release does not compile:
 #     controller/cache/info.go:51: undefined: settings.ValidateExternalURL.
-#   v3.2.9: builds (the pin). Measured on the loaded 2-core dev machine (load ~20, niced):
-#     518 s for the first build (GOCACHE already holding the Kubernetes packages our other peers
-#     share), 114 s with its packages cached (copy + link); the binary is ~150 MB (-s -w).
-#     From an empty GOCACHE on 2 idle cores (CI) expect roughly 10-15 min more for testbin.
+#   v3.2.9: builds (the pin): 2227 packages, on Kubernetes v0.34 modules that no other peer
+#     shares. Measured on the loaded 2-core dev machine (load ~20, niced): 518 s for its first
+#     build (only the standard library cached), 114 s with its packages cached (module copy +
+#     link); the binary is ~150 MB (-s -w). Estimate for an empty GOCACHE on 2 idle CI cores:
+#     10-12 min (the Flux pair, 1317 packages, is ~6-7 min).
 build_argocd() {
 	local mod=github.com/argoproj/argo-cd/v3 ver=$ARGOCD_VERSION
 	local ldflags="-s -w -X $mod/common.version=${ver#v} -X $mod/common.gitTag=$ver -X $mod/common.gitTreeState=clean -X $mod/common.buildDate=2026-01-01T00:00:00Z"
