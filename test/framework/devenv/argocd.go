@@ -204,6 +204,26 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	if err := e.ensureNamespace(ctx, ArgoCDNamespace); err != nil {
 		return "", err
 	}
+	// The API server's discovery can lag the CRDs' Established condition, and the client's
+	// REST mapper caches what it found: a new client, once both kinds are listable.
+	if err := poll(ctx, time.Minute, func() error {
+		c, err := client.New(e.CP.Admin.Config, client.Options{Scheme: Scheme()})
+		if err != nil {
+			return err
+		}
+		for _, kind := range []string{"ApplicationList", "AppProjectList"} {
+			l := &unstructured.UnstructuredList{}
+			l.SetAPIVersion("argoproj.io/v1alpha1")
+			l.SetKind(kind)
+			if err := c.List(ctx, l, client.InNamespace(ArgoCDNamespace)); err != nil {
+				return err
+			}
+		}
+		e.Client = c
+		return nil
+	}); err != nil {
+		return "", fmt.Errorf("Argo CD kinds not served: %w", err)
+	}
 	// What Argo CD's install manifests and its API server provide and the two controllers read:
 	// argocd-secret (settings) and the default AppProject.
 	partOf := map[string]string{"app.kubernetes.io/part-of": "argocd"}
@@ -509,22 +529,32 @@ func (e *Walk) argoPruneInUse(ctx context.Context, sum *ArgoCDSummary) (string, 
 		return "", err
 	}
 	sum.Pruned = time.Since(start)
-	app, err := e.argoApplication(ctx, ArgoCDPolicyApp)
-	if err != nil {
+	// Argo CD's own record of the prune: the sync operation's result for the Placement (the
+	// operation runs on, waiting for the deletion, while Plinth keeps it).
+	var prunedBy, op string
+	if err := poll(ctx, time.Minute, func() error {
+		app, err := e.argoApplication(ctx, ArgoCDPolicyApp)
+		if err != nil {
+			return err
+		}
+		results, _, _ := unstructured.NestedSlice(app.Object, "status", "operationState", "syncResult", "resources")
+		phase, _, _ := unstructured.NestedString(app.Object, "status", "operationState", "phase")
+		msg, _, _ := unstructured.NestedString(app.Object, "status", "operationState", "message")
+		op = phase + ": " + msg
+		for _, r := range results {
+			m, _ := r.(map[string]any)
+			if m["kind"] == "Placement" && m["name"] == ExtraPlacement {
+				prunedBy = fmt.Sprintf("%v: %v", m["status"], m["message"])
+			}
+		}
+		if !strings.HasPrefix(prunedBy, "Pruned") {
+			return fmt.Errorf("Application %s sync result for Placement %s: %q, want Pruned (operation %s)", ArgoCDPolicyApp, ExtraPlacement, prunedBy, op)
+		}
+		return nil
+	}); err != nil {
 		return "", err
 	}
-	// Argo CD's own record of the prune.
-	results, _, _ := unstructured.NestedSlice(app.Object, "status", "operationState", "syncResult", "resources")
-	prunedBy := ""
-	for _, r := range results {
-		m, _ := r.(map[string]any)
-		if m["kind"] == "Placement" && m["name"] == ExtraPlacement {
-			prunedBy = fmt.Sprintf("%v: %v", m["status"], m["message"])
-		}
-	}
-	if !strings.HasPrefix(prunedBy, "Pruned") {
-		return "", fmt.Errorf("Application %s last sync result for Placement %s: %q, want Pruned", ArgoCDPolicyApp, ExtraPlacement, prunedBy)
-	}
+	prunedBy += "; operation " + op
 	if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); err != nil {
 		return "", fmt.Errorf("StorageClass %s of the in-use placement: %w", ExtraClass, err)
 	}
