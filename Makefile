@@ -180,7 +180,7 @@ test-lane-kernel:
 test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
 	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
 
-test-e2e: testbin ## [root] End-to-end suites alone: plinth-dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
+test-e2e: testbin ## [root] End-to-end suites alone: plinth-dev's scenario with real Flux, agent restart, placement removal, then Argo CD's controllers taking the policy over (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
 dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' main panels from the real-node scenario's Prometheus (test/e2e; needs root, the images of make images, /usr/bin/prometheus).

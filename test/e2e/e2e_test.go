@@ -9,12 +9,13 @@
 // restarted by kubelet, a placement removed from Git while its StorageClass
 // is in use, and a StatefulSet on real nodes (devenv.Walk.Workload), with a
 // VolumeSnapshot of one replica's volume restored into a larger PVC through
-// snapshot-controller and csi-snapshotter.
+// snapshot-controller and csi-snapshotter. Then Argo CD's own controllers
+// take the policy over on the same cluster (argocd_test.go).
 //
 // Gated: runs when PLINTH_E2E=1 or PLINTH_INTEGRATION=1 (make test-e2e,
 // make test-integration); needs root (containerd, loop devices, mounts), the
-// binaries of `make testbin` (Flux's, kubelet and kube-proxy included) and
-// the image archives of `make images` ($PLINTH_IMAGES or <testbin>/images).
+// binaries of `make testbin` (Flux's, Argo CD's, kubelet and kube-proxy
+// included), redis-server (hack/install-deps.sh) and the image archives of `make images` ($PLINTH_IMAGES or <testbin>/images).
 package e2e
 
 import (
