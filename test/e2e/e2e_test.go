@@ -15,7 +15,8 @@
 // Gated: runs when PLINTH_E2E=1 or PLINTH_INTEGRATION=1 (make test-e2e,
 // make test-integration); needs root (containerd, loop devices, mounts), the
 // binaries of `make testbin` (Flux's, Argo CD's, kubelet and kube-proxy
-// included), redis-server (hack/install-deps.sh) and the image archives of `make images` ($PLINTH_IMAGES or <testbin>/images).
+// included), redis-server (hack/install-deps.sh) and the image archives of
+// `make images` ($PLINTH_IMAGES or <testbin>/images).
 package e2e
 
 import (
