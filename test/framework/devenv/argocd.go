@@ -415,10 +415,8 @@ func (e *Walk) startArgoProcesses(ctx context.Context) (string, error) {
 
 // argoCommit commits files to the policy repository and asks Argo CD to compare the Application
 // with Git now, as Argo CD's Git webhook does (annotation argocd.argoproj.io/refresh: normal).
-// Without it the change waited for the periodic comparison, which did not come within 3 minutes
-// in this scenario: each status update Plinth makes to a tracked policy object queues a
-// refresh that compares with the cached revision, and a queued refresh is served before the
-// expired-period one (controller/appcontroller.go, needRefreshAppStatus).
+// Without it a commit was not compared within 3 minutes in this scenario: after the first sync
+// the controller logged no refresh at all, --app-resync 5 notwithstanding (cause not found).
 func (e *Walk) argoCommit(ctx context.Context, msg string, files map[string][]byte) error {
 	if err := e.argoGit.commit(msg, files); err != nil {
 		return err
