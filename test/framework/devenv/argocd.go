@@ -550,8 +550,7 @@ func (e *Walk) argoPruneInUse(ctx context.Context, sum *ArgoCDSummary) (string, 
 		return "", err
 	}
 	sum.Pruned = time.Since(start)
-	// Argo CD's own record of the prune: the sync operation's result for the Placement (the
-	// operation runs on, waiting for the deletion, while Plinth keeps it).
+	// Argo CD's own record of the prune: the sync operation's result for the Placement.
 	var prunedBy, op string
 	if err := poll(ctx, time.Minute, func() error {
 		app, err := e.argoApplication(ctx, ArgoCDPolicyApp)
