@@ -114,7 +114,7 @@ skipcheck: ## Build test/tools/skipcheck (records and checks the skipped tests o
 	go build -o $(SKIPCHECK) ./test/tools/skipcheck
 
 test-integration: testbin images $(CUE) skipcheck ## [root] Every test of the main module, integration tests on the real control plane included.
-	PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 30m ./... | $(SKIPCHECK) json -phase integration -dir $(SKIPS)
+	PLINTH_CUE=$(CUE) PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 45m ./... | $(SKIPCHECK) json -phase integration -dir $(SKIPS)
 
 test-scheduler: testbin skipcheck ## The scheduler module's unit and integration tests (real scheduler, real API server).
 	cd scheduler && PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 go test -json -count=1 -timeout 20m ./... | $(SKIPCHECK) json -phase scheduler -dir $(SKIPS)
@@ -186,7 +186,7 @@ test-lane-kernel:
 test-skips: skipcheck ## Print every test the last test phases skipped and fail on one not on test/tools/skipcheck/allow.txt.
 	$(SKIPCHECK) report -allow $(SKIP_ALLOW) -dir $(SKIPS)
 
-test-e2e: testbin ## [root] End-to-end suites alone: plinth-dev's scenario with real Flux, agent restart, placement removal (test-integration runs them too).
+test-e2e: testbin ## [root] End-to-end suites alone: plinth-dev's scenario with real Flux, agent restart, placement removal, then Argo CD's controllers taking the policy over (test-integration runs them too).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_E2E=1 go test -count=1 -timeout 30m ./test/e2e/...
 
 # make test-chaos's number of faults (the short run inside test-e2e and make test makes 3).

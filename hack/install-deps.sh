@@ -17,16 +17,18 @@
 # host-local, loopback), iptables (kube-proxy), iproute2.
 # test/framework/registry, test/manifests (helm install from a registry): docker-registry (CNCF
 # distribution; its service is not started: each test runs its own on loopback).
+# test/e2e's Argo CD phase: redis-server (Argo CD's cache; its service is not started: the test runs
+# its own on loopback).
 set -euo pipefail
 pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools bcache-tools nvme-cli e2fsprogs xfsprogs cpio util-linux fdisk xz-utils zstd binutils coreutils git make
 	gcc gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus
-	containerd runc containernetworking-plugins iptables iproute2 docker-registry)
+	containerd runc containernetworking-plugins iptables iproute2 docker-registry redis-server)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
-	# Packages with services (prometheus, docker-registry) must not start them here: policy-rc.d says no.
+	# Packages with services (prometheus, docker-registry, redis-server) must not start them here: policy-rc.d says no.
 	policy=/usr/sbin/policy-rc.d
 	restore=
 	if [[ ! -e $policy ]]; then

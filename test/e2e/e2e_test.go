@@ -9,12 +9,14 @@
 // restarted by kubelet, a placement removed from Git while its StorageClass
 // is in use, and a StatefulSet on real nodes (devenv.Walk.Workload), with a
 // VolumeSnapshot of one replica's volume restored into a larger PVC through
-// snapshot-controller and csi-snapshotter.
+// snapshot-controller and csi-snapshotter. Then Argo CD's own controllers
+// take the policy over on the same cluster (argocd_test.go).
 //
 // Gated: runs when PLINTH_E2E=1 or PLINTH_INTEGRATION=1 (make test-e2e,
 // make test-integration); needs root (containerd, loop devices, mounts), the
-// binaries of `make testbin` (Flux's, kubelet and kube-proxy included) and
-// the image archives of `make images` ($PLINTH_IMAGES or <testbin>/images).
+// binaries of `make testbin` (Flux's, Argo CD's, kubelet and kube-proxy
+// included), redis-server (hack/install-deps.sh) and the image archives of
+// `make images` ($PLINTH_IMAGES or <testbin>/images).
 package e2e
 
 import (
@@ -26,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plinth-storage/plinth/test/framework/cluster"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
 	"github.com/plinth-storage/plinth/test/framework/devenv"
 	"github.com/plinth-storage/plinth/test/framework/monitoring"
@@ -59,6 +62,10 @@ func run(t *testing.T, flux bool) {
 		bins = append(bins, devenv.BinSourceController, devenv.BinKustomizeController)
 	}
 	gate(t, bins...)
+	// The time another package's cluster holds the host is not the scenario's budget.
+	if err := cluster.WaitLockFree(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 18*time.Minute)
 	defer cancel()
 	// A short directory: the CSI socket path must fit a unix socket.
@@ -142,6 +149,8 @@ func run(t *testing.T, flux bool) {
 	}
 	// Randomized faults with invariants, on the same running parts (chaos_test.go).
 	runChaos(t, walk)
+	// Argo CD's own controllers take the policy over on the same cluster (argocd_test.go).
+	argoCDPhase(t, walk)
 }
 
 // EnvPNGDir, when set, is the folder where the scenario's dashboards are drawn from the real

@@ -79,9 +79,10 @@ func crdShaped(status map[string]any) bool {
 	return true
 }
 
-// FuzzArgoCDHealth runs the Argo CD health check with arbitrary kstatus status blocks (what
-// the API server admits for a policy object) and compares it with kstatusHealth. Properties:
-// the script never fails, and its health and message are the contract's.
+// FuzzArgoCDHealth runs the Argo CD health check under gopher-lua (as TestArgoCDHealthLua) with
+// arbitrary kstatus status blocks (what the API server admits for a policy object) and compares
+// it with kstatusHealth. Properties: the script never fails, and its health and message are the
+// contract's.
 func FuzzArgoCDHealth(f *testing.F) {
 	data, err := os.ReadFile(healthScript)
 	if err != nil {

@@ -69,7 +69,9 @@ func policyObject(generation int64, status string) map[string]any {
 	return o
 }
 
-// The Argo CD health check maps the kstatus conditions Plinth writes to Argo CD health.
+// The Argo CD health check maps the kstatus conditions Plinth writes to Argo CD health. A fast
+// unit test of the script under gopher-lua, the Lua interpreter Argo CD embeds; Argo CD's own
+// application-controller runs the shipped argocd-cm in test/e2e (devenv.Walk.ArgoCD).
 func TestArgoCDHealthLua(t *testing.T) {
 	data, err := os.ReadFile(healthScript)
 	if err != nil {

@@ -10,7 +10,8 @@
 # flux-kustomize-controller in one go build from test/tools/flux-controllers), flux-crds
 # (their CRDs from the module cache into bin/crds/flux/), snapshot-crds (the
 # snapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue, helm (the helm CLI from
-# test/tools/helm, for test/manifests' install/upgrade/uninstall of charts/plinth).
+# test/tools/helm, for test/manifests' install/upgrade/uninstall of charts/plinth), argocd (Argo CD's
+# multi-call binary from its own module source, and its CRDs into bin/crds/argocd/).
 # Versions come from test/tools/versions.env only.
 #
 # Idempotent: each binary has a stamp in bin/.stamps/<name> (version, Go
@@ -267,6 +268,60 @@ snapshot_crds() {
 	SUMMARY+=("$(printf '%-24s %-10s copied from the module cache' snapshot-crds "$ver")")
 }
 
+# build_argocd: Argo CD's multi-call binary (application-controller, repo-server, ... chosen by
+# argv[0] or ARGOCD_BINARY_NAME) at $ARGOCD_VERSION, and its CRDs (Application, AppProject) into
+# bin/crds/argocd/. Argo CD's go.mod has a replace block (forks of k8s.io staging modules,
+# gitops-engine) that only applies when it is the main module, so it cannot be a dependency of
+# a module of ours like the Flux controllers: its module zip is copied out of the Go module
+# cache (`go mod download -json` → Dir), made writable, and `go build ./cmd` runs inside the
+# copy with its own go.mod. Stamped like the other peers (version, Go version, ldflags).
+#
+# Versions tried on Go 1.26.8 with this module proxy (2026-12):
+#   v3.6.x, v3.5.8, v3.4.10: require the nested module github.com/argoproj/argo-cd/gitops-engine
+#     through `replace => ./gitops-engine`, a directory the module zip leaves out; the proxy
+#     answers 403 "not available" for its pseudo-version → cannot build.
+#   v3.3.9: requires github.com/argoproj/gitops-engine with replace => ./gitops-engine: the same.
+#   v3.2.12: its gitops-engine pseudo-version is served, but the release does not compile:
+#     controller/cache/info.go:51: undefined: settings.ValidateExternalURL.
+#   v3.2.9: builds (the pin): 2227 packages, on Kubernetes v0.34 modules that no other peer
+#     shares. Measured on the loaded 2-core dev machine (load ~20, niced): 518 s for its first
+#     build (only the standard library cached), 114 s with its packages cached (module copy +
+#     link); the binary is ~150 MB (-s -w). Estimate for an empty GOCACHE on 2 idle CI cores:
+#     10-12 min (the Flux pair, 1317 packages, is ~6-7 min).
+build_argocd() {
+	local mod=github.com/argoproj/argo-cd/v3 ver=$ARGOCD_VERSION
+	local ldflags="-s -w -X $mod/common.version=${ver#v} -X $mod/common.gitTag=$ver -X $mod/common.gitTreeState=clean -X $mod/common.buildDate=2026-01-01T00:00:00Z"
+	local k="argocd $ver $GOVER cgo=$CGO_ENABLED ld=$(sha256sum <<<"$ldflags" | cut -c1-8)"
+	local crds=$BIN/crds/argocd
+	if stamp_ok argocd "$k" && [[ -f $crds/application-crd.yaml && -f $crds/appproject-crd.yaml ]]; then
+		SUMMARY+=("$(printf '%-24s %-10s up to date' argocd "$ver")")
+		return 0
+	fi
+	log "building argocd $ver from its module source (go build ./cmd with its own go.mod) ..."
+	local start=$SECONDS tmp dir
+	tmp=$(mktemp -d "$BIN/.build.XXXXXX")
+	# Outside any module of ours: `go mod download` of a version needs no go.mod.
+	dir=$(cd "$tmp" && go mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	if [[ -z $dir || ! -f $dir/go.mod ]]; then
+		rm -rf "$tmp"; echo "[testbin] go mod download $mod@$ver failed" >&2; exit 1
+	fi
+	cp -r "$dir" "$tmp/src"
+	chmod -R u+w "$tmp/src"
+	if ! (cd "$tmp/src" && go build -ldflags "$ldflags" -o "$tmp/argocd" ./cmd); then
+		rm -rf "$tmp"; echo "[testbin] go build of argocd $ver failed" >&2; exit 1
+	fi
+	mkdir -p "$crds"
+	rm -f "$crds"/*.yaml
+	cp "$tmp/src/manifests/crds/application-crd.yaml" "$tmp/src/manifests/crds/appproject-crd.yaml" "$crds/"
+	chmod 644 "$crds"/*.yaml
+	mv -f "$tmp/argocd" "$BIN/argocd"
+	printf '%s\n' "$k" >"$STAMPS/argocd"
+	rm -rf "$tmp"
+	local secs=$((SECONDS - start))
+	SUMMARY+=("$(printf '%-24s %-10s built in %ds' argocd "$ver" "$secs")")
+	log "argocd done in ${secs}s"
+}
+
 make_assets() {
 	mkdir -p "$BIN/assets"
 	local n
@@ -286,7 +341,7 @@ targets=("$@")
 # compiled about half of their 1317 packages (stopped there), so roughly 12 CPU-minutes cold,
 # 6-7 min wall on 2 idle cores, less in CI where the other peers' packages are cached; with
 # the packages cached, 30 CPU-seconds (the two links).
-((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds helm)
+((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds helm argocd)
 built_groups=()
 for t in "${targets[@]}"; do
 	case $t in
@@ -294,6 +349,7 @@ for t in "${targets[@]}"; do
 	cue) build_cue ;;
 	flux-crds) flux_crds ;;
 	snapshot-crds) snapshot_crds ;;
+	argocd) build_argocd ;;
 	*)
 		g=$(group_of "$t")
 		if [[ -n $g ]]; then

@@ -2,11 +2,13 @@ package cluster
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // LockPath is the host's cluster lock (one cluster at a time on a host).
@@ -70,4 +72,22 @@ func describePID(pid string) string {
 // (Start waits for the lock anyway).
 func LockHeld() (holder string, held bool) {
 	return holderOf(lockPath)
+}
+
+// WaitLockFree waits, polling /proc/locks every 500 ms, until no process holds the host's
+// cluster lock, or ctx ends (ctx's error). Tests call it before they start the clock of their
+// own work, so the time another package's cluster holds the host does not count against it.
+// It takes no lock: a cluster may start between its return and the caller's Start, which
+// then waits for the lock as usual.
+func WaitLockFree(ctx context.Context) error {
+	for {
+		if _, held := LockHeld(); !held {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the host's cluster lock %s is still held by %s: %w", lockPath, LockHolder(lockPath), context.Cause(ctx))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }

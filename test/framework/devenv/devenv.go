@@ -125,6 +125,8 @@ type Env struct {
 	pidLog *os.File
 	ownLog *os.File
 	git    *gitRepo
+	// argoGit is the policy repository of the Argo CD phase (argocd.go).
+	argoGit *gitRepo
 	// discovery serves Prom's HTTP service discovery.
 	discovery *http.Server
 	// failed names the components of the step that failed (for the log tails).
@@ -394,6 +396,9 @@ func (e *Env) LogTails(n int) map[string]string {
 // The work directory stays for reading logs.
 func (e *Env) Down() error {
 	var errs []error
+	if e.argoGit != nil {
+		e.argoGit.close()
+	}
 	if e.git != nil {
 		e.git.close()
 	}
