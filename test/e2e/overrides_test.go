@@ -21,6 +21,7 @@ import (
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/devenv"
+	"github.com/plinth-storage/plinth/test/framework/wait"
 )
 
 // The claim-overrides case: a Placement that lets claims override mkfsOptions and
@@ -291,22 +292,7 @@ func cleanupOverrides(ctx context.Context, env *devenv.Env, id string) error {
 	})
 }
 
-// poll calls f every 100 ms until it returns nil, ctx ends or timeout passes (then the last
-// error is returned).
+// poll is wait.Poll every 100 ms.
 func poll(ctx context.Context, timeout time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not after %s: %w", timeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return wait.Poll(ctx, timeout, 100*time.Millisecond, f)
 }

@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/controllers/diff"
-	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
@@ -527,26 +526,8 @@ func (e *Walk) argoPruneInUse(ctx context.Context, sum *ArgoCDSummary) (string, 
 	if err := e.argoCommit(ctx, "remove placement scratch", argoFiles(without)); err != nil {
 		return "", err
 	}
-	var reported string
-	if err := poll(ctx, 3*time.Minute, func() error {
-		u, err := e.placement(ctx, ExtraPlacement)
-		if err != nil {
-			return fmt.Errorf("Placement %s: %w (want it kept by its finalizer)", ExtraPlacement, err)
-		}
-		if u.GetDeletionTimestamp() == nil {
-			return fmt.Errorf("Placement %s not deleted yet (Argo CD prune)", ExtraPlacement)
-		}
-		if !containsString(u.GetFinalizers(), policyv1.FinalizerInUse) {
-			return fmt.Errorf("Placement %s finalizers %v, want %s", ExtraPlacement, u.GetFinalizers(), policyv1.FinalizerInUse)
-		}
-		s, r, m := conditionOf(u, "Ready")
-		n, _, _ := unstructured.NestedInt64(u.Object, "status", "inUseBy")
-		if s != "False" || r != "InUse" || !strings.Contains(m, "in use by 1 PVC") || n != 1 {
-			return fmt.Errorf("Placement %s Ready=%q %s: %s (inUseBy %d)", ExtraPlacement, s, r, m, n)
-		}
-		reported = fmt.Sprintf("Ready=False %s: %s; status.inUseBy %d; finalizer %s", r, m, n, policyv1.FinalizerInUse)
-		return nil
-	}); err != nil {
+	reported, err := e.placementKeptInUse(ctx, 3*time.Minute)
+	if err != nil {
 		return "", err
 	}
 	sum.Pruned = time.Since(start)

@@ -140,26 +140,8 @@ func (e *Walk) PlacementRemovedInUse(ctx context.Context) error {
 			if err != nil {
 				return "", err
 			}
-			var reported string
-			if err := poll(ctx, 2*time.Minute, func() error {
-				u, err := e.placement(ctx, ExtraPlacement)
-				if err != nil {
-					return fmt.Errorf("Placement %s: %w (want it kept by its finalizer)", ExtraPlacement, err)
-				}
-				if u.GetDeletionTimestamp() == nil {
-					return fmt.Errorf("Placement %s not deleted yet (prune)", ExtraPlacement)
-				}
-				if !containsString(u.GetFinalizers(), policyv1.FinalizerInUse) {
-					return fmt.Errorf("Placement %s finalizers %v, want %s", ExtraPlacement, u.GetFinalizers(), policyv1.FinalizerInUse)
-				}
-				s, r, m := conditionOf(u, "Ready")
-				n, _, _ := unstructured.NestedInt64(u.Object, "status", "inUseBy")
-				if s != "False" || r != "InUse" || !strings.Contains(m, "in use by 1 PVC") || n != 1 {
-					return fmt.Errorf("Placement %s Ready=%q %s: %s (inUseBy %d)", ExtraPlacement, s, r, m, n)
-				}
-				reported = fmt.Sprintf("Ready=False %s: %s; status.inUseBy %d; finalizer %s", r, m, n, policyv1.FinalizerInUse)
-				return nil
-			}); err != nil {
+			reported, err := e.placementKeptInUse(ctx, 2*time.Minute)
+			if err != nil {
 				return "", err
 			}
 			if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); err != nil {
@@ -473,4 +455,31 @@ func (e *Walk) PodWithoutVolume(ctx context.Context, name string) (time.Duration
 		}
 		return nil
 	})
+}
+
+// placementKeptInUse waits up to timeout until Placement ExtraPlacement, deleted by a prune, is
+// kept by its in-use finalizer and says so (Ready=False InUse, "in use by 1 PVC", status.inUseBy
+// 1), and returns what it reported.
+func (e *Walk) placementKeptInUse(ctx context.Context, timeout time.Duration) (string, error) {
+	var reported string
+	err := poll(ctx, timeout, func() error {
+		u, err := e.placement(ctx, ExtraPlacement)
+		if err != nil {
+			return fmt.Errorf("Placement %s: %w (want it kept by its finalizer)", ExtraPlacement, err)
+		}
+		if u.GetDeletionTimestamp() == nil {
+			return fmt.Errorf("Placement %s not deleted yet (prune)", ExtraPlacement)
+		}
+		if !containsString(u.GetFinalizers(), policyv1.FinalizerInUse) {
+			return fmt.Errorf("Placement %s finalizers %v, want %s", ExtraPlacement, u.GetFinalizers(), policyv1.FinalizerInUse)
+		}
+		s, r, m := conditionOf(u, "Ready")
+		n, _, _ := unstructured.NestedInt64(u.Object, "status", "inUseBy")
+		if s != "False" || r != "InUse" || !strings.Contains(m, "in use by 1 PVC") || n != 1 {
+			return fmt.Errorf("Placement %s Ready=%q %s: %s (inUseBy %d)", ExtraPlacement, s, r, m, n)
+		}
+		reported = fmt.Sprintf("Ready=False %s: %s; status.inUseBy %d; finalizer %s", r, m, n, policyv1.FinalizerInUse)
+		return nil
+	})
+	return reported, err
 }

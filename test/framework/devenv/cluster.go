@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/plinth-storage/plinth/test/framework/wait"
 )
 
 // readObjects decodes every YAML document of the given files (skipping empty ones).
@@ -101,22 +103,7 @@ func (e *Env) applyCRDFiles(ctx context.Context, files []string) (int, error) {
 	return len(crds), nil
 }
 
-// poll calls f every 100 ms until it returns nil, ctx ends or timeout passes
-// (then the last error is returned).
+// poll is wait.Poll every 100 ms.
 func poll(ctx context.Context, timeout time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not after %s: %w", timeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return wait.Poll(ctx, timeout, 100*time.Millisecond, f)
 }

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/wait"
 )
 
 // Prometheus is a running Prometheus server.
@@ -119,24 +120,10 @@ func LiveRulesWindow(file string, maxWindow time.Duration) ([]byte, error) {
 	return yaml.Marshal(map[string]any{"groups": groups})
 }
 
-// Poll calls f every 200 ms until it returns nil, ctx ends or timeout passes (then the last
-// error is returned).
+// Poll is wait.Poll every 200 ms: f until it returns nil, ctx ends or timeout passes (then f's
+// last error is returned).
 func Poll(ctx context.Context, timeout time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not after %s: %w", timeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return wait.Poll(ctx, timeout, 200*time.Millisecond, f)
 }
 
 // TargetsUp returns nil when Prometheus has exactly want active targets per job, all up;
