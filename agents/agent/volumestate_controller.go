@@ -166,6 +166,19 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	var vol backend.Volume
 	rotationPending := false
 
+	if vs.Status.ActualBytes == 0 && !store.IsDraining() {
+		// The cached Store may not show yet a drain written before this volume was created:
+		// Stores and VolumeStates come through two watches, with no order between them. A
+		// volume about to be made reads its Store live, so a drain the API server holds
+		// before the volume existed always refuses it.
+		var live storev1.Store
+		if err := r.reader.Get(ctx, client.ObjectKeyFromObject(store), &live); err != nil {
+			return ctrl.Result{}, fmt.Errorf("read Store %s: %w", store.Name, err)
+		}
+		if live.IsDraining() {
+			store = &live
+		}
+	}
 	if vs.Status.ActualBytes == 0 && store.IsDraining() {
 		// a volume of a crash before the status said so is adopted; no new one is made
 		if _, err := be.Get(ctx, vs.Name); errors.Is(err, backend.ErrNotFound) {
