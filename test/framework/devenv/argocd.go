@@ -14,14 +14,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/controllers/diff"
-	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
@@ -556,21 +554,7 @@ func (e *Walk) argoPruneInUse(ctx context.Context, sum *ArgoCDSummary) (string, 
 		return "", err
 	}
 	prunedBy += "; operation " + op
-	if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); err != nil {
-		return "", fmt.Errorf("StorageClass %s of the in-use placement: %w", ExtraClass, err)
-	}
-	if err := e.unclaim(ctx, name, storev1.VolumeID("pvc-"+string(pvc.UID))); err != nil {
-		return "", err
-	}
-	if err := poll(ctx, 2*time.Minute, func() error {
-		if _, err := e.placement(ctx, ExtraPlacement); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("Placement %s still there (%v)", ExtraPlacement, err)
-		}
-		if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("StorageClass %s still there (%v)", ExtraClass, err)
-		}
-		return nil
-	}); err != nil {
+	if err := e.releaseInUsePlacement(ctx, name, pvc); err != nil {
 		return "", err
 	}
 	res, err = e.waitArgoApp(ctx, 2*time.Minute, "Synced", "Healthy")

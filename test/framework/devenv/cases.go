@@ -144,21 +144,7 @@ func (e *Walk) PlacementRemovedInUse(ctx context.Context) error {
 			if err != nil {
 				return "", err
 			}
-			if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); err != nil {
-				return "", fmt.Errorf("StorageClass %s of the in-use placement: %w", ExtraClass, err)
-			}
-			if err := e.unclaim(ctx, name, storev1.VolumeID("pvc-"+string(pvc.UID))); err != nil {
-				return "", err
-			}
-			if err := poll(ctx, 2*time.Minute, func() error {
-				if _, err := e.placement(ctx, ExtraPlacement); !apierrors.IsNotFound(err) {
-					return fmt.Errorf("Placement %s still there (%v)", ExtraPlacement, err)
-				}
-				if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); !apierrors.IsNotFound(err) {
-					return fmt.Errorf("StorageClass %s still there (%v)", ExtraClass, err)
-				}
-				return nil
-			}); err != nil {
+			if err := e.releaseInUsePlacement(ctx, name, pvc); err != nil {
 				return "", err
 			}
 			how := "pruned by Flux"
@@ -482,4 +468,25 @@ func (e *Walk) placementKeptInUse(ctx context.Context, timeout time.Duration) (s
 		return nil
 	})
 	return reported, err
+}
+
+// releaseInUsePlacement checks that the StorageClass of the pruned, in-use Placement
+// ExtraPlacement is kept, deletes the claim name (pvc, which uses it), and waits up to 2 minutes
+// until the Placement and its StorageClass are gone.
+func (e *Walk) releaseInUsePlacement(ctx context.Context, name string, pvc *corev1.PersistentVolumeClaim) error {
+	if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); err != nil {
+		return fmt.Errorf("StorageClass %s of the in-use placement: %w", ExtraClass, err)
+	}
+	if err := e.unclaim(ctx, name, storev1.VolumeID("pvc-"+string(pvc.UID))); err != nil {
+		return err
+	}
+	return poll(ctx, 2*time.Minute, func() error {
+		if _, err := e.placement(ctx, ExtraPlacement); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("Placement %s still there (%v)", ExtraPlacement, err)
+		}
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: ExtraClass}, &storagev1.StorageClass{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("StorageClass %s still there (%v)", ExtraClass, err)
+		}
+		return nil
+	})
 }

@@ -13,5 +13,6 @@
 // port — what konnectivity does for a control plane that cannot route to its nodes.
 //
 // The test runs with PLINTH_GUEST_KUBELET=1 after make testbin, make images and make
-// kernel-node-assets; it is not part of make test yet.
+// kernel-node-assets; make test runs it in its own phase after the crossnode one
+// (make test-kernel-guestnode).
 package guestnode
