@@ -32,14 +32,15 @@ func blockCap() *csipb.VolumeCapability {
 		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: rwo}}
 }
 
-// TestInGuestGroupSnapshot proves the instant of a group snapshot on one Store, on each class
-// it is given (thin LVM over NVMe-oF, ZFS): a writer appends numbered records to block volume
+// TestInGuestGroupSnapshot proves the instant of a group snapshot on one Store of ZFS: a writer appends numbered records to block volume
 // A, then B, then A..., each write synchronous (O_DSYNC: acknowledged by the device before
 // the next is issued), while CreateVolumeGroupSnapshot runs. Record n reaches B only after it
 // was acknowledged on A, so in volumes restored from a crash-consistent group B's last record
 // is never ahead of A's. The writer keeps writing after the snapshot (the origins were
 // resumed), a retry returns the same group, a group with a missing member is NOT_FOUND naming
-// it and leaves nothing, and deleting the group deletes its members.
+// it and leaves nothing, and deleting the group deletes its members. On thin LVM (over NVMe-oF)
+// a group of two volumes is FAILED_PRECONDITION and leaves no member (Plinth cannot take it at
+// one instant yet), and a group of one is taken.
 func TestInGuestGroupSnapshot(t *testing.T) {
 	sock := os.Getenv("PLINTH_CSI_GUEST_SOCKET")
 	if sock == "" {
@@ -55,7 +56,7 @@ func TestInGuestGroupSnapshot(t *testing.T) {
 	defer conn.Close()
 	g := guestGroup{ctrl: csipb.NewControllerClient(conn), node: csipb.NewNodeClient(conn), group: csipb.NewGroupControllerClient(conn),
 		nodeName: os.Getenv("PLINTH_CSI_GUEST_NODE")}
-	for _, class := range []struct{ name, env string }{{"LVMThinNVMeoF", "PLINTH_CSI_GUEST_PARAMS"}, {"ZFS", "PLINTH_CSI_GUEST_ZFS_PARAMS"}} {
+	for _, class := range []struct{ name, env string }{{"ZFS", "PLINTH_CSI_GUEST_ZFS_PARAMS"}, {"LVMThinNVMeoF", "PLINTH_CSI_GUEST_PARAMS"}} {
 		t.Run(class.name, func(t *testing.T) {
 			var params map[string]string
 			data, err := os.ReadFile(os.Getenv(class.env))
@@ -65,7 +66,11 @@ func TestInGuestGroupSnapshot(t *testing.T) {
 			if err := yaml.Unmarshal(data, &params); err != nil {
 				t.Fatal(err)
 			}
-			g.instant(t, strings.ToLower(class.name), params)
+			if class.name == "ZFS" {
+				g.instant(t, strings.ToLower(class.name), params)
+			} else {
+				g.thinLVM(t, strings.ToLower(class.name), params)
+			}
 		})
 	}
 }
@@ -270,4 +275,29 @@ func (g guestGroup) instant(t *testing.T, prefix string, params map[string]strin
 	}
 	_, err = g.group.GetVolumeGroupSnapshot(ctx, &csipb.GetVolumeGroupSnapshotRequest{GroupSnapshotId: gs.GetGroupSnapshotId()})
 	wantCode(t, "group after its deletion", err, codes.NotFound)
+}
+
+// thinLVM: a group of two thin LVs is refused before anything is taken; a group of one is a
+// snapshot that restores, and goes with its group.
+func (g guestGroup) thinLVM(t *testing.T, prefix string, params map[string]string) {
+	ctx := t.Context()
+	a := g.create(t, prefix+"-group-a", params, "")
+	b := g.create(t, prefix+"-group-b", params, "")
+	_, err := g.group.CreateVolumeGroupSnapshot(ctx, &csipb.CreateVolumeGroupSnapshotRequest{Name: prefix + "-group", SourceVolumeIds: []string{a.id, b.id}})
+	wantCode(t, "group of two thin LVs", err, codes.FailedPrecondition)
+	for _, v := range []string{a.id, b.id} {
+		if list, err := g.ctrl.ListSnapshots(ctx, &csipb.ListSnapshotsRequest{SourceVolumeId: v}); err != nil || len(list.GetEntries()) != 0 {
+			t.Errorf("snapshots of %s after the refused group: %v, %v; want none", v, list.GetEntries(), err)
+		}
+	}
+	one, err := g.group.CreateVolumeGroupSnapshot(ctx, &csipb.CreateVolumeGroupSnapshotRequest{Name: prefix + "-group-one", SourceVolumeIds: []string{a.id}})
+	if err != nil || !one.GetGroupSnapshot().GetReadyToUse() || len(one.GetGroupSnapshot().GetSnapshots()) != 1 {
+		t.Fatalf("group of one thin LV: %v, %v", one, err)
+	}
+	g.create(t, prefix+"-group-ra", params, one.GetGroupSnapshot().GetSnapshots()[0].GetSnapshotId())
+	if _, err := g.group.DeleteVolumeGroupSnapshot(ctx, &csipb.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: one.GetGroupSnapshot().GetGroupSnapshotId()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.ctrl.GetSnapshot(ctx, &csipb.GetSnapshotRequest{SnapshotId: one.GetGroupSnapshot().GetSnapshots()[0].GetSnapshotId()})
+	wantCode(t, "member of the deleted group of one", err, codes.NotFound)
 }

@@ -248,8 +248,8 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	// and the deferred destruction of a snapshot with clones (the LVM run covers the rest).
 	t.Run("ZFSSnapshotSanity", func(t *testing.T) { guestZFSSanity(t, gg, share) })
 
-	// A group snapshot taken while a writer appends records to two volumes, on the LVM thin
-	// class (dm suspend of both origins) and on the ZFS class (one atomic zfs snapshot).
+	// A group snapshot taken while a writer appends records to two volumes on the ZFS class (one
+	// atomic zfs snapshot); on the LVM thin class a group of two is refused, one is taken.
 	t.Run("GroupSnapshotInstant", func(t *testing.T) {
 		g := csiGuest{t, gg}
 		start := time.Now()

@@ -22,7 +22,7 @@ func groupConsistency(store *storev1.Store) string {
 	case b.ZFS != nil:
 		return "crash-consistent: one atomic zfs snapshot of every member"
 	case b.LVM != nil:
-		return "crash-consistent: every origin suspended, then snapshotted, then resumed"
+		return "crash-consistent: a group of one thin LV"
 	case b.File != nil:
 		return "crash-consistent for members with a mounted filesystem (frozen together); others copied unfrozen"
 	}
@@ -65,6 +65,9 @@ func (r *snapshotReconciler) takeGroup(ctx context.Context, ss *storev1.VolumeSn
 			fmt.Sprintf("group %s does not list this snapshot among its members", ss.Spec.Group))
 	}
 	gs, ok := sn.(backend.GroupSnapshotter)
+	if !ok && len(members) == 1 { // one snapshot is of one instant
+		gs, ok = singleGroup{sn}, true
+	}
 	if !ok {
 		return r.failGroup(ctx, members, storev1.ReasonSnapshotUnsupported,
 			fmt.Sprintf("the %s backend of store %s takes no group snapshots", store.Spec.Backend.Kind(), store.Name))
@@ -130,4 +133,19 @@ func (r *snapshotReconciler) failGroup(ctx context.Context, members []*storev1.V
 		}
 	}
 	return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+}
+
+// singleGroup takes a group of one member as a single snapshot, for backends without
+// GroupSnapshotter (thin LVM).
+type singleGroup struct{ backend.Snapshotter }
+
+func (g singleGroup) CreateGroupSnapshot(ctx context.Context, members []backend.GroupMember) ([]backend.Snapshot, error) {
+	if len(members) != 1 {
+		return nil, fmt.Errorf("a group of %d volumes: %w", len(members), backend.ErrUnsupported)
+	}
+	s, err := g.CreateSnapshot(ctx, members[0].SnapID, members[0].VolID)
+	if err != nil {
+		return nil, err
+	}
+	return []backend.Snapshot{s}, nil
 }

@@ -317,9 +317,6 @@ func (l *LVM) Ensure(ctx context.Context) error {
 	st, err := l.refresh(ctx)
 	switch {
 	case err == nil:
-		if err := l.resumeSuspended(ctx, st); err != nil {
-			return fmt.Errorf("volume group %s: %w", l.cfg.VolumeGroup, err)
-		}
 		if _, err := l.run(ctx, "vgchange", "-ay", l.cfg.VolumeGroup); err != nil {
 			return fmt.Errorf("activate volume group: %w", err)
 		}

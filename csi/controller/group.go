@@ -24,7 +24,10 @@ import (
 // every member object exists; each member is then a snapshot like any other (GetSnapshot,
 // ListSnapshots, a CreateVolume content source). All members must be on one Store: members on
 // several Stores are refused with FAILED_PRECONDITION, since nothing yet makes their instants
-// one. DeleteVolumeGroupSnapshot deletes every member.
+// one, and so are groups of several thin LVs (lvm2 takes one thin snapshot per command, and an
+// origin suspended outside lvm2 makes lvcreate skip the thin pool's create_snap message, leaving
+// the pool's transaction id behind lvm2's metadata). DeleteVolumeGroupSnapshot deletes every
+// member.
 
 // GroupService is the CSI GroupController service; it shares the controller Service's access.
 type GroupService struct {
@@ -48,8 +51,8 @@ func (g *GroupService) GroupControllerGetCapabilities(context.Context, *csipb.Gr
 // CreateVolumeGroupSnapshot snapshots source_volume_ids at one instant. Errors: INVALID_ARGUMENT
 // (no name, no or repeated source, more than 64, a backend without snapshots), NOT_FOUND
 // naming the first source volume that does not exist (nothing is created), ALREADY_EXISTS (the
-// name exists with other sources), FAILED_PRECONDITION (sources on several Stores, or being
-// deleted), ABORTED (the group is being deleted or created by another call), and the agent's
+// name exists with other sources), FAILED_PRECONDITION (sources on several Stores, several
+// thin LVs, or a source being deleted), ABORTED (the group is being deleted or created by another call), and the agent's
 // failure; on the agent's failure every member is deleted, so a retry takes the group afresh.
 func (g *GroupService) CreateVolumeGroupSnapshot(ctx context.Context, req *csipb.CreateVolumeGroupSnapshotRequest) (*csipb.CreateVolumeGroupSnapshotResponse, error) {
 	s := g.s
@@ -115,6 +118,9 @@ func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs,
 				return volume.Errorf(volume.ErrNotFound, "group snapshot %q: source volume %s does not exist; no member was taken", name, src)
 			}
 			return fmt.Errorf("group snapshot %q: %w", name, err)
+		}
+		if vs, err := s.volumes.Get(ctx, src); err == nil && vs != nil && vs.Spec.Policy.Backend.LVM != nil && len(srcs) > 1 {
+			return volume.Errorf(volume.ErrPrecondition, "group snapshot %q: volume %s is a thin LVM volume: Plinth does not take group snapshots of several thin LVs yet, since lvm2 snapshots one origin per command and origins suspended outside it lose the thin pool's messages (a group of one volume, or of zvols or files of one store, is taken)", name, src)
 		}
 		if store != "" && ss.Spec.StoreName != store {
 			return volume.Errorf(volume.ErrPrecondition, "group snapshot %q: source volumes are on stores %s and %s: a group snapshot spanning stores would not be crash-consistent, and Plinth takes it only when all volumes share one store", name, store, ss.Spec.StoreName)

@@ -78,9 +78,6 @@ const (
 	FileExpandTruncated = "file.expand.truncated"
 	// FileDeleteDetached: the loop device is detached; the file remains.
 	FileDeleteDetached = "file.delete.detached"
-	// LVMGroupSuspended: a thin LVM group snapshot suspended every member's
-	// origin (dmsetup suspend); no snapshot is taken and nothing is resumed.
-	LVMGroupSuspended = "lvm.group.suspended"
 	// NVMetSubsystemCreated: the nvmet subsystem, its allowed hosts and its
 	// namespace exist; the subsystem is not linked to the port yet.
 	NVMetSubsystemCreated = "nvmet.subsystem.created"
@@ -108,7 +105,7 @@ func Known() []string {
 		AgentMarkSaved, AgentVolumeCreated, AgentVolumeExpanded, AgentExportCreated,
 		AgentDeleteUnexported, AgentDeleteVolumeRemoved, AgentDeleteMarkReleased,
 		FencingMarkTorn, FileCreateSized, FileCreateRenamed, FileExpandTruncated, FileDeleteDetached,
-		LVMGroupSuspended, NVMetSubsystemCreated, CSIPublishBeforeUpdate,
+		NVMetSubsystemCreated, CSIPublishBeforeUpdate,
 		CSIStageRecordSaved, CSIStageMounted, CSINodePublishMounted, CSIUnstageUnmounted,
 	}
 	slices.Sort(k)
