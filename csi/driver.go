@@ -278,8 +278,10 @@ func (d *Driver) Run(ctx context.Context) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csipb.RegisterIdentityServer(srv, &identity{d: d})
 	if d.controllerMode() {
-		csipb.RegisterControllerServer(srv, controller.New(controller.Config{Kube: d.kube, Live: d.live,
-			Volumes: d.volumes, Snapshots: d.snapshots, Events: d.events, Log: d.log}))
+		cs := controller.New(controller.Config{Kube: d.kube, Live: d.live,
+			Volumes: d.volumes, Snapshots: d.snapshots, Events: d.events, Log: d.log})
+		csipb.RegisterControllerServer(srv, cs)
+		csipb.RegisterGroupControllerServer(srv, controller.NewGroup(cs))
 	}
 	if d.nodeMode() {
 		csipb.RegisterNodeServer(srv, d.node)

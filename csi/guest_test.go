@@ -248,6 +248,23 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	// and the deferred destruction of a snapshot with clones (the LVM run covers the rest).
 	t.Run("ZFSSnapshotSanity", func(t *testing.T) { guestZFSSanity(t, gg, share) })
 
+	// A group snapshot taken while a writer appends records to two volumes on the ZFS class (one
+	// atomic zfs snapshot); on the LVM thin class a group of two is refused, one is taken.
+	t.Run("GroupSnapshotInstant", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		start := time.Now()
+		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_PARAMS=%s/params.yaml PLINTH_CSI_GUEST_ZFS_PARAMS=%s/zfs-params.yaml "+
+			"PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestGroupSnapshot$' -test.v -test.count=1 -test.timeout=14m 2>&1",
+			guestSocket, share, share, csiGuestNode))
+		t.Logf("TIMING TestInGuestGroupSnapshot %s; in the guest:\n%s", time.Since(start).Round(time.Second), out)
+		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestGroupSnapshot") {
+			t.Fatalf("TestInGuestGroupSnapshot in the guest: exit %d", code)
+		}
+		if strings.Contains(out, "--- SKIP") {
+			t.Errorf("TestInGuestGroupSnapshot skipped subtests in the guest (see its output above)")
+		}
+	})
+
 	t.Run("Raw", func(t *testing.T) {
 		g := csiGuest{t, gg}
 		start := time.Now()

@@ -109,6 +109,9 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		}
 		before = ss.DeepCopy()
 	}
+	if ss.Spec.Group != "" {
+		return r.takeGroup(ctx, &ss, sn, &store)
+	}
 	snap, err := r.timedSnapshot(func() (backend.Snapshot, error) { return sn.CreateSnapshot(ctx, ss.Name, ss.Spec.SourceVolume) })
 	if err != nil {
 		reason := storev1.ReasonSnapshotFailed

@@ -9,7 +9,7 @@
 # (test/tools/csi-sanity), flux-controllers (flux-source-controller and
 # flux-kustomize-controller in one go build from test/tools/flux-controllers), flux-crds
 # (their CRDs from the module cache into bin/crds/flux/), snapshot-crds (the
-# snapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue, helm (the helm CLI from
+# snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue, helm (the helm CLI from
 # test/tools/helm, for test/manifests' install/upgrade/uninstall of charts/plinth), argocd (Argo CD's
 # multi-call binary from its own module source, and its CRDs into bin/crds/argocd/).
 # Versions come from test/tools/versions.env only.
@@ -247,14 +247,14 @@ flux_crds() {
 }
 
 # snapshot_crds: the CRDs of snapshot.storage.k8s.io (VolumeSnapshot, VolumeSnapshotContent,
-# VolumeSnapshotClass) that snapshot-controller and csi-snapshotter serve, copied from the
+# VolumeSnapshotClass) and of groupsnapshot.storage.k8s.io (VolumeGroupSnapshot and its content
+# and class) that snapshot-controller and csi-snapshotter serve, copied from the
 # external-snapshotter client/v8 module zip at the version test/tools/csi-sidecars' go.mod
-# resolves into bin/crds/snapshot/. The VolumeGroupSnapshot CRDs are left out: Plinth offers no
-# group snapshots, and snapshot-controller turns that feature off when they are absent.
+# resolves into bin/crds/snapshot/.
 snapshot_crds() {
 	local mod=github.com/kubernetes-csi/external-snapshotter/client/v8 ver dir
 	ver=$(cd "$HERE/csi-sidecars" && go list -m -f '{{.Version}}' "$mod")
-	local out=$BIN/crds/snapshot k="snapshot-crds $ver"
+	local out=$BIN/crds/snapshot k="snapshot-crds $ver with-groups"
 	if [[ -f $STAMPS/snapshot-crds && "$(<"$STAMPS/snapshot-crds")" == "$k" && -d $out ]]; then
 		SUMMARY+=("$(printf '%-24s %-10s up to date' snapshot-crds "$ver")")
 		return 0
@@ -262,7 +262,7 @@ snapshot_crds() {
 	dir=$(cd "$HERE/csi-sidecars" && go mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	mkdir -p "$out"
 	rm -f "$out"/*.yaml
-	cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$out/"
+	cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$dir"/config/crd/groupsnapshot.storage.k8s.io_*.yaml "$out/"
 	chmod 644 "$out"/*.yaml
 	printf '%s\n' "$k" >"$STAMPS/snapshot-crds"
 	SUMMARY+=("$(printf '%-24s %-10s copied from the module cache' snapshot-crds "$ver")")
