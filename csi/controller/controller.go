@@ -63,6 +63,8 @@ type Service struct {
 	snapshots *volume.Kind[*storev1.VolumeSnapshotState]
 	events    events.EventRecorder
 	log       logr.Logger
+	// spreadLocks serialises the creates of one workload's spread volumes (spread.go).
+	spreadLocks workloadLocks
 }
 
 // New returns the controller service of cfg.
