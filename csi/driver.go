@@ -124,8 +124,8 @@ type Driver struct {
 	metrics    node.Metrics         // the node service's volume health series
 }
 
-// Scheme returns the scheme the driver reads and writes with: core, storage.plinth.dev and
-// policy.plinth.dev types.
+// Scheme returns the scheme the driver reads and writes with: core, apps (StatefulSets),
+// storage.plinth.dev and policy.plinth.dev types.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = corev1.AddToScheme(s)

@@ -77,10 +77,10 @@ func (s *Service) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReque
 // NVMe-oF volume it holds the workload's lock until the caller has created the VolumeState
 // and called release (a no-op otherwise; never nil when err is nil).
 func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeRequest, id, mode, capFS string) (vs *storev1.VolumeState, release func(), err error) {
-	release = func() {}
+	unlock := func() {}
 	defer func() {
 		if err != nil {
-			release()
+			unlock()
 		}
 	}()
 	params := req.GetParameters()
@@ -132,10 +132,11 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 			if sp.workload, err = s.workloadOfClaim(ctx, pvc); err != nil {
 				return nil, nil, err
 			}
-			if release, err = s.spreadLocks.lock(ctx, sp.workload.uid); err != nil {
-				release = func() {}
+			u, err := s.spreadLocks.lock(ctx, sp.workload.uid)
+			if err != nil {
 				return nil, nil, err
 			}
+			unlock = u
 		}
 	}
 	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy, sp)
@@ -178,7 +179,7 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 	if sp != nil && sp.workload.uid != "" {
 		vs.Labels[policyv1.LabelWorkload] = sp.workload.uid
 	}
-	return vs, release, nil
+	return vs, unlock, nil
 }
 
 // placeVolume chooses the store of a new volume of pool and its size: by chooseStore among the
