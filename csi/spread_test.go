@@ -92,12 +92,11 @@ func (e *spreadEnv) use(t *testing.T, placement, key string, nodes map[string]ma
 // statefulSet creates a StatefulSet of replicas (podManagementPolicy Parallel: every claim at
 // once, as the provisioner then creates them) with the volumeClaimTemplate "data" of class,
 // and returns its claims' names once the StatefulSet controller made them all.
-func (e *spreadEnv) statefulSet(t *testing.T, name string, replicas int, class string) []string {
+func (e *spreadEnv) statefulSet(t *testing.T, name string, replicas int, class string, retention ...appsv1.PersistentVolumeClaimRetentionPolicyType) []string {
 	t.Helper()
-	ctx := t.Context()
 	labels := map[string]string{"app": name}
 	n := int32(replicas)
-	create(t, e.c, &appsv1.StatefulSet{
+	set := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
 		Spec: appsv1.StatefulSetSpec{
 			Replicas:            &n,
@@ -118,21 +117,70 @@ func (e *spreadEnv) statefulSet(t *testing.T, name string, replicas int, class s
 				},
 			}},
 		},
-	})
+	}
+	if len(retention) > 0 { // the StatefulSet then owns its claims
+		set.Spec.PersistentVolumeClaimRetentionPolicy = &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{WhenDeleted: retention[0], WhenScaled: appsv1.RetainPersistentVolumeClaimRetentionPolicyType}
+	}
+	create(t, e.c, set)
 	var claims []string
 	for i := range replicas {
 		claims = append(claims, fmt.Sprintf("data-%s-%d", name, i))
 	}
+	e.waitClaims(t, claims, len(retention) > 0)
+	return claims
+}
+
+// waitClaims waits until the claims exist (made by a controller), and, when owned, until
+// each carries an owner reference.
+func (e *spreadEnv) waitClaims(t *testing.T, claims []string, owned bool) {
+	t.Helper()
+	ctx := t.Context()
 	if err := wait.Poll(ctx, time.Minute, 50*time.Millisecond, func() error {
 		for _, c := range claims {
-			if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: c}, &corev1.PersistentVolumeClaim{}); err != nil {
+			pvc := &corev1.PersistentVolumeClaim{}
+			if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: c}, pvc); err != nil {
 				return fmt.Errorf("PVC %s: %w", c, err)
+			}
+			if owned && len(pvc.OwnerReferences) == 0 {
+				return fmt.Errorf("PVC %s has no owner yet", c)
 			}
 		}
 		return nil
 	}); err != nil {
-		t.Fatalf("StatefulSet %s: %v", name, err)
+		t.Fatalf("claims %v: %v", claims, err)
 	}
+}
+
+// ephemeralPods creates n Pods controlled by one ReplicaSet (made with no replicas: no
+// ReplicaSet controller runs here, so the test makes its pods, as that controller would),
+// each with a generic ephemeral volume of class; the ephemeral volume controller makes their
+// claims (<pod>-data, controlled by the Pod). It returns the claims' names.
+func (e *spreadEnv) ephemeralPods(t *testing.T, name string, n int, class string) []string {
+	t.Helper()
+	labels := map[string]string{"app": name}
+	zero := int32(0)
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}, Spec: appsv1.ReplicaSetSpec{Replicas: &zero,
+		Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app"}}}}}}
+	create(t, e.c, rs)
+	yes := true
+	var claims []string
+	for i := range n {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", name, i), Namespace: e.ns, Labels: labels,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: &yes}}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app",
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
+				Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
+					VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: corev1.PersistentVolumeClaimSpec{
+						AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+						StorageClassName: &class,
+						Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+					}}}}}}}}
+		create(t, e.c, pod)
+		claims = append(claims, pod.Name+"-data")
+	}
+	e.waitClaims(t, claims, true)
 	return claims
 }
 
@@ -210,10 +258,16 @@ func TestCreateVolumeSpreadsWorkloadAcrossZones(t *testing.T) {
 
 	web := pair.statefulSet(t, "web", 3, pool+"-pair")
 	db := e.statefulSet(t, "db", 6, pool+"-spread")
-	var webIDs, dbIDs []string
+	// Claims the StatefulSet owns (retention policy Delete), and the generic ephemeral
+	// volumes of one ReplicaSet's pods.
+	owned := e.statefulSet(t, "owned", 3, pool+"-spread", appsv1.DeletePersistentVolumeClaimRetentionPolicyType)
+	eph := e.ephemeralPods(t, "cache", 3, pool+"-spread")
+	var webIDs, dbIDs, ownedIDs, ephIDs []string
 	var wg sync.WaitGroup
 	wg.Go(func() { webIDs = pair.createAll(t, web, "") })
 	wg.Go(func() { dbIDs = e.createAll(t, db, pool+"-none") })
+	wg.Go(func() { ownedIDs = e.createAll(t, owned, "") })
+	wg.Go(func() { ephIDs = e.createAll(t, eph, pool+"-a1") })
 	wg.Wait()
 	if t.Failed() {
 		return
@@ -223,6 +277,12 @@ func TestCreateVolumeSpreadsWorkloadAcrossZones(t *testing.T) {
 	}
 	if got := e.zones(t, dbIDs); !maps.Equal(got, map[string]int{"a": 2, "b": 2, "c": 2}) {
 		t.Errorf("StatefulSet db (6 claims, 3 zones): volumes per zone %v, want a:2 b:2 c:2", got)
+	}
+	if got := e.zones(t, ownedIDs); !maps.Equal(got, map[string]int{"a": 1, "b": 1, "c": 1}) {
+		t.Errorf("StatefulSet owned (3 claims it owns, 3 zones): volumes per zone %v, want one in each", got)
+	}
+	if got := e.zones(t, ephIDs); !maps.Equal(got, map[string]int{"a": 1, "b": 1, "c": 1}) {
+		t.Errorf("ReplicaSet cache (3 pods' ephemeral claims, 3 zones): volumes per zone %v, want one in each", got)
 	}
 	// The VolumeStates name their workload: the StatefulSet the claims came from.
 	set := &appsv1.StatefulSet{}

@@ -38,8 +38,8 @@ type workload struct {
 }
 
 // workloadOfClaim maps the claim pvc (metadata read by claimMeta) to its workload:
-//   - a claim controlled by a StatefulSet (persistentVolumeClaimRetentionPolicy Delete) is
-//     the StatefulSet's;
+//   - a claim owned by a StatefulSet (persistentVolumeClaimRetentionPolicy Delete) is the
+//     StatefulSet's;
 //   - a claim of a StatefulSet's volumeClaimTemplate (name <template>-<set>-<ordinal>,
 //     labels carrying the set's selector: what the StatefulSet controller makes) is the set's;
 //   - a generic ephemeral volume's claim (controlled by its Pod) is the workload of the pod:
@@ -49,10 +49,15 @@ type workload struct {
 // Errors are ErrUnavailable (the API server did not answer).
 func (s *Service) workloadOfClaim(ctx context.Context, pvc *metav1.PartialObjectMetadata) (workload, error) {
 	ns := pvc.Namespace
+	// The StatefulSet controller's owner reference (retention policy Delete) is not marked as
+	// controller in every Kubernetes version: any one names the set.
+	for _, ref := range pvc.OwnerReferences {
+		if ref.Kind == "StatefulSet" && strings.HasPrefix(ref.APIVersion, "apps/") {
+			return workload{string(ref.UID), "StatefulSet " + ns + "/" + ref.Name}, nil
+		}
+	}
 	if ref := metav1.GetControllerOf(pvc); ref != nil {
 		switch {
-		case ref.Kind == "StatefulSet" && strings.HasPrefix(ref.APIVersion, "apps/"):
-			return workload{string(ref.UID), "StatefulSet " + ns + "/" + ref.Name}, nil
 		case ref.Kind == "Pod" && ref.APIVersion == "v1":
 			var pod corev1.Pod
 			if err := s.live.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, &pod); err != nil {
