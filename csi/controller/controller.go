@@ -2,6 +2,7 @@
 // server — it writes VolumeState and VolumeSnapshotState objects through the volume layer
 // (csi/internal/volume) and waits, on the layer's informer subscription, until the node agent
 // has filled in their status. One file per concern: create.go (CreateVolume, store choice),
+// spread.go (spreadAcross of NVMe-oF volumes),
 // source.go (restores and clones), delete.go, publish.go, expand.go, list.go (validate, list,
 // capacity), snapshot.go, overrides.go (PVC overrides), sizes.go (capacity rounding).
 package controller
@@ -63,6 +64,8 @@ type Service struct {
 	snapshots *volume.Kind[*storev1.VolumeSnapshotState]
 	events    events.EventRecorder
 	log       logr.Logger
+	// spreadLocks serialises the creates of one workload's spread volumes (spread.go).
+	spreadLocks workloadLocks
 }
 
 // New returns the controller service of cfg.

@@ -85,6 +85,14 @@ const (
 	// VolumeState and computed the new publications; the compare-and-swap
 	// update is not sent yet.
 	CSIPublishBeforeUpdate = "csi.publish.before-update"
+	// CSICreateSpreadQueued: CreateVolume of a spread NVMe-oF volume found its
+	// workload's lock held by another CreateVolume and waits for it; it has
+	// counted nothing and written nothing.
+	CSICreateSpreadQueued = "csi.create.spread-queued"
+	// CSICreateSpreadCounted: CreateVolume of a spread NVMe-oF volume holds its
+	// workload's lock, counted the workload's VolumeStates per domain and chose
+	// a Store; the VolumeState is not created yet.
+	CSICreateSpreadCounted = "csi.create.spread-counted"
 	// CSIStageRecordSaved: NodeStage saved the stage record (device known);
 	// the device is neither formatted nor mounted at the staging path.
 	CSIStageRecordSaved = "csi.stage.record-saved"
@@ -105,7 +113,7 @@ func Known() []string {
 		AgentMarkSaved, AgentVolumeCreated, AgentVolumeExpanded, AgentExportCreated,
 		AgentDeleteUnexported, AgentDeleteVolumeRemoved, AgentDeleteMarkReleased,
 		FencingMarkTorn, FileCreateSized, FileCreateRenamed, FileExpandTruncated, FileDeleteDetached,
-		NVMetSubsystemCreated, CSIPublishBeforeUpdate,
+		NVMetSubsystemCreated, CSIPublishBeforeUpdate, CSICreateSpreadQueued, CSICreateSpreadCounted,
 		CSIStageRecordSaved, CSIStageMounted, CSINodePublishMounted, CSIUnstageUnmounted,
 	}
 	slices.Sort(k)

@@ -53,12 +53,14 @@ type PlacementSpec struct {
 	// +optional
 	// +kubebuilder:default=Binpack
 	Strategy Strategy `json:"strategy,omitempty"`
-	// SpreadAcross is a node label key, such as topology.kubernetes.io/zone: plinth-scheduler
-	// spreads the volumes of one workload (the pods of one controller, such as a StatefulSet or
-	// ReplicaSet; a pod without one is its own workload) across the label's values, at most one
-	// volume apart, and never places them on a node without the label. Needs a local Protocol
-	// and volumeBindingMode WaitForFirstConsumer. Rendered as the StorageClass parameter
-	// plinth.dev/spread-across, so a change replaces the class (see storageClass.replacement).
+	// SpreadAcross is a node label key, such as topology.kubernetes.io/zone: the volumes of one
+	// workload (the pods of one controller, such as a StatefulSet or ReplicaSet; a pod without
+	// one is its own workload) are spread across the label's values, at most one volume apart,
+	// and never placed on a node without the label. With a local Protocol plinth-scheduler
+	// spreads them (volumeBindingMode must be WaitForFirstConsumer); with NVMe-oF CreateVolume
+	// spreads them across the storage nodes (either binding mode). Rendered as the StorageClass
+	// parameter plinth.dev/spread-across, so a change replaces the class (see
+	// storageClass.replacement).
 	// +optional
 	// +kubebuilder:validation:MaxLength=316
 	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`

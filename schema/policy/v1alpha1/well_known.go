@@ -10,6 +10,10 @@ const (
 	LabelProtocol = "plinth.dev/protocol"
 	// LabelNode names the Node (on Stores, Agents and VolumeStates).
 	LabelNode = "plinth.dev/node"
+	// LabelWorkload holds, on the VolumeStates of a Placement with spreadAcross and an
+	// NVMe-oF Protocol, the UID of the claim's workload (its StatefulSet, its pod's controller,
+	// or the claim itself; see csi/controller spread.go): CreateVolume counts them per domain.
+	LabelWorkload = "plinth.dev/workload"
 	// LabelManagedBy is app.kubernetes.io/managed-by, set to "plinth".
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 )
@@ -22,8 +26,9 @@ const (
 	// ParamFSType is the parameter external-provisioner passes as the volume's fsType.
 	ParamFSType = "csi.storage.k8s.io/fstype"
 	// ParamSpreadAcross is the Placement's spreadAcross (a node label key), present only when
-	// set. The scheduler plugin reads it to spread the volumes of one workload across the
-	// label's values; being a parameter, it is immutable for the class's lifetime.
+	// set. The scheduler plugin (local volumes) and CreateVolume (NVMe-oF volumes, from the
+	// Placement itself) spread the volumes of one workload across the label's values; being a
+	// parameter, it is immutable for the class's lifetime.
 	ParamSpreadAcross = "plinth.dev/spread-across"
 )
 
