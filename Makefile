@@ -96,7 +96,7 @@ lint: vet ## Static checks: gofmt cleanliness and go vet.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 
 ##@ Test
-testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, snapshot-controller + snapshot CRDs, csi-sanity, cue, Flux source- and kustomize-controller + CRDs, the helm CLI) into bin/.
+testbin: ## Build the pinned test peers (Kubernetes, plinth-scheduler, CSI sidecars, snapshot-controller + snapshot CRDs, csi-sanity, cue, Flux source- and kustomize-controller + CRDs, the helm CLI, the kustomize CLI, Argo CD) into bin/.
 	test/tools/build.sh
 
 testbin-flux: testbin ## Alias of testbin (Flux is part of it).

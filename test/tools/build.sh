@@ -9,8 +9,10 @@
 # (test/tools/csi-sanity), flux-controllers (flux-source-controller and
 # flux-kustomize-controller in one go build from test/tools/flux-controllers), flux-crds
 # (their CRDs from the module cache into bin/crds/flux/), snapshot-crds (the
-# snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue, helm (the helm CLI from
-# test/tools/helm, for test/manifests' install/upgrade/uninstall of charts/plinth), argocd (Argo CD's
+# snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue,
+# helm (the helm CLI from test/tools/helm, for test/manifests' install/upgrade/uninstall of
+# charts/plinth), kustomize (the kustomize CLI from test/tools/kustomize, which Argo CD's
+# repo-server runs), argocd (Argo CD's
 # multi-call binary from its own module source, and its CRDs into bin/crds/argocd/).
 # Versions come from test/tools/versions.env only.
 #
@@ -144,8 +146,10 @@ build_peer() { # NAME
 	if ! (cd "$dir" && go build -ldflags "$ldflags" -o "$tmp/" "${PEER_PKGS[@]}"); then
 		rm -rf "$tmp"; echo "[testbin] go build of ${bins[*]} failed" >&2; exit 1
 	fi
-	# go build -o DIR/ names a binary after its package's last path element.
+	# go build -o DIR/ names a binary after its package's last path element, or the one before
+	# it when that is a major version suffix (sigs.k8s.io/kustomize/kustomize/v5 → kustomize).
 	local first=${PEER_PKG##*/}
+	[[ $first =~ ^v[0-9]+$ ]] && { first=${PEER_PKG%/*}; first=${first##*/}; }
 	[[ $first == "$PEER_NAME" ]] || mv "$tmp/$first" "$tmp/$PEER_NAME"
 	for b in "${bins[@]}"; do
 		mv -f "$tmp/$b" "$BIN/$b"
@@ -341,7 +345,7 @@ targets=("$@")
 # compiled about half of their 1317 packages (stopped there), so roughly 12 CPU-minutes cold,
 # 6-7 min wall on 2 idle cores, less in CI where the other peers' packages are cached; with
 # the packages cached, 30 CPU-seconds (the two links).
-((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds helm argocd)
+((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds helm kustomize argocd)
 built_groups=()
 for t in "${targets[@]}"; do
 	case $t in
