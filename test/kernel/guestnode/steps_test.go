@@ -88,7 +88,7 @@ func testLongCut(t *testing.T, s *scene) {
 		return fmt.Errorf("no failed write since the cut")
 	})
 	t.Logf("MEASURE the pod's write failed %.1f s after the cut: %s", failedTick.end-cutAt, failedTick.err)
-	if !strings.Contains(failedTick.err, "I/O error") && !strings.Contains(failedTick.err, "Read-only file system") {
+	if !strings.Contains(failedTick.err, "Input/output error") && !strings.Contains(failedTick.err, "Read-only file system") {
 		t.Errorf("the failed write says %q, want EIO or EROFS", failedTick.err)
 	}
 	var reported string
@@ -124,7 +124,7 @@ func (s *scene) fsUUID(t *testing.T, n *node) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := n.sh(t, time.Minute, fmt.Sprintf(`d=$(awk '$2 ~ "/pods/%s/volumes/" {print $1}' /proc/mounts | head -1); [ -n "$d" ] && blkid -s UUID -o value $d`, p.UID))
+	out := n.sh(t, time.Minute, fmt.Sprintf(`d=$(awk '$2 ~ "/pods/%s/volumes/kubernetes.io~csi/" {print $1}' /proc/mounts | head -1); [ -n "$d" ] && blkid -p -s UUID -o value $d`, p.UID))
 	return strings.TrimSpace(out)
 }
 
