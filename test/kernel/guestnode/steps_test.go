@@ -441,10 +441,15 @@ func testLocalGrow(t *testing.T, s *scene) {
 	}
 	size := func() (int64, error) {
 		// the pod's df, through its mount as the storage node's kernel has it
-		out := st.sh(t, time.Minute, fmt.Sprintf(`m=$(awk '$2 ~ "/pods/%s/volumes/kubernetes.io~csi/" {print $2}' /proc/mounts | head -1); [ -n "$m" ] && df -B1 --output=size $m | tail -1`, p.UID))
-		var n int64
-		_, err := fmt.Sscan(strings.TrimSpace(out), &n)
-		return n, err
+		out := st.sh(t, time.Minute, fmt.Sprintf(`m=$(awk '$2 ~ "/pods/%s/volumes/kubernetes.io~csi/" {print $2}' /proc/mounts | head -1); [ -n "$m" ] && df -k $m | tail -1`, p.UID))
+		// Filesystem 1K-blocks Used Available Use% Mounted-on (busybox and coreutils alike)
+		f := strings.Fields(out)
+		if len(f) < 2 {
+			return 0, fmt.Errorf("df: %q", out)
+		}
+		var kib int64
+		_, err := fmt.Sscan(f[1], &kib)
+		return kib << 10, err
 	}
 	before, err := size()
 	if err != nil {
