@@ -441,8 +441,9 @@ func testLocalGrow(t *testing.T, s *scene) {
 	}
 	size := func() (int64, error) {
 		// the pod's df, through its mount as the storage node's kernel has it
-		out := st.sh(t, time.Minute, fmt.Sprintf(`m=$(awk '$2 ~ "/pods/%s/volumes/kubernetes.io~csi/" {print $2}' /proc/mounts | head -1); [ -n "$m" ] && df -k $m | tail -1`, p.UID))
-		// Filesystem 1K-blocks Used Available Use% Mounted-on (busybox and coreutils alike)
+		out := st.sh(t, time.Minute, fmt.Sprintf(`m=$(awk '$2 ~ "/pods/%s/volumes/kubernetes.io~csi/" {print $2}' /proc/mounts | head -1); [ -n "$m" ] && df -kP $m | tail -1`, p.UID))
+		// POSIX format, one line per filesystem however long its name (busybox and coreutils
+		// alike): Filesystem 1024-blocks Used Available Capacity Mounted-on
 		f := strings.Fields(out)
 		if len(f) < 2 {
 			return 0, fmt.Errorf("df: %q", out)
