@@ -157,8 +157,8 @@ test-kernel-agent: kernel-assets testbin skipcheck ## plinth agent in the guest 
 test-kernel-csi: kernel-assets testbin skipcheck ## csi-sanity against plinth csi in the guest (LVM thin + NVMe-oF, raw disks, ZFS snapshots).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -json -count=1 -timeout 45m -run TestGuestCSI ./csi/ | $(SKIPCHECK) json -phase kernel-csi -dir $(SKIPS)
 
-test-kernel-guestnode: kernel-node-assets images skipcheck ## Kubelets inside two backports guests joined to the host's control plane: the shipped agent and CSI node DaemonSets on them, an NVMe-oF volume staged by the worker's kubelet.
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -json -count=1 -timeout 30m ./test/kernel/guestnode/ | $(SKIPCHECK) json -phase kernel-guestnode -dir $(SKIPS)
+test-kernel-guestnode: kernel-node-assets images skipcheck ## Kubelets inside two backports guests joined to the host's control plane: the chart installed there with helm from a registry, then NVMe-oF and local volumes through kubelet (link cuts, helm upgrade/uninstall/install under mounts, a pod move, online growth).
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -json -count=1 -timeout 60m ./test/kernel/guestnode/ | $(SKIPCHECK) json -phase kernel-guestnode -dir $(SKIPS)
 
 test-kernel-crossnode: kernel-assets testbin skipcheck ## NVMe-oF across two guests with link faults.
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CROSSNODE=1 go test -json -count=1 -timeout 30m ./test/kernel/crossnode/ | $(SKIPCHECK) json -phase kernel-crossnode -dir $(SKIPS)

@@ -118,6 +118,11 @@ func CacheOptions(nodeName string) cache.Options {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers;volumesnapshotstates/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+//
+// The key server's certificate, read through the API while kubelet has not filled the Pod's
+// volume of it (cmd/plinth: hostkeys.FileOrAPI; the Role names the one ConfigMap).
+//
+// +kubebuilder:rbac:groups="",namespace=plinth-system,resources=configmaps,resourceNames=plinth-key-server-ca,verbs=get
 
 // NewManager builds the agent's manager for cfg: cache scoped to the node,
 // /metrics on Options.MetricsAddr, /healthz and /readyz (caches synced) on

@@ -329,6 +329,9 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", namespace),
 			// no Secret at all: host keys come from the controller's key server
 			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("get", "", "secrets", "", "default"),
+			// the key server's CA ConfigMap by name (while kubelet has not filled its volume); no other
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-key-server-ca", allowed: true},
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-inventory"}, deny("list", "", "configmaps", "", namespace),
 		},
 		"plinth-csi-controller": {
 			allow("create", sto, "volumestates", "", ""), allow("update", sto, "volumestates", "", ""), allow("delete", sto, "volumestates", "", ""),
@@ -357,6 +360,8 @@ func testRBAC(t *testing.T, c *cluster) {
 			// no Secret at all: its node's keys come from the controller's key server
 			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
 			deny("get", "", "secrets", "", "default"),
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-key-server-ca", allowed: true},
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-inventory"}, deny("watch", "", "configmaps", "", namespace),
 		},
 		"plinth-scheduler": {
 			allow("list", sto, "stores", "", ""), allow("watch", pol, "placements", "", ""), allow("list", pol, "protocols", "", ""),
