@@ -2,7 +2,11 @@ package csi_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -116,5 +120,35 @@ func TestCreateVolumeEncryptedKeySecret(t *testing.T) {
 	wantCode(t, "clone of a clear volume into an encrypted class", err, codes.InvalidArgument)
 	if !strings.Contains(fmt.Sprint(err), "not encrypted") {
 		t.Errorf("clone of a clear volume into an encrypted class: %v", err)
+	}
+}
+
+// NodeStage of an encrypted volume without its key, or with a key too short, is
+// FAILED_PRECONDITION naming the Secret; the blank device stays blank (nothing formatted,
+// nothing mounted, no stage record). On the host's loop devices: the host has no dm-crypt, so
+// everything past the key check runs in the guest (TestInGuestEncryptedNVMeoF, csi/crypt).
+func TestNodeStageEncryptedWithoutKey(t *testing.T) {
+	dev, _ := loopDevice(t, 64<<20)
+	state := filepath.Join(t.TempDir(), "state")
+	node := nodePlugin(t, state)
+	staging := filepath.Join(t.TempDir(), "s")
+	vc := map[string]string{csi.ContextKind: "local", csi.ContextFSType: "ext4", csi.ContextEncryption: "LUKS2",
+		csi.ContextKeySecret: "plinth-system/plinth-luks-pvc-x"}
+	for what, secrets := range map[string]map[string]string{"no key": nil, "a short key": {policyv1.VolumeKeyData: "short"}} {
+		_, err := node.NodeStageVolume(t.Context(), &csipb.NodeStageVolumeRequest{VolumeId: "vol-x", StagingTargetPath: staging,
+			VolumeCapability: fsCap("ext4", rwo), PublishContext: localPublish(dev), VolumeContext: vc, Secrets: secrets})
+		wantCode(t, what, err, codes.FailedPrecondition)
+		if !strings.Contains(fmt.Sprint(err), "plinth-system/plinth-luks-pvc-x") {
+			t.Errorf("%s: %v, want the Secret named", what, err)
+		}
+	}
+	if out, err := exec.Command("blkid", "-p", dev).CombinedOutput(); err == nil {
+		t.Errorf("the device holds %s after refused stages", out)
+	}
+	if isMounted(t, staging) {
+		t.Error("mounted")
+	}
+	if _, err := os.Stat(filepath.Join(state, "vol-x.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stage record after a refused stage: %v", err)
 	}
 }
