@@ -40,7 +40,14 @@ func testEncryptedOnTheWire(t *testing.T, s *suite) {
 		encrypted       bool
 	}{{"clear", pool + "-nvme", false}, {"luks", pool + "-luks", true}} {
 		// 128 MiB: the encrypted one keeps 112 MiB after its 16 MiB LUKS2 header, more than readSeconds reads
-		v := s.createVolume(t, "pvc-crossnode-"+c.name, c.placement, 128<<20)
+		capability := fsCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+		cv, err := s.ctrl.CreateVolume(t.Context(), &csipb.CreateVolumeRequest{Name: "pvc-crossnode-" + c.name, CapacityRange: &csipb.CapacityRange{RequiredBytes: 128 << 20},
+			VolumeCapabilities: []*csipb.VolumeCapability{capability},
+			Parameters:         map[string]string{policyv1.ParamPlacement: c.placement, policyv1.ParamPool: pool, policyv1.ParamProtocol: pool + "-nvme"}})
+		if err != nil {
+			t.Fatalf("%s: CreateVolume: %v", c.name, err)
+		}
+		v := &volume{id: cv.GetVolume().GetVolumeId(), vc: cv.GetVolume().GetVolumeContext(), capability: capability, staging: "/tmp/staging-" + cv.GetVolume().GetVolumeId()}
 		s.publish(t, v, workerA)
 		var secrets map[string]string
 		if c.encrypted {
