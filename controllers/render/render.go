@@ -306,6 +306,13 @@ func storageClass(pl *policyv1.Placement) storagev1.StorageClass {
 		// Only when set: classes of placements without it keep the parameters they had.
 		sc.Parameters[policyv1.ParamSpreadAcross] = k
 	}
+	if e := pl.Spec.Encryption; e != nil {
+		// kubelet reads the Secret these name (under the Node authorizer) and hands it to
+		// NodeStage: the node plugin itself holds no Secret permission.
+		ref := policyv1.VolumeKeySecretRef(e, "${pv.name}")
+		sc.Parameters[policyv1.ParamNodeStageSecretName] = ref.Name
+		sc.Parameters[policyv1.ParamNodeStageSecretNamespace] = ref.Namespace
+	}
 	if t.IsDefault {
 		sc.Annotations = map[string]string{defaultClassAnnotation: "true"}
 	}

@@ -148,6 +148,9 @@ func (s *Service) csiVolume(ctx context.Context, vs *storev1.VolumeState) (*csip
 			volume.ContextMountOptions: string(mnt),
 		},
 	}
+	if e := vs.Spec.Policy.Encryption; e != nil {
+		encryptionContext(v.VolumeContext, e)
+	}
 	if cs := vs.Spec.ContentSource; cs != nil { // CSI: a volume made from a source says so
 		if cs.Snapshot != "" {
 			v.ContentSource = &csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: cs.Snapshot}}}

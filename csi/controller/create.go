@@ -139,9 +139,18 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 			unlock = u
 		}
 	}
+	enc, err := encryptionOf(placement.Spec.Encryption, req.GetName())
+	if err != nil {
+		return nil, nil, err
+	}
 	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy, sp)
 	if err != nil {
 		return nil, nil, err
+	}
+	if src != nil {
+		if err := sameKey(src, enc); err != nil {
+			return nil, nil, err
+		}
 	}
 	vs = &storev1.VolumeState{
 		ObjectMeta: metav1.ObjectMeta{
@@ -167,6 +176,7 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 				Backend:      pool.Spec.Backend,
 				ProtocolSpec: protocol.Spec,
 				Filesystem:   fs,
+				Encryption:   enc,
 			},
 		},
 	}
@@ -252,6 +262,11 @@ func (s *Service) existingVolume(ctx context.Context, req *csipb.CreateVolumeReq
 // where any other code would retry the full node forever).
 func (s *Service) answerCreated(ctx context.Context, h *volume.Handle[*storev1.VolumeState]) (*csipb.CreateVolumeResponse, error) {
 	id := h.ID
+	// the key before the answer: a volume is never handed out without it (also on a retry
+	// after a crash between the VolumeState and the Secret)
+	if err := s.ensureVolumeKey(ctx, h.State); err != nil {
+		return nil, err
+	}
 	var ready *storev1.VolumeState
 	err := h.WaitFrom(ctx, h.State, func(vs *storev1.VolumeState) (bool, error) {
 		ok, err := volume.ReadyOrFailed(vs)

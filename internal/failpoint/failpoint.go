@@ -105,6 +105,12 @@ const (
 	// CSIUnstageUnmounted: NodeUnstage unmounted the staging path (and
 	// disconnected NVMe-oF); the stage record is not removed yet.
 	CSIUnstageUnmounted = "csi.unstage.unmounted"
+	// CryptFormatted: NodeStage wrote the LUKS2 header of an encrypted volume on its
+	// blank device; the mapping is not open, nothing is inside.
+	CryptFormatted = "crypt.formatted"
+	// CryptOpened: NodeStage opened the volume's dm-crypt mapping; no filesystem is made
+	// or mounted in it yet.
+	CryptOpened = "crypt.opened"
 )
 
 // Known returns every point name, sorted.
@@ -115,6 +121,7 @@ func Known() []string {
 		FencingMarkTorn, FileCreateSized, FileCreateRenamed, FileExpandTruncated, FileDeleteDetached,
 		NVMetSubsystemCreated, CSIPublishBeforeUpdate, CSICreateSpreadQueued, CSICreateSpreadCounted,
 		CSIStageRecordSaved, CSIStageMounted, CSINodePublishMounted, CSIUnstageUnmounted,
+		CryptFormatted, CryptOpened,
 	}
 	slices.Sort(k)
 	return k

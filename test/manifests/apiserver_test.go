@@ -344,6 +344,9 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("patch", sto, "volumestates", "status", ""), deny("patch", sto, "stores", "", ""), deny("update", pol, "placements", "", ""),
 			deny("patch", "", "nodes", "", ""), deny("create", k8s, "csistoragecapacities", "", "default"), deny("get", "", "secrets", "", namespace),
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", "default"),
+			// the key Secrets of encrypted volumes: created in its namespace, never read or changed
+			allow("create", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
+			deny("update", "", "secrets", "", namespace), deny("delete", "", "secrets", "", namespace), deny("create", "", "secrets", "", "default"),
 			// csi-snapshotter carries out VolumeSnapshotContents; VolumeSnapshots are snapshot-controller's.
 			allow("update", snap, "volumesnapshotcontents", "", ""), allow("patch", snap, "volumesnapshotcontents", "status", ""),
 			allow("list", snap, "volumesnapshotclasses", "", ""), allow("get", snap, "volumesnapshots", "", "default"),

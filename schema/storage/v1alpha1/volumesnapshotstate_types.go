@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	policyv1alpha1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
 // SnapshotPhase is the lifecycle phase of a snapshot.
@@ -44,6 +46,10 @@ type VolumeSnapshotStateSpec struct {
 	CSIName string `json:"csiName"`
 	// SourceVolume is the VolumeState name (CSI volume id) the snapshot is taken of.
 	SourceVolume string `json:"sourceVolume"`
+	// Encryption is the source volume's (nil: clear), frozen at CreateSnapshot: the snapshot's
+	// blocks carry its LUKS2 header, so a restore opens with the source's key only.
+	// +optional
+	Encryption *policyv1alpha1.Encryption `json:"encryption,omitempty"`
 	// StoreName is the Store that holds the source volume, and so the snapshot.
 	StoreName string `json:"storeName"`
 	// Pool is the StoragePool of that Store: a restore must be asked for in the same pool.
