@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -92,13 +91,7 @@ func (r *snapshotReconciler) takeGroup(ctx context.Context, ss *storev1.VolumeSn
 		return backend.Snapshot{}, err
 	})
 	if err != nil {
-		reason := storev1.ReasonSnapshotFailed
-		switch {
-		case errors.Is(err, backend.ErrUnsupported):
-			reason = storev1.ReasonSnapshotUnsupported
-		case errors.Is(err, backend.ErrInsufficientCapacity):
-			reason = storev1.ReasonInsufficientCapacity
-		}
+		reason := snapshotFailureReason(err)
 		return r.failGroup(ctx, members, reason, fmt.Sprintf("group %s: %v", ss.Spec.Group, err))
 	}
 	how := groupConsistency(store)
