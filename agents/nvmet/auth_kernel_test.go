@@ -3,6 +3,7 @@ package nvmet_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,10 +23,22 @@ import (
 func TestKernelHostAuth(t *testing.T) {
 	requireGuest(t)
 	ctx := context.Background()
+	uname, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := strings.TrimSpace(string(uname))
+	supported, err := targetAuthExpected(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kernel must take the branch its release promises: a backports kernel whose nvmet lost
+	// authentication would otherwise pass through the "unsupported" branch unnoticed.
 	_, statErr := os.Stat("/sys/module/nvme_auth/holders/nvmet")
-	supported := statErr == nil
-	uname, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	t.Logf("kernel %s: target authentication %v", strings.TrimSpace(string(uname)), supported)
+	if has := statErr == nil; has != supported {
+		t.Fatalf("kernel %s: nvmet holds nvme_auth = %v, want %v (the target authentication this release ships with)", release, has, supported)
+	}
+	t.Logf("kernel %s: target authentication %v", release, supported)
 
 	dev := filepath.Join(t.TempDir(), "ns.img") // nvmet serves a regular file as a namespace too
 	if err := os.WriteFile(dev, nil, 0o644); err != nil {
@@ -111,5 +124,35 @@ func TestKernelHostAuth(t *testing.T) {
 	}
 	if out, _ := exec.Command("sh", "-c", "dmesg | grep -E 'qid 0: (no key|authentication|authenticated)|response mismatch' | tail -n 8").CombinedOutput(); len(out) > 0 {
 		t.Logf("kernel:\n%s", out)
+	}
+}
+
+// targetAuthExpected says whether Debian's kernel of the given release (from
+// /proc/sys/kernel/osrelease, e.g. "6.1.0-44-amd64" or "6.12.95+deb12-amd64") builds nvmet with
+// in-band authentication (CONFIG_NVME_TARGET_AUTH): bookworm's 6.1 does not, bookworm-backports'
+// kernels from 6.12 on do. A release in between has no expectation and is an error, so a guest
+// kernel cannot silently take either branch.
+func targetAuthExpected(release string) (bool, error) {
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		return false, fmt.Errorf("kernel release %q: %v", release, err)
+	}
+	switch {
+	case major == 6 && minor == 1:
+		return false, nil
+	case major > 6 || (major == 6 && minor >= 12):
+		return true, nil
+	}
+	return false, fmt.Errorf("kernel %q: no expectation for NVMe target authentication; add its release to targetAuthExpected", release)
+}
+
+func TestTargetAuthExpected(t *testing.T) {
+	for release, want := range map[string]bool{"6.1.0-44-amd64": false, "6.12.95+deb12-amd64": true} {
+		if got, err := targetAuthExpected(release); err != nil || got != want {
+			t.Errorf("targetAuthExpected(%q) = %v, %v; want %v", release, got, err, want)
+		}
+	}
+	if _, err := targetAuthExpected("6.6.3-amd64"); err == nil {
+		t.Errorf("a release without an expectation was accepted")
 	}
 }
