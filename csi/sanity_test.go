@@ -80,9 +80,15 @@ func fileBackendNode(t testing.TB, cp *controlplane.ControlPlane, plinth, name s
 // fileBackendNodeRefresh is fileBackendNode with the agent's --refresh-interval given.
 func fileBackendNodeRefresh(t testing.TB, cp *controlplane.ControlPlane, plinth, name string, refresh time.Duration) map[string]string {
 	t.Helper()
+	return fileBackendNodeIn(t, cp, plinth, name, refresh, t.TempDir())
+}
+
+// fileBackendNodeIn is fileBackendNodeRefresh with the pool's volumes in dir/volumes and the
+// agent's state in dir/agent.
+func fileBackendNodeIn(t testing.TB, cp *controlplane.ControlPlane, plinth, name string, refresh time.Duration, dir string) map[string]string {
+	t.Helper()
 	ctx := t.Context()
 	c := kubeClient(t, cp.Admin.Config)
-	dir := t.TempDir()
 	pool := name
 	node := name + "-node"
 	create(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}) // stands in for kubelet's registration
