@@ -163,7 +163,9 @@ func (n *Node) writeCNIConfig(confDir string) error {
 // failCgroupV1 false and the cgroupfs driver; evictionHard empty and image
 // GC off so a busy shared host neither evicts pods nor deletes imported
 // images (they cannot be pulled again); x509 client certificates from the
-// cluster CA and webhook authorization, as in a real cluster.
+// cluster CA and webhook authorization, as in a real cluster; CSIVolumeHealth on, so kubelet
+// asks the node plugin for each volume's condition and exports
+// kubelet_volume_stats_health_status_abnormal (the "Abnormal volumes" panel).
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -190,6 +192,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 volumePluginDir: /var/lib/kubelet/volumeplugins
 registerNode: true
+featureGates: {CSIVolumeHealth: true}
 rotateCertificates: false
 serverTLSBootstrap: false
 shutdownGracePeriod: 0s

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
@@ -33,6 +34,21 @@ func (e Environment) String() string {
 type Expect struct {
 	Data bool
 	Why  string
+	// FallbackWhy says, by metric name, why an operand X of a panel's `X or vector(0)` that reads
+	// that metric may return no series in this scenario (the panel then draws the fallback's 0).
+	// Every other such X of a panel with Data must return series of its own: a fallback must not
+	// stand in for a metric that is missing altogether.
+	FallbackWhy map[string]string
+}
+
+// excused returns why operand may have no series, or "" when it must have some.
+func (e Expect) excused(operand string) string {
+	for metric, why := range e.FallbackWhy {
+		if strings.Contains(operand, metric) {
+			return why
+		}
+	}
+	return ""
 }
 
 // PanelExpect is one panel's expectation in each Environment.
@@ -74,10 +90,14 @@ var Expectations = map[string]map[string]PanelExpect{
 		"Available by failure domain":                   both(has()),
 		"Available in 7 days (predict_linear)":          both(has()),
 		"Volumes by phase":                              both(has()),
-		"Abnormal volumes":                              both(has()),
-		"Failed volumes by Store":                       both(has()),
-		"Provisioned to Block and Filesystem volumes":   both(has()),
-		"Thin pool data allocated":                      both(empty(whyThin)),
+		"Abnormal volumes": {
+			Host: Expect{Data: true, FallbackWhy: map[string]string{
+				"kubelet_volume_stats_health_status_abnormal": "kubelets report volume health; none runs in this harness"}},
+			RealNodes: has(),
+		},
+		"Failed volumes by Store":                     both(has()),
+		"Provisioned to Block and Filesystem volumes": both(has()),
+		"Thin pool data allocated":                    both(empty(whyThin)),
 		"PVC used / capacity (kubelet)": {
 			Host:      empty("kubelet_volume_stats_* come from kubelets; none runs in this harness"),
 			RealNodes: has(),
@@ -117,12 +137,14 @@ type PanelReport struct {
 	Dashboards, Queries int
 	// WithData and Empty count panels (not queries) by their expectation.
 	WithData, Empty int
+	// Fallbacks counts the operands of `or vector(0)` checked for series of their own.
+	Fallbacks int
 	// Variables are the resolved template variables, by dashboard file.
 	Variables map[string]map[string]string
 }
 
 func (r PanelReport) String() string {
-	return fmt.Sprintf("%d dashboards, %d queries: %d panels with data, %d legitimately empty", r.Dashboards, r.Queries, r.WithData, r.Empty)
+	return fmt.Sprintf("%d dashboards, %d queries: %d panels with data, %d legitimately empty; %d `or vector(0)` operands with data of their own", r.Dashboards, r.Queries, r.WithData, r.Empty, r.Fallbacks)
 }
 
 // CheckPanels runs every PromQL target of every dashboard in dir against api as Grafana would
@@ -178,6 +200,21 @@ func CheckPanels(ctx context.Context, api promv1.API, dir string, env Environmen
 			case n > 0 && !e.Data:
 				errs = append(errs, fmt.Errorf("%s / %s / %s: %d series where the table says empty on %s (%s): update the table\n%s", d.File, q.Panel, q.RefID, n, env, e.Why, expr))
 			}
+			if e.Data {
+				for _, operand := range FallbackOperands(expr) {
+					if e.excused(operand) != "" {
+						continue
+					}
+					rep.Fallbacks++
+					n, err := Run(ctx, api, q, operand, start, end, step)
+					switch {
+					case err != nil:
+						errs = append(errs, fmt.Errorf("%s / %s / %s: query error in the operand of `or vector(0)`: %w\n%s", d.File, q.Panel, q.RefID, err, operand))
+					case n == 0:
+						errs = append(errs, fmt.Errorf("%s / %s / %s: no data without the `or vector(0)` fallback on %s: the panel draws 0 for a metric that is missing\n%s", d.File, q.Panel, q.RefID, env, operand))
+					}
+				}
+			}
 			if !seen[q.Panel] {
 				seen[q.Panel] = true
 				if e.Data {
@@ -198,4 +235,36 @@ func containsString(l []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// fallback is the PromQL idiom that makes a panel draw 0 instead of "No data".
+const fallback = " or vector(0)"
+
+// FallbackOperands returns the left operand X of every `X or vector(0)` in expr, in order: the
+// text back to the unmatched "(" that opens the operand's group, or to the start of expr. It
+// reads the text as written by internal/dashboards (one space each side of `or`), not PromQL in
+// general.
+func FallbackOperands(expr string) []string {
+	var out []string
+	for i := 0; ; {
+		j := strings.Index(expr[i:], fallback)
+		if j < 0 {
+			return out
+		}
+		end := i + j
+		start, depth := 0, 0
+		for k := end - 1; k >= 0; k-- {
+			if expr[k] == ')' {
+				depth++
+			} else if expr[k] == '(' {
+				if depth == 0 {
+					start = k + 1
+					break
+				}
+				depth--
+			}
+		}
+		out = append(out, strings.TrimSpace(expr[start:end]))
+		i = end + len(fallback)
+	}
 }
