@@ -425,6 +425,11 @@ func TestFluxRefusedRevision(t *testing.T) {
 	if err := policy.PolicyCondition.WithLabelValues("Placement", "rfast", policy.SyncedCondition, "False").Write(&m); err != nil || m.GetGauge().GetValue() != 1 {
 		t.Errorf("plinth_policy_condition{type=Synced,status=False} of Placement rfast: %v %v, want 1 (what alerts read)", m.GetGauge().GetValue(), err)
 	}
+	for _, other := range []string{"True", "Unknown"} {
+		if err := policy.PolicyCondition.WithLabelValues("Placement", "rfast", policy.SyncedCondition, other).Write(&m); err != nil || m.GetGauge().GetValue() != 0 {
+			t.Errorf("plinth_policy_condition{type=Synced,status=%s} of Placement rfast: %v %v, want 0 (a series, as kube-state-metrics exports the statuses not held)", other, m.GetGauge().GetValue(), err)
+		}
+	}
 	if conditions.Get(proto, policy.SyncedCondition) != nil {
 		t.Errorf("Protocol applied by no sync tool has Synced: %+v", conditions.Get(proto, policy.SyncedCondition))
 	}

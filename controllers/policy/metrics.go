@@ -41,10 +41,11 @@ var (
 		Name: "plinth_applied_objects",
 		Help: "Objects Plinth applied and keeps (the inventory), by kind.",
 	}, []string{"kind"})
-	// PolicyCondition is 1 for the current status of each condition of each policy object.
+	// PolicyCondition is 1 for the current status of each condition of each policy object and
+	// 0 for its two other statuses (True, False, Unknown), as kube-state-metrics exports conditions.
 	PolicyCondition = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "plinth_policy_condition",
-		Help: "Conditions of policy objects: 1 for the current status (True, False, Unknown) of each type.",
+		Help: "Conditions of policy objects: 1 for the current status of each type, 0 for the two other statuses (True, False, Unknown).",
 	}, []string{"kind", "name", "type", "status"})
 )
 

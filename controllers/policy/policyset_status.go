@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -50,7 +51,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope) error {
 		r.emitTransition(p, quiet)
 		r.emitOutcome(p)
 		for _, c := range p.status.Conditions {
-			PolicyCondition.WithLabelValues(p.kind, p.obj.GetName(), c.Type, string(c.Status)).Set(1)
+			setConditionMetric(p.kind, p.obj.GetName(), c)
 		}
 		if err := kerrors.FilterOut(r.patch(ctx, p), apierrors.IsNotFound); err != nil {
 			// An object deleted meanwhile needs no status.
@@ -420,4 +421,18 @@ func sortRefs(refs []policyv1.ObjectReference) []policyv1.ObjectReference {
 		return out[i].Name < out[j].Name
 	})
 	return out
+}
+
+// setConditionMetric sets plinth_policy_condition for one condition the way kube-state-metrics
+// does for built-in kinds: 1 for its current status and 0 for the two others, so "no policy
+// is not Ready" is a 0-valued series rather than no series, which a missing metric would
+// also give.
+func setConditionMetric(kind, name string, c metav1.Condition) {
+	for _, st := range []metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown} {
+		v := 0.0
+		if st == c.Status {
+			v = 1
+		}
+		PolicyCondition.WithLabelValues(kind, name, c.Type, string(st)).Set(v)
+	}
 }

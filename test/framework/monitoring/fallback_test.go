@@ -18,3 +18,11 @@ func TestFallbackOperands(t *testing.T) {
 		}
 	}
 }
+
+func TestSelectors(t *testing.T) {
+	got := Selectors(`count(max by (cluster, kind) (plinth_policy_condition{cluster=~"$cluster", type="Ready"}) == 1) + sum(rate(x_total{a="b"}[5m]))`)
+	want := []string{`plinth_policy_condition{cluster=~"$cluster"}`, `x_total{}`}
+	if !slices.Equal(got, want) {
+		t.Errorf("Selectors = %q, want %q", got, want)
+	}
+}
