@@ -465,7 +465,7 @@ func (b *builder) stale(pr *plan.Prune) {
 		}
 		r.Drains = true
 		oc.Reason = fmt.Sprintf("holds %d volumes: kept and marked draining until they are gone", pr.Usage.Volumes)
-		if s := b.cl.stores[live.GetName()]; s != nil && s.IsDraining() {
+		if s := b.cl.stores[live.GetName()]; s != nil && s.IsMarkedDraining() {
 			b.ongoingNodes[r.Node] = true
 			oc.Ongoing, oc.Reason = true, fmt.Sprintf("holds %d volumes: draining already", pr.Usage.Volumes)
 		}
