@@ -345,6 +345,23 @@ func TestLive(t *testing.T) {
 		}
 	})
 
+	// --move-rate reaches the plan: 40Gi at 1Gi/s is 40 s, and the report says it is assumed.
+	t.Run("evacuate-rate", func(t *testing.T) {
+		o := opts
+		o.MoveRate = gi
+		r, err := diff.Live(ctx, []string{"testdata/live/evacuate"}, o)
+		must(t, err)
+		m := r.Storage.Moves
+		if m == nil || m.Moves[0].DurationSeconds != 40 || m.Moves[0].RateMeasured || m.AssumedRate != gi || m.Seconds != 40 {
+			t.Fatalf("moves at 1Gi/s: %+v", m)
+		}
+		var text bytes.Buffer
+		must(t, diff.Write(&text, r, diff.FormatText))
+		if !strings.Contains(text.String(), "40s*") || !strings.Contains(text.String(), "assume a copy rate of 1Gi/s") {
+			t.Errorf("text does not show the assumed rate:\n%s", text.String())
+		}
+	})
+
 	// The controller does what the diff predicted for "evacuate", and no more: the Store is
 	// marked evacuated (no new volume: IsDraining), the pool reports Evacuating with the
 	// moves not carried out, and every volume stays where it is. Undone before "applied".
