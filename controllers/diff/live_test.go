@@ -371,7 +371,7 @@ func TestLive(t *testing.T) {
 				p.Spec.EvacuateNodes = nodes
 			})
 		}
-		set([]string{"node-a"})
+		set([]string{"node-a", "node-c"})
 		eventually(t, "Store fast.node-a evacuated and pool fast Evacuating", func() error {
 			var s storev1.Store
 			if err := c.Get(ctx, types.NamespacedName{Name: "fast.node-a"}, &s); err != nil {
@@ -391,6 +391,13 @@ func TestLive(t *testing.T) {
 			}
 			return nil
 		})
+		// The evacuation merged, diffing the same tree again plans the same moves, the blocked
+		// one included, but it is no violation any more: this change does not cause it.
+		r, err := diff.Live(ctx, []string{"testdata/live/evacuate"}, opts)
+		must(t, err)
+		if r.ExitCode() != diff.ExitNoChange || len(r.Violations) != 0 || r.Storage.Moves == nil || r.Storage.Moves.Blocked != 1 {
+			t.Errorf("evacuate again after it was applied: exit %d, violations %+v, moves %+v", r.ExitCode(), r.Violations, r.Storage.Moves)
+		}
 		var vols storev1.VolumeStateList
 		must(t, c.List(ctx, &vols))
 		if len(vols.Items) != 4 {

@@ -95,7 +95,7 @@ func (b *builder) moves(out *render.Output, rate int64) error {
 				missing = append(missing, n)
 			}
 		}
-		if len(missing) > 0 {
+		if len(missing) > 0 && b.causedHere("StoragePool", name) {
 			b.violation(RuleEvacuateNodeNotInPool, "StoragePool", name, "spec.evacuateNodes", fmt.Sprintf(
 				"nodes %s: the pool selects no such node (no Store of pool %s there), so nothing would be evacuated", strings.Join(missing, ", "), name))
 		}
@@ -179,8 +179,8 @@ func (b *builder) moves(out *render.Output, rate int64) error {
 	}
 	b.rep.Storage.Moves = res
 	for _, m := range res.Moves {
-		if m.Disruption != move.DisruptionBlocked {
-			continue
+		if m.Disruption != move.DisruptionBlocked || !b.causedHere(m.Cause.Kind, m.Cause.Name) {
+			continue // a move blocked already before this change stays in the plan, not a violation
 		}
 		what := "volume " + m.Volume
 		if m.Claim != "" {
@@ -207,4 +207,19 @@ func sortedKeys[V, W any](a map[string]V, b map[string]W) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// causedHere reports whether the policy object kind/name is new in the proposed tree or its
+// spec differs from the live one: a violation is reported only when this change causes it,
+// so an evacuation already merged whose moves stay blocked does not fail every later change.
+func (b *builder) causedHere(kind, name string) bool {
+	switch kind {
+	case "StoragePool":
+		old, cur := b.before.pools[name], b.after.pools[name]
+		return old == nil || cur != nil && len(specPaths(&old.Spec, &cur.Spec)) > 0
+	case "Placement":
+		old, cur := b.before.places[name], b.after.places[name]
+		return old == nil || cur != nil && len(specPaths(&old.Spec, &cur.Spec)) > 0
+	}
+	return true
 }
