@@ -253,6 +253,42 @@ func TestHostFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, 60*time.Second, "deleted", func() error { return gone(ctx, e.c, vs) })
+
+		// a Store its pool evacuates (spec.evacuate) takes no new volume either, and says why
+		setEvacuate := func(on bool) {
+			t.Helper()
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+				t.Fatal(err)
+			}
+			s.Spec.Evacuate = on
+			if err := e.c.Update(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setEvacuate(true)
+		ev := newVolumeState("pvc-evacuated", node, pool, storeName, 4*mib, local, backendDecl)
+		if err := e.c.Create(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "Ready=False StoreDraining, evacuated", func() error {
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(ev), ev); err != nil {
+				return err
+			}
+			c := apimeta.FindStatusCondition(ev.Status.Conditions, agent.CondReady)
+			if c == nil || c.Status != "False" || c.Reason != storev1.ReasonStoreDraining || !strings.Contains(c.Message, "evacuated") {
+				return fmt.Errorf("Ready %+v", c)
+			}
+			return nil
+		})
+		if _, err := os.Stat(filepath.Join(dir, ev.Name+".img")); !os.IsNotExist(err) {
+			t.Errorf("an evacuated store made a new volume: %v", err)
+		}
+		setEvacuate(false)
+		eventually(t, 60*time.Second, "Ready once the store is no longer evacuated", func() error { _, err := readyVS(ctx, e.c, ev.Name); return err })
+		if err := e.c.Delete(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, "deleted", func() error { return gone(ctx, e.c, ev) })
 	})
 
 	t.Run("OrphanDeletedUnderCorrectAfterGrace", func(t *testing.T) {

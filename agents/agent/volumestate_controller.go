@@ -181,8 +181,12 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	if vs.Status.ActualBytes == 0 && store.IsDraining() {
 		// a volume of a crash before the status said so is adopted; no new one is made
 		if _, err := be.Get(ctx, vs.Name); errors.Is(err, backend.ErrNotFound) {
-			r.fail(vs, storev1.ReasonStoreDraining, fmt.Sprintf("store %s is draining (%s): it keeps the volumes it holds and takes no new one",
-				store.Name, storev1.AnnotationDraining))
+			why := fmt.Sprintf("draining (%s)", storev1.AnnotationDraining)
+			if store.Spec.Evacuate {
+				why = "evacuated (spec.evacuate: its pool lists this node in evacuateNodes)"
+			}
+			r.fail(vs, storev1.ReasonStoreDraining, fmt.Sprintf("store %s is %s: it keeps the volumes it holds and takes no new one",
+				store.Name, why))
 			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
 	}

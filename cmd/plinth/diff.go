@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
@@ -21,9 +22,9 @@ func init() { subcommands = append(subcommands, newDiffCommand) }
 
 func newDiffCommand() *cobra.Command {
 	var (
-		kubeconfig, namespace, inventoryName, fieldManager, output, nodesFile string
-		against                                                               []string
-		timeout                                                               time.Duration
+		kubeconfig, namespace, inventoryName, fieldManager, output, nodesFile, moveRate string
+		against                                                                         []string
+		timeout                                                                         time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "diff PATH... [--kubeconfig FILE] | diff PATH... --against OLDPATH --nodes FILE",
@@ -42,6 +43,14 @@ reserve or node selector that leaves less room than is provisioned, overcommit b
 limit, a StorageClass in use that leaves the policy, a protocol change on a pool with exported
 volumes, an object the API server rejects.
 
+Volume moves a change asks for (StoragePool spec.evacuateNodes, Placement spec.existingVolumes:
+Move) are planned from the live VolumeStates, PVs, VolumeAttachments and snapshots: each volume
+and its PVC, source → target Store, bytes to copy, the estimated start and duration (at
+--move-rate, marked as assumed, where no Store reports a measured rate), the disruption (none,
+a pod restart, or blocked and why), and capacity per pool before → after. A move that cannot
+succeed (no room, no target with the protocol, snapshots) is a violation at the field that asks
+for it. The moves are a plan only: Plinth does not carry them out yet.
+
 With --against OLDPATH and --nodes FILE (kubectl get nodes -o yaml) it compares two policy trees
 offline, such as a pull request's merge base and head: the same report without live usage.
 
@@ -54,6 +63,10 @@ API server, or a policy set that does not vet or render: its problems are printe
 			case diff.FormatText, diff.FormatJSON, diff.FormatMarkdown:
 			default:
 				return &exitError{code: exitUsage, err: fmt.Errorf("-o must be text, json or markdown, not %q", output)}
+			}
+			rate, err := resource.ParseQuantity(moveRate)
+			if err != nil || rate.Value() <= 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--move-rate must be a positive quantity of bytes per second such as 100Mi, not %q", moveRate)}
 			}
 			if err := vet.OneSet(append(append([]string(nil), args...), against...)...); err != nil {
 				return &exitError{code: exitUsage, err: err}
@@ -91,7 +104,7 @@ API server, or a policy set that does not vet or render: its problems are printe
 				}
 				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 				defer cancel()
-				rep, err = diff.Live(ctx, args, diff.LiveOptions{Client: c, Namespace: namespace, InventoryName: inventoryName, FieldManager: fieldManager})
+				rep, err = diff.Live(ctx, args, diff.LiveOptions{Client: c, Namespace: namespace, InventoryName: inventoryName, FieldManager: fieldManager, MoveRate: rate.Value()})
 				if err != nil {
 					return &exitError{code: exitUsage, err: err}
 				}
@@ -114,5 +127,6 @@ API server, or a policy set that does not vet or render: its problems are printe
 	f.StringArrayVar(&against, "against", nil, "offline mode: the old policy tree (repeatable)")
 	f.StringVar(&nodesFile, "nodes", "", "offline mode: node inventory, the output of kubectl get nodes -o yaml")
 	f.DurationVar(&timeout, "timeout", 2*time.Minute, "give up on the API server after this long (live mode)")
+	f.StringVar(&moveRate, "move-rate", "100Mi", "copy rate in bytes per second that volume move estimates assume where no Store reports a measured one (a quantity: 100Mi, 1Gi)")
 	return cmd
 }

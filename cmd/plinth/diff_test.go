@@ -30,6 +30,9 @@ func TestDiffOffline(t *testing.T) {
 		{[]string{td + "live/base", "--against", td + "live/base"}, 2, ""}, // --against needs --nodes
 		{[]string{td + "live/base", "--against", td + "live/base", "--nodes", nodes, "-o", "yaml"}, 2, ""},
 		{[]string{td + "live/base", "--nodes", nodes}, 2, ""}, // --nodes is offline only
+		{[]string{td + "live/base", "--against", td + "live/base", "--nodes", nodes, "--move-rate", "fast"}, 2, ""},
+		{[]string{td + "live/base", "--against", td + "live/base", "--nodes", nodes, "--move-rate", "0"}, 2, ""},
+		{[]string{td + "live/base", "--against", td + "live/base", "--nodes", nodes, "--move-rate", "1Gi"}, 0, "0 policy objects changed"},
 	} {
 		code, out := plinth(t, append([]string{"diff"}, tc.args...)...)
 		if code != tc.exit || !strings.Contains(out, tc.want) {

@@ -11,7 +11,10 @@
 // rules — nothing in use is pruned: StorageClasses with PVCs and Stores with volumes are kept.
 // It adds the storage impact (PVCs and PVs of affected classes, Stores added and drained with
 // their volumes, capacity per pool before → after) and violations positioned at the policy
-// field that causes them. Offline compares two trees for one node inventory, without usage.
+// field that causes them, and the plan of the volume moves the tree asks for
+// (StoragePool evacuateNodes, Placement existingVolumes: Move; controllers/move), from the live
+// VolumeStates, PVs, VolumeAttachments and VolumeSnapshotStates. Offline compares two trees
+// for one node inventory, without usage.
 //
 // Both modes are load → plan → format: the Plan is controllers/plan's, the one the controller
 // executes, so the report cannot predict by rules the controller does not follow.

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
+
+	"github.com/plinth-storage/plinth/controllers/move"
 )
 
 // Output formats of Write.
@@ -56,6 +59,12 @@ func Summary(r *Report) string {
 	if blocked > 0 {
 		// Each is a violation too when this change causes it; say up front what stalls.
 		s += fmt.Sprintf("; %d StorageClass replacements not allowed (their Placements will stall with ReplacementRequired)", blocked)
+	}
+	if m := r.Storage.Moves; m != nil {
+		s += fmt.Sprintf("; %d volume moves planned (%s, about %s; not carried out yet)", len(m.Moves)-m.Blocked, FormatBytes(m.Bytes), seconds(m.Seconds))
+		if m.Blocked > 0 {
+			s += fmt.Sprintf(", %d blocked", m.Blocked)
+		}
 	}
 	switch len(r.Violations) {
 	case 0:
@@ -232,6 +241,12 @@ func text(r *Report) string {
 		}
 		b.WriteString(table(tw, "    "))
 	}
+	if m := s.Moves; m != nil {
+		b.WriteString("\n" + movesHead(m) + ":\n")
+		b.WriteString(table(moveRows(m), "  "))
+		b.WriteString("  Capacity with the moves (before → after):\n")
+		b.WriteString(table(movePoolRows(m), "    "))
+	}
 	if len(r.Violations) > 0 {
 		b.WriteString("\nViolations:\n")
 		for _, v := range r.Violations {
@@ -341,6 +356,23 @@ func markdown(r *Report) string {
 			b.WriteString("| " + strings.Join(poolRow(p), " | ") + " |\n")
 		}
 	}
+	if m := s.Moves; m != nil {
+		b.WriteString("\n#### " + movesHead(m) + "\n\n")
+		rows := moveRows(m)
+		b.WriteString("| " + strings.Join(rows[0], " | ") + " |\n|" + strings.Repeat(" --- |", len(rows[0])) + "\n")
+		for _, row := range rows[1:] {
+			for i := range row {
+				row[i] = cell(row[i])
+			}
+			b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+		}
+		b.WriteString("\nCapacity with the moves (before → after):\n\n")
+		rows = movePoolRows(m)
+		b.WriteString("| " + strings.Join(rows[0], " | ") + " |\n|" + strings.Repeat(" --- |", len(rows[0])) + "\n")
+		for _, row := range rows[1:] {
+			b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+		}
+	}
 	if len(r.Policy) > 0 {
 		b.WriteString("\n#### Policy\n\n")
 		for _, p := range r.Policy {
@@ -359,3 +391,49 @@ func markdown(r *Report) string {
 
 // cell escapes a string for a markdown table cell.
 func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+// seconds writes whole seconds as a duration ("1h2m3s", "0s").
+func seconds(n int64) string { return (time.Duration(n) * time.Second).String() }
+
+// movesHead titles the move plan: what is planned, the rate assumed, and that nothing is
+// carried out yet.
+func movesHead(m *move.Result) string {
+	s := fmt.Sprintf("Volume moves (plan only, not carried out yet): %d planned, %s to copy, about %s", len(m.Moves)-m.Blocked, FormatBytes(m.Bytes), seconds(m.Seconds))
+	if m.Blocked > 0 {
+		s += fmt.Sprintf(", %d blocked", m.Blocked)
+	}
+	if m.AssumedRate > 0 {
+		s += fmt.Sprintf("; durations marked * assume a copy rate of %s/s (--move-rate: no Store reports a measured one)", FormatBytes(m.AssumedRate))
+	}
+	return s
+}
+
+// moveRows is the table of moves, header first.
+func moveRows(m *move.Result) [][]string {
+	rows := [][]string{{"VOLUME", "CLAIM", "FROM", "TO", "BYTES", "START", "DURATION", "DISRUPTION", "WHY"}}
+	for _, mv := range m.Moves {
+		claim := mv.Claim
+		if claim == "" {
+			claim = "-"
+		}
+		to, start, dur, disruption := mv.Target, "+"+seconds(mv.StartSeconds), seconds(mv.DurationSeconds), string(mv.Disruption)
+		if mv.Disruption == move.DisruptionBlocked {
+			to, start, dur, disruption = "-", "-", "-", "Blocked ("+mv.Blocked+")"
+		} else if !mv.RateMeasured {
+			dur += "*"
+		}
+		rows = append(rows, []string{mv.Volume, claim, mv.Source, to, FormatBytes(mv.Bytes), start, dur, disruption, mv.Reason})
+	}
+	return rows
+}
+
+// movePoolRows is the table of pool capacity before and after the moves, header first.
+func movePoolRows(m *move.Result) [][]string {
+	arrow := func(a, b int64) string { return FormatBytes(a) + " → " + FormatBytes(b) }
+	rows := [][]string{{"POOL", "PROVISIONED", "AVAILABLE", "MOVES IN", "MOVES OUT", "LEFT ON EVACUATED"}}
+	for _, p := range m.Pools {
+		rows = append(rows, []string{p.Pool, arrow(p.ProvisionedBefore, p.ProvisionedAfter), arrow(p.AvailableBefore, p.AvailableAfter),
+			fmt.Sprint(p.MovesIn), fmt.Sprint(p.MovesOut), FormatBytes(p.Left)})
+	}
+	return rows
+}

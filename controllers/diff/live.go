@@ -44,6 +44,9 @@ type LiveOptions struct {
 	FieldManager string
 	// Concurrency bounds the dry-runs in flight (default 4).
 	Concurrency int
+	// MoveRate is the copy rate in bytes per second the move plan assumes where Stores
+	// report no measured rate (default DefaultMoveRate).
+	MoveRate int64
 }
 
 // Live compares the policy tree at paths with the live cluster: it vets and renders the tree
@@ -64,6 +67,9 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 4
+	}
+	if o.MoveRate <= 0 {
+		o.MoveRate = DefaultMoveRate
 	}
 	rep := &Report{Mode: ModeLive, Paths: paths}
 	v, err := vet.NewVetter()
@@ -112,6 +118,9 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 	b.cacheSupport(rendered.Agents)
 	b.overrides()
 	b.encryption()
+	if err := b.moves(rendered, o.MoveRate); err != nil {
+		return nil, err
+	}
 	rep.Policy = policyChanges(before, after, func(string, string) (string, int) { return "", 0 })
 	b.finish()
 	return rep, nil
@@ -130,6 +139,10 @@ type cluster struct {
 	pvByID  map[string]*corev1.PersistentVolume
 	// snapshots are the VolumeSnapshots by spec.volumeSnapshotClassName.
 	snapshots map[string][]Snapshot
+	// snapshotsOf are the VolumeSnapshotState names by source volume id; attachedTo the nodes
+	// of attached VolumeAttachments of csi.plinth.dev by PV name (readMoveInputs).
+	snapshotsOf map[string][]string
+	attachedTo  map[string][]string
 }
 
 // volumeSnapshotListGVK is external-snapshotter's VolumeSnapshotList.
@@ -214,6 +227,9 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 		volumes: map[string][]storev1.VolumeState{}, claims: map[string][]corev1.PersistentVolumeClaim{},
 		pvs: map[string][]corev1.PersistentVolume{}, pvByID: map[string]*corev1.PersistentVolume{}}
 	if cl.snapshots, err = readSnapshots(ctx, c); err != nil {
+		return nil, err
+	}
+	if err := readMoveInputs(ctx, c, cl); err != nil {
 		return nil, err
 	}
 	for i := range stores.Items {
@@ -465,7 +481,7 @@ func (b *builder) stale(pr *plan.Prune) {
 		}
 		r.Drains = true
 		oc.Reason = fmt.Sprintf("holds %d volumes: kept and marked draining until they are gone", pr.Usage.Volumes)
-		if s := b.cl.stores[live.GetName()]; s != nil && s.IsDraining() {
+		if s := b.cl.stores[live.GetName()]; s != nil && s.IsMarkedDraining() {
 			b.ongoingNodes[r.Node] = true
 			oc.Ongoing, oc.Reason = true, fmt.Sprintf("holds %d volumes: draining already", pr.Usage.Volumes)
 		}

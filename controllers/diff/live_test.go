@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/plinth-storage/plinth/controllers/diff"
+	"github.com/plinth-storage/plinth/controllers/move"
 	"github.com/plinth-storage/plinth/controllers/policy"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -92,6 +93,12 @@ func TestLive(t *testing.T) {
 	volume(t, c, "cache-0", "plinth-scratch", "scratch", "local", "fast.node-a", 20*gi, false)
 	volume(t, c, "db-1", "plinth-fast", "fast", "local", "fast.node-b", 40*gi, false)
 	volume(t, c, "shared-0", "plinth-shared", "shared", "nvme", "thin.node-c", 150*gi, true)
+
+	// db-0's pod runs on node-a (standing in for csi-attacher: the attached VolumeAttachment),
+	// and shared-0 has a snapshot (standing in for the CSI controller).
+	attach(t, c, "pvc-db-0", "node-a")
+	must(t, c.Create(ctx, &storev1.VolumeSnapshotState{ObjectMeta: metav1.ObjectMeta{Name: "snap-shared-0"},
+		Spec: storev1.VolumeSnapshotStateSpec{CSIName: "snapshot-shared-0", SourceVolume: storev1.VolumeID("pvc-shared-0"), StoreName: "thin.node-c", Pool: "thin"}}))
 
 	// node-c's agent has reported a kernel without NVMe authentication (bookworm's 6.1)
 	var agentC storev1.Agent
@@ -210,6 +217,52 @@ func TestLive(t *testing.T) {
 					t.Errorf("message %q does not name the PVC and its annotation", m)
 				}
 			}}},
+		// Expected: node-a's two local volumes leave it for node-b, the only other Store of
+		// pool fast: largest first, db-0 (40Gi) takes 40 of node-b's 50Gi available, so
+		// cache-0 (20Gi) has no room; node-c carries no Store of the pool.
+		{"evacuate", want{exit: diff.ExitViolations,
+			objects: []string{"change Store/fast.node-a"},
+			violations: []string{"EvacuateNodeNotInPool StoragePool/fast spec.evacuateNodes testdata/live/evacuate/pools.yaml:15",
+				"MoveNoRoom StoragePool/fast spec.evacuateNodes testdata/live/evacuate/pools.yaml:15"},
+			check: func(t *testing.T, r *diff.Report) {
+				m := r.Storage.Moves
+				if m == nil || len(m.Moves) != 2 {
+					t.Fatalf("moves: %+v", m)
+				}
+				db, cache := m.Moves[0], m.Moves[1]
+				if db.Volume != storev1.VolumeID("pvc-db-0") || db.Claim != "default/db-0" || db.PV != "pvc-db-0" ||
+					db.Source != "fast.node-a" || db.Target != "fast.node-b" || db.Bytes != 40*gi ||
+					db.Disruption != move.DisruptionPodRestart || db.RateMeasured || db.DurationSeconds != 410 {
+					t.Errorf("db-0 move %+v", db)
+				}
+				if cache.Claim != "default/cache-0" || cache.Disruption != move.DisruptionBlocked || cache.Blocked != move.BlockedNoRoom ||
+					!strings.Contains(cache.Reason, "the most room left on an eligible Store of pool fast is 10Gi (fast.node-b") {
+					t.Errorf("cache-0 move %+v", cache)
+				}
+				want := move.PoolCapacity{Pool: "fast", ProvisionedBefore: 100 * gi, ProvisionedAfter: 100 * gi, AvailableBefore: 80 * gi,
+					AvailableAfter: 10 * gi, MovesIn: 1, MovesOut: 1, Left: 20 * gi}
+				if len(m.Pools) != 1 || m.Pools[0] != want {
+					t.Errorf("pools %+v, want %+v", m.Pools, want)
+				}
+				if m.Bytes != 40*gi || m.Seconds != 410 || m.Blocked != 1 || m.AssumedRate != diff.DefaultMoveRate {
+					t.Errorf("totals %+v", m)
+				}
+			}}},
+		// Expected: Placement shared moves to pool fast with existingVolumes: Move, so its
+		// NVMe-oF volume would follow, but it has a snapshot: refused.
+		{"follow", want{exit: diff.ExitViolations,
+			objects:    []string{"replace StorageClass/plinth-shared", "change Agent/node-a", "change Agent/node-b", "change Agent/node-c"},
+			violations: []string{"MoveSnapshots Placement/shared spec.existingVolumes testdata/live/follow/placements.yaml:38"},
+			check: func(t *testing.T, r *diff.Report) {
+				m := r.Storage.Moves
+				if m == nil || len(m.Moves) != 1 {
+					t.Fatalf("moves: %+v", m)
+				}
+				if mv := m.Moves[0]; mv.Claim != "default/shared-0" || mv.Pool != "fast" || mv.Protocol != move.ProtocolNVMeoF ||
+					mv.Blocked != move.BlockedSnapshots || !strings.Contains(mv.Reason, "snap-shared-0") {
+					t.Errorf("shared-0 move %+v", mv)
+				}
+			}}},
 		{"overcommit", want{exit: diff.ExitViolations,
 			objects:    []string{"change Store/thin.node-c"},
 			violations: []string{"OvercommitExceeded StoragePool/thin spec.overcommitPercent testdata/live/overcommit/pools.yaml:29"}}},
@@ -290,6 +343,86 @@ func TestLive(t *testing.T) {
 		if !found {
 			t.Errorf("no impact reported for plinth-scratch: %+v", r.Storage.Classes)
 		}
+	})
+
+	// --move-rate reaches the plan: 40Gi at 1Gi/s is 40 s, and the report says it is assumed.
+	t.Run("evacuate-rate", func(t *testing.T) {
+		o := opts
+		o.MoveRate = gi
+		r, err := diff.Live(ctx, []string{"testdata/live/evacuate"}, o)
+		must(t, err)
+		m := r.Storage.Moves
+		if m == nil || m.Moves[0].DurationSeconds != 40 || m.Moves[0].RateMeasured || m.AssumedRate != gi || m.Seconds != 40 {
+			t.Fatalf("moves at 1Gi/s: %+v", m)
+		}
+		var text bytes.Buffer
+		must(t, diff.Write(&text, r, diff.FormatText))
+		if !strings.Contains(text.String(), "40s*") || !strings.Contains(text.String(), "assume a copy rate of 1Gi/s") {
+			t.Errorf("text does not show the assumed rate:\n%s", text.String())
+		}
+	})
+
+	// The controller does what the diff predicted for "evacuate", and no more: the Store is
+	// marked evacuated (no new volume: IsDraining), the pool reports Evacuating with the
+	// moves not carried out, and every volume stays where it is. Undone before "applied".
+	t.Run("evacuate-applied", func(t *testing.T) {
+		set := func(nodes []string) {
+			update(t, c, &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: "fast"}}, func(p *policyv1.StoragePool) {
+				p.Spec.EvacuateNodes = nodes
+			})
+		}
+		set([]string{"node-a", "node-c"})
+		eventually(t, "Store fast.node-a evacuated and pool fast Evacuating", func() error {
+			var s storev1.Store
+			if err := c.Get(ctx, types.NamespacedName{Name: "fast.node-a"}, &s); err != nil {
+				return err
+			}
+			if !s.Spec.Evacuate || !s.IsDraining() || s.IsMarkedDraining() {
+				return fmt.Errorf("Store spec %+v, annotations %v", s.Spec, s.Annotations)
+			}
+			var p policyv1.StoragePool
+			if err := c.Get(ctx, types.NamespacedName{Name: "fast"}, &p); err != nil {
+				return err
+			}
+			ev := conditions.Get(&p, policy.EvacuatingCondition)
+			if ev == nil || ev.Status != metav1.ConditionTrue || ev.Reason != policy.ReasonMovesNotExecuted ||
+				!strings.Contains(ev.Message, "fast.node-a") || !strings.Contains(ev.Message, "holding 60Gi") {
+				return fmt.Errorf("Evacuating %+v", ev)
+			}
+			return nil
+		})
+		// The evacuation merged, diffing the same tree again plans the same moves, the blocked
+		// one included, but it is no violation any more: this change does not cause it.
+		r, err := diff.Live(ctx, []string{"testdata/live/evacuate"}, opts)
+		must(t, err)
+		if r.ExitCode() != diff.ExitNoChange || len(r.Violations) != 0 || r.Storage.Moves == nil || r.Storage.Moves.Blocked != 1 {
+			t.Errorf("evacuate again after it was applied: exit %d, violations %+v, moves %+v", r.ExitCode(), r.Violations, r.Storage.Moves)
+		}
+		var vols storev1.VolumeStateList
+		must(t, c.List(ctx, &vols))
+		if len(vols.Items) != 4 {
+			t.Errorf("%d VolumeStates after the evacuation was applied, want the 4 made (nothing moved or deleted)", len(vols.Items))
+		}
+		for _, v := range vols.Items {
+			if !v.DeletionTimestamp.IsZero() {
+				t.Errorf("VolumeState %s being deleted", v.Name)
+			}
+		}
+		set(nil)
+		eventually(t, "evacuation lifted", func() error {
+			var s storev1.Store
+			if err := c.Get(ctx, types.NamespacedName{Name: "fast.node-a"}, &s); err != nil {
+				return err
+			}
+			var p policyv1.StoragePool
+			if err := c.Get(ctx, types.NamespacedName{Name: "fast"}, &p); err != nil {
+				return err
+			}
+			if s.Spec.Evacuate || conditions.Get(&p, policy.EvacuatingCondition) != nil {
+				return fmt.Errorf("Store evacuate %v, pool Evacuating %+v", s.Spec.Evacuate, conditions.Get(&p, policy.EvacuatingCondition))
+			}
+			return nil
+		})
 	})
 
 	// The controller does what the diff predicted: apply "narrow" and "removed" together
@@ -501,6 +634,17 @@ func setCapacity(t *testing.T, c client.Client, store string, total, allocatable
 	eventually(t, "Store "+store, func() error { return c.Get(ctx, types.NamespacedName{Name: store}, &s) })
 	s.Status.Capacity = &storev1.Capacity{Total: total, Allocatable: allocatable, Provisioned: provisioned, Available: max(allocatable-provisioned, 0)}
 	must(t, c.Status().Update(ctx, &s))
+}
+
+// attach creates the attached VolumeAttachment of pv on node, standing in for csi-attacher.
+func attach(t *testing.T, c client.Client, pv, node string) {
+	t.Helper()
+	va := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: "csi-" + pv},
+		Spec: storagev1.VolumeAttachmentSpec{Attacher: policyv1.DriverName, NodeName: node,
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}}}
+	must(t, c.Create(ctx, va))
+	va.Status.Attached = true
+	must(t, c.Status().Update(ctx, va))
 }
 
 // volume creates a VolumeState on store (standing in for the CSI controller and the agent),

@@ -3,6 +3,7 @@ package diff
 import (
 	"fmt"
 
+	"github.com/plinth-storage/plinth/controllers/move"
 	"github.com/plinth-storage/plinth/controllers/storageclass"
 	"github.com/plinth-storage/plinth/schema/vet"
 )
@@ -162,6 +163,11 @@ type StorageImpact struct {
 	// SnapshotClasses are VolumeSnapshotClasses the change alters or prunes, with the
 	// VolumeSnapshots that name them (live mode).
 	SnapshotClasses []SnapshotClassImpact `json:"snapshotClasses,omitempty"`
+	// Moves is the plan of the volume moves the proposed policy asks for (StoragePool
+	// spec.evacuateNodes, Placement spec.existingVolumes: Move), live mode only; absent when
+	// no volume is to move. Blocked moves are violations too. Not carried out yet: see
+	// docs/design.md#data-mobility.
+	Moves *move.Result `json:"moves,omitempty"`
 }
 
 // SnapshotClassImpact is one VolumeSnapshotClass the change affects. Neither a change nor a

@@ -17,6 +17,10 @@ const (
 	// cluster, and what Plinth rendered from it, is older than Git. Absent when no sync tool
 	// applied the object. It never gates Ready.
 	SyncedCondition = "Synced"
+	// EvacuatingCondition is True on a StoragePool whose spec.evacuateNodes selects some of
+	// its Stores (rendered with spec.evacuate: they take no new volume); absent otherwise. It
+	// never gates Ready.
+	EvacuatingCondition = "Evacuating"
 )
 
 // Reasons, PascalCase.
@@ -60,6 +64,10 @@ const (
 	// its lastAppliedRevision while its Ready is False; an Argo CD sync that failed): the
 	// message names the revision applied, the one refused and the sync tool's reason.
 	ReasonRevisionRefused = "RevisionRefused"
+	// ReasonMovesNotExecuted surfaces with Evacuating=True: the evacuated Stores take no new
+	// volume, and moving the volumes they hold is not carried out yet (plinth diff shows the
+	// plan; docs/design.md#data-mobility): nothing is moved or deleted.
+	ReasonMovesNotExecuted = "MovesNotExecuted"
 	// ReasonPruned surfaces as an event when an object left Git and was deleted.
 	ReasonPruned = "Pruned"
 	// ReasonDraining surfaces as an event when a Store that left Git still holds volumes.

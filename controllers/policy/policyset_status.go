@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -235,19 +236,27 @@ func setDrifted(p *policyObject, drifted, corrected []drift.Item) {
 type poolStores struct {
 	rendered map[string]int
 	live     map[string][]*storev1.Store
+	// evacuated are the names of the rendered Stores with spec.evacuate, by pool, sorted.
+	evacuated map[string][]string
 }
 
 // indexPoolStores indexes the rendered Stores and the live stores by pool: a live Store counts
 // for the pool whose rendered Store has its name.
 func indexPoolStores(rendered *render.Output, stores []storev1.Store) poolStores {
-	idx := poolStores{rendered: map[string]int{}, live: map[string][]*storev1.Store{}}
+	idx := poolStores{rendered: map[string]int{}, live: map[string][]*storev1.Store{}, evacuated: map[string][]string{}}
 	poolOf := make(map[string]string, len(rendered.Stores))
 	for i := range rendered.Stores {
 		s := &rendered.Stores[i]
 		if _, dup := poolOf[s.Name]; !dup {
 			idx.rendered[s.Spec.Pool]++
+			if s.Spec.Evacuate {
+				idx.evacuated[s.Spec.Pool] = append(idx.evacuated[s.Spec.Pool], s.Name)
+			}
 		}
 		poolOf[s.Name] = s.Spec.Pool
+	}
+	for _, names := range idx.evacuated {
+		sort.Strings(names)
 	}
 	for i := range stores {
 		if p, ok := poolOf[stores[i].Name]; ok {
@@ -283,6 +292,28 @@ func setPoolStatus(pool *policyv1.StoragePool, idx poolStores) {
 	pool.Status.Capacity = capacity
 	sort.Strings(notReady)
 	setStoresReady(pool, want, ready, capacity.ReportingStores, notReady)
+	setEvacuating(pool, idx.evacuated[pool.Name], idx.live[pool.Name])
+}
+
+// setEvacuating sets Evacuating from the pool's evacuated Stores (rendered with spec.evacuate)
+// and what the live ones among them hold; without any, the condition is removed. Moves are not
+// carried out yet, and the message says so.
+func setEvacuating(pool *policyv1.StoragePool, evacuated []string, live []*storev1.Store) {
+	if len(evacuated) == 0 {
+		conditions.Delete(pool, EvacuatingCondition)
+		return
+	}
+	var held int64
+	reported := 0
+	for _, s := range live {
+		if c := s.Status.Capacity; c != nil && slices.Contains(evacuated, s.Name) {
+			held += c.Provisioned
+			reported++
+		}
+	}
+	conditions.MarkTrue(pool, EvacuatingCondition, ReasonMovesNotExecuted,
+		"%d Stores evacuated (%s), holding %s (%d of them reported): they take no new volume; moving their volumes is not carried out yet (plinth diff shows the plan), nothing is moved or deleted",
+		len(evacuated), summarize(evacuated, 10), storev1.HumanBytes(held), reported)
 }
 
 // setStoresReady sets StoresReady from how many of want Stores are ready and reporting.

@@ -55,6 +55,28 @@ func TestSetPoolStatus(t *testing.T) {
 	}
 }
 
+func TestSetPoolStatusEvacuating(t *testing.T) {
+	pool := &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+	evac := store("p.a", "p", nil, true)
+	evac.Spec.Evacuate = true
+	out := &render.Output{Stores: []storev1.Store{evac, store("p.b", "p", nil, true)}}
+	live := []storev1.Store{store("p.a", "p", &storev1.Capacity{Total: 100 << 30, Provisioned: 40 << 30}, true),
+		store("p.b", "p", &storev1.Capacity{Total: 100 << 30, Provisioned: 1 << 30}, true)}
+
+	setPoolStatus(pool, indexPoolStores(out, live))
+	c := conditions.Get(pool, EvacuatingCondition)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonMovesNotExecuted ||
+		!strings.Contains(c.Message, "1 Stores evacuated (p.a), holding 40Gi (1 of them reported)") ||
+		!strings.Contains(c.Message, "not carried out yet") || !strings.Contains(c.Message, "nothing is moved or deleted") {
+		t.Fatalf("Evacuating: %+v", c)
+	}
+	out.Stores[0].Spec.Evacuate = false
+	setPoolStatus(pool, indexPoolStores(out, live))
+	if c := conditions.Get(pool, EvacuatingCondition); c != nil {
+		t.Fatalf("Evacuating kept after the evacuation left the policy: %+v", c)
+	}
+}
+
 func TestSetDriftedKeepsLastCorrection(t *testing.T) {
 	pl := &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: "x", Generation: 1}}
 	p := &policyObject{obj: pl, kind: "Placement", status: &pl.Status, setter: pl}

@@ -2,6 +2,7 @@ package render
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -324,6 +325,12 @@ func store(p *policyv1.StoragePool, node string) storev1.Store {
 	if p.Spec.OvercommitPercent != nil {
 		over = *p.Spec.OvercommitPercent
 	}
+	// Only when set: Stores of pools that evacuate nothing and keep the default concurrency
+	// keep the spec they had.
+	var parallel int32
+	if p.Spec.MaxParallelMovesPerStore > policyv1.DefaultMaxParallelMovesPerStore {
+		parallel = p.Spec.MaxParallelMovesPerStore
+	}
 	return storev1.Store{
 		TypeMeta: metav1.TypeMeta{APIVersion: storev1.GroupVersion.String(), Kind: "Store"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -341,6 +348,8 @@ func store(p *policyv1.StoragePool, node string) storev1.Store {
 			Reserve:           orDefault(p.Spec.Reserve, "0"),
 			OvercommitPercent: over,
 			DriftPolicy:       policyv1.DriftPolicy(orDefault(string(p.Spec.DriftPolicy), string(policyv1.DriftPolicyReport))),
+			Evacuate:          slices.Contains(p.Spec.EvacuateNodes, node),
+			MaxParallelMoves:  parallel,
 		},
 	}
 }

@@ -450,6 +450,7 @@ var hints = map[string]string{
 	"parentDataset": "must be a dataset path such as k8s/volumes: components of [A-Za-z0-9_.:-] separated by '/'",
 	"directory":     "must be an absolute path",
 	"devices":       "must be block device paths under /dev",
+	"evacuateNodes": "must be Node names: lowercase DNS-1123 subdomains of at most 253 bytes",
 }
 
 // describe rewrites a CUE message about a regular expression into a sentence naming the rule.

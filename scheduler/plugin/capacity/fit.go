@@ -31,10 +31,10 @@ const (
 	FilterReasonNoAllocatable = "Store has 0 allocatable bytes"
 	FilterReasonInsufficient  = "not enough free capacity in the pool"
 	FilterReasonNoInitiator   = "node is not an NVMe-oF initiator"
-	FilterReasonDraining      = "Store is draining (its node left the pool's policy)"
+	FilterReasonDraining      = "Store takes no new volume (draining: its node left the pool's policy, or evacuated: the pool lists it in evacuateNodes)"
 )
 
-// classify checks a Store: draining (annotation plinth.dev/draining) first, then its
+// classify checks a Store: draining (annotation plinth.dev/draining, or spec.evacuate) first, then its
 // status.capacity. Thin pools may report available above allocatable (overcommit), so that is
 // not an inconsistency.
 func classify(st *storev1.Store) capState {

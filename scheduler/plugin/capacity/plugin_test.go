@@ -144,10 +144,19 @@ func TestBadCapacityData(t *testing.T) {
 	}
 }
 
-// A Store marked plinth.dev/draining (its node left the pool's policy while it holds volumes)
-// takes no new volumes: its node is filtered out with its own reason however much room it
-// reports, and is schedulable again once the mark is cleared.
+// A Store marked plinth.dev/draining (its node left the pool's policy while it holds volumes),
+// or evacuated (spec.evacuate: its pool lists the node in evacuateNodes), takes no new volumes:
+// its node is filtered out with its own reason however much room it reports, and is
+// schedulable again once the mark is cleared.
 func TestDrainingStoreTakesNoNewVolumes(t *testing.T) {
+	for _, evacuate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "draining", true: "evacuated"}[evacuate], func(t *testing.T) {
+			testStoreTakesNoNewVolumes(t, evacuate)
+		})
+	}
+}
+
+func testStoreTakesNoNewVolumes(t *testing.T, evacuate bool) {
 	f := newFixture(t)
 	f.store("pool-a", "n1", avail(10*GiB))
 	f.store("pool-a", "n2", avail(100*GiB))
@@ -158,7 +167,10 @@ func TestDrainingStoreTakesNoNewVolumes(t *testing.T) {
 			Spec:   storev1.StoreSpec{Pool: "pool-a", NodeName: "n2"},
 			Status: storev1.StoreStatus{Capacity: avail(100 * GiB)},
 		}
-		if mark {
+		switch {
+		case mark && evacuate:
+			st.Spec.Evacuate = true
+		case mark:
 			st.Annotations = map[string]string{storev1.AnnotationDraining: "true"}
 		}
 		f.p.cache.upsertStore(st)

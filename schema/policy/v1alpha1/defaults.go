@@ -12,12 +12,17 @@ const (
 	DefaultPartitioning        = PartitioningGPT
 	DefaultCipher              = "aes-xts-plain64"
 	DefaultKeySize             = 512
+	// DefaultMaxParallelMovesPerStore is one volume move at a time per Store.
+	DefaultMaxParallelMovesPerStore = 1
 )
 
 // Default fills the unset fields of a StoragePool with their defaults.
 func (in *StoragePool) Default() {
 	if in.Spec.DriftPolicy == "" {
 		in.Spec.DriftPolicy = DriftPolicyReport
+	}
+	if in.Spec.MaxParallelMovesPerStore == 0 {
+		in.Spec.MaxParallelMovesPerStore = DefaultMaxParallelMovesPerStore
 	}
 	if l := in.Spec.Backend.LVM; l != nil && l.ThinPool != nil && l.ThinPool.SizePercent == 0 {
 		l.ThinPool.SizePercent = DefaultThinPoolSizePercent
@@ -65,6 +70,9 @@ func (in *Placement) Default() {
 	}
 	if in.Spec.Strategy == "" {
 		in.Spec.Strategy = StrategyBinpack
+	}
+	if in.Spec.ExistingVolumes == "" {
+		in.Spec.ExistingVolumes = ExistingVolumesStay
 	}
 	if s := in.Spec.SnapshotClass; s != nil && s.DeletionPolicy == "" {
 		s.DeletionPolicy = DefaultReclaimPolicy // Delete, like reclaimPolicy

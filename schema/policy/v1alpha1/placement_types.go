@@ -20,6 +20,20 @@ const (
 	ReplacementAlways Replacement = "Always"
 )
 
+// ExistingVolumes says what happens to a Placement's existing volumes when its poolRef changes.
+// +kubebuilder:validation:Enum=Stay;Move
+type ExistingVolumes string
+
+const (
+	// ExistingVolumesStay leaves existing volumes in the pool they were made in (their policy
+	// is frozen at creation); only new volumes go to the new pool. The default.
+	ExistingVolumesStay ExistingVolumes = "Stay"
+	// ExistingVolumesMove plans a move of each existing volume of the Placement to a Store of
+	// its new pool when poolRef changes (plinth diff shows the plan). Moving the data is not
+	// carried out yet (docs/design.md#data-mobility).
+	ExistingVolumesMove ExistingVolumes = "Move"
+)
+
 // Strategy orders nodes with room for a volume.
 // +kubebuilder:validation:Enum=Binpack;Spreadout
 type Strategy string
@@ -53,6 +67,12 @@ type PlacementSpec struct {
 	// +optional
 	// +kubebuilder:default=Binpack
 	Strategy Strategy `json:"strategy,omitempty"`
+	// ExistingVolumes is Stay (default: a change of poolRef applies to new volumes only) or
+	// Move (the existing volumes of this Placement follow a change of poolRef: plinth diff
+	// plans a move of each to a Store of the new pool; not carried out yet).
+	// +optional
+	// +kubebuilder:default=Stay
+	ExistingVolumes ExistingVolumes `json:"existingVolumes,omitempty"`
 	// SpreadAcross is a node label key, such as topology.kubernetes.io/zone: the volumes of one
 	// workload (the pods of one controller, such as a StatefulSet or ReplicaSet; a pod without
 	// one is its own workload) are spread across the label's values, at most one volume apart,

@@ -43,6 +43,31 @@ type StoragePoolSpec struct {
 	// +optional
 	// +kubebuilder:default=Report
 	DriftPolicy DriftPolicy `json:"driftPolicy,omitempty"`
+
+	// EvacuateNodes names the nodes (Node names) whose Stores of this pool are to be emptied:
+	// each such Store takes no new volume (as a draining one), and its volumes are planned to
+	// move to the pool's other Stores (plinth diff shows each move). Moving the data is not
+	// carried out yet: the controller reports the pool Evacuating (reason MovesNotExecuted)
+	// and moves or deletes nothing (docs/design.md#data-mobility). A node listed here that
+	// the pool does not select is a plinth diff violation (EvacuateNodeNotInPool). Unlike dropping a node from nodeSelector
+	// (its Store drains: kept until its owners delete their volumes), this is a Git change
+	// plinth diff can plan. 1 to 64 unique names.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	EvacuateNodes []string `json:"evacuateNodes,omitempty"`
+
+	// MaxParallelMovesPerStore is how many volume moves a Store of this pool takes part in at
+	// once, as source or target, 1–16. Default 1: one volume at a time per Store. plinth diff
+	// schedules its estimated durations with it.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16
+	// +kubebuilder:default=1
+	MaxParallelMovesPerStore int32 `json:"maxParallelMovesPerStore,omitempty"`
 }
 
 // Backend holds exactly one storage backend.

@@ -105,10 +105,10 @@ const (
 	ReasonCorruptMark = "CorruptMark"
 )
 
-// ReasonStoreDraining surfaces on a VolumeState's Ready when its Store carries
-// plinth.dev/draining and the volume does not exist yet: a draining Store keeps serving the
-// volumes it holds and takes no new one (the agent retries at its refresh interval, in case
-// the mark is lifted).
+// ReasonStoreDraining surfaces on a VolumeState's Ready when its Store takes no new volume
+// (Store.IsDraining: it carries plinth.dev/draining, or spec.evacuate) and the volume does not
+// exist yet: such a Store keeps serving the volumes it holds and takes no new one (the agent
+// retries at its refresh interval, in case the mark is lifted).
 const ReasonStoreDraining = "StoreDraining"
 
 // Reasons of Ready=False the controller writes on the Agent and the Stores of a node whose

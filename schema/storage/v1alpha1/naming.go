@@ -62,8 +62,17 @@ func NameLabelValue(name string) string {
 // last volume is gone.
 const AnnotationDraining = "plinth.dev/draining"
 
-// IsDraining reports whether the Store carries the AnnotationDraining mark.
-func (s *Store) IsDraining() bool { return s.Annotations[AnnotationDraining] == "true" }
+// IsDraining reports whether the Store takes no new volume: it carries the AnnotationDraining
+// mark (it left the policy) or spec.evacuate (its pool evacuates its node). Either way its agent
+// keeps serving the volumes it holds, the CSI controller places no new volume on it and the
+// scheduler plugin filters its node out for new claims of its pool.
+func (s *Store) IsDraining() bool {
+	return s.Annotations[AnnotationDraining] == "true" || s.Spec.Evacuate
+}
+
+// IsMarkedDraining reports whether the Store carries the AnnotationDraining mark alone: it left
+// the rendered policy set and is kept for the volumes it holds.
+func (s *Store) IsMarkedDraining() bool { return s.Annotations[AnnotationDraining] == "true" }
 
 // FinalizerVolume is the agent's finalizer on a VolumeState: held until the agent removed the
 // volume's export and volume. The CSI controller releases it itself only when the Node of the

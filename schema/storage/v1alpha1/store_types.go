@@ -26,6 +26,15 @@ type StoreSpec struct {
 	// DriftPolicy is the pool's drift policy.
 	// +optional
 	DriftPolicy policyv1alpha1.DriftPolicy `json:"driftPolicy,omitempty"`
+	// Evacuate is true when the pool lists this Store's node in spec.evacuateNodes: the Store
+	// takes no new volume (IsDraining) and its volumes are to move to the pool's other Stores
+	// (not carried out yet: docs/design.md#data-mobility).
+	// +optional
+	Evacuate bool `json:"evacuate,omitempty"`
+	// MaxParallelMoves is the pool's maxParallelMovesPerStore: how many volume moves this
+	// Store takes part in at once, as source or target (1 when unset).
+	// +optional
+	MaxParallelMoves int32 `json:"maxParallelMoves,omitempty"`
 }
 
 // Capacity is a store's capacity in bytes. Available is the one number every part uses:
