@@ -349,6 +349,13 @@ func TestHostFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("IdentityStampedAndForeignOrphansKept", func(t *testing.T) {
+		identityHost(t, e, s, dir, agent.Options{
+			NodeName: node, StateDir: state, RefreshInterval: time.Second, MetricsAddr: "0", ProbeAddr: "0",
+			HostNQNFile: nqnFile, SysRoot: sys, NVMetRoot: spec.NVMetRoot,
+		})
+	})
+
 	t.Run("StalePublicationRefused", func(t *testing.T) {
 		// The node already acted on publicationGeneration 5 of this lifecycle
 		// (its mark says so); the VolumeState it now reads carries 2: a

@@ -69,6 +69,9 @@ type node struct {
 	// orphanSince is when this process first saw each orphan volume, per Store
 	// (orphans.go); guarded by mu.
 	orphanSince map[string]map[string]time.Time
+	// claimTried is when this process last read, and did not find, the PV of a volume whose
+	// identity stamp names no claim yet (identity.go); guarded by mu.
+	claimTried map[string]time.Time
 }
 
 // storeRuntime is a Store's backend instance and what the last refresh saw.
@@ -168,6 +171,7 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		stores:    map[string]*storeRuntime{},
 
 		orphanSince: map[string]map[string]time.Time{},
+		claimTried:  map[string]time.Time{},
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, err
