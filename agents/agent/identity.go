@@ -130,3 +130,31 @@ func foreignStamp(s *storev1.Store, v backend.Volume) string {
 	}
 	return ""
 }
+
+// adopts reports whether vs, made by `plinth adopt`, may take over its volume from the
+// lifecycle of a lost control plane: it names (AnnotationAdoptedFrom) the Store UID that the
+// volume's identity stamp holds, and that is not store's own UID (a stamp the current Store
+// wrote means the volume's VolumeState of this control plane existed: no adoption).
+func (r *node) adopts(ctx context.Context, vs *storev1.VolumeState, store *storev1.Store) bool {
+	from := vs.Annotations[storev1.AnnotationAdoptedFrom]
+	if from == "" || from == string(store.UID) {
+		return false
+	}
+	be, err := r.backend(ctx, store, r.runtime(store))
+	if err != nil {
+		return false
+	}
+	st, ok := be.(backend.Stamper)
+	if !ok {
+		return false
+	}
+	got, err := st.ReadStamp(ctx, vs.Name)
+	if err != nil || got == nil {
+		return false
+	}
+	adopt := got.StoreUID == from && got.VolumeID == vs.Name
+	if adopt {
+		ctrl.LoggerFrom(ctx).Info("adopting a volume of a lost control plane: its old lifecycle is retired", "volume", vs.Name, "fromStoreUID", from)
+	}
+	return adopt
+}

@@ -203,4 +203,7 @@ type Stamper interface {
 	// had, and never touches the volume's data. Errors: ErrNotFound when the volume is
 	// absent; ErrInvalidArgument when s is not a valid stamp.
 	Stamp(ctx context.Context, s identity.Stamp) error
+	// ReadStamp returns the stamp of volume id: (nil, nil) when it has none. Errors:
+	// ErrInvalidArgument for a bad id; identity.ErrTorn, identity.ErrUnknownVersion.
+	ReadStamp(ctx context.Context, id string) (*identity.Stamp, error)
 }

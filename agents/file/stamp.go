@@ -70,6 +70,14 @@ func writeAtomic(path string, data []byte) (err error) {
 	return d.Sync()
 }
 
+// ReadStamp returns the identity record of volume id: (nil, nil) when it has none.
+func (f *File) ReadStamp(ctx context.Context, id string) (*identity.Stamp, error) {
+	if err := backend.ValidateVolumeID(id); err != nil {
+		return nil, err
+	}
+	return f.readStamp(id)
+}
+
 // readStamp reads the record of volume id: (nil, nil) when it has none.
 func (f *File) readStamp(id string) (*identity.Stamp, error) {
 	fh, err := os.Open(filepath.Join(f.cfg.Directory, id+stampSuffix))
