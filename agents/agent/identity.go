@@ -17,9 +17,10 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// claimRetry is how long a volume whose PV was not found waits before its PV is read again
-// (a PV appears only after CreateVolume answered; csi-sanity's volumes never get one).
-const claimRetry = 5 * time.Minute
+// claimRetryRefreshes is how many Store refreshes a volume whose PV was not found waits before
+// its PV is read again (a PV appears only after CreateVolume answered; csi-sanity's volumes
+// never get one): 2 minutes at the default 30 s.
+const claimRetryRefreshes = 4
 
 // desiredStamp is the identity stamp volume vs of Store s should carry: its own fields from
 // the VolumeState, the claim from prior when prior names the same PV, else from pv (nil: no
@@ -58,7 +59,7 @@ func (r *storeReconciler) stampVolume(ctx context.Context, s *storev1.Store, be 
 		r.mu.Lock()
 		tried, seen := r.claimTried[vs.Name]
 		r.mu.Unlock()
-		if !seen || time.Since(tried) >= claimRetry {
+		if !seen || time.Since(tried) >= claimRetryRefreshes*r.opts.RefreshInterval {
 			got := &corev1.PersistentVolume{}
 			err := r.reader.Get(ctx, client.ObjectKey{Name: vs.Spec.CSIName}, got)
 			switch {
