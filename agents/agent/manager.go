@@ -120,6 +120,7 @@ func CacheOptions(nodeName string) cache.Options {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status;volumestates/status;volumesnapshotstates/status,verbs=get;patch;update
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers;volumesnapshotstates/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 //
 // The key server's certificate, read through the API while kubelet has not filled the Pod's
