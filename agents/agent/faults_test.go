@@ -21,6 +21,7 @@ import (
 	"github.com/plinth-storage/plinth/agents/fencing"
 	"github.com/plinth-storage/plinth/agents/file"
 	"github.com/plinth-storage/plinth/internal/failpoint"
+	"github.com/plinth-storage/plinth/internal/identity"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -385,6 +386,13 @@ func TestHostFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("IdentityStampedAndForeignOrphansKept", func(t *testing.T) {
+		identityHost(t, e, s, dir, agent.Options{
+			NodeName: node, StateDir: state, RefreshInterval: time.Second, MetricsAddr: "0", ProbeAddr: "0",
+			HostNQNFile: nqnFile, SysRoot: sys, NVMetRoot: spec.NVMetRoot,
+		})
+	})
+
 	t.Run("StalePublicationRefused", func(t *testing.T) {
 		// The node already acted on publicationGeneration 5 of this lifecycle
 		// (its mark says so); the VolumeState it now reads carries 2: a
@@ -504,12 +512,22 @@ func assertOneVolume(t *testing.T, ctx context.Context, c client.Client, dir, pa
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ents) != 1 || ents[0].Name() != filepath.Base(path) {
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
+	// the image, and its identity record once a Store refresh has stamped it (a valid stamp of
+	// this volume: never a torn one after a crash)
+	record := strings.TrimSuffix(path, ".img") + ".id"
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if len(ents) == 2 && ents[0].Name() == filepath.Base(record) { // ".id" sorts before ".img"
+		b, err := os.ReadFile(record)
+		if st, perr := identity.ParseText(string(b)); err != nil || perr != nil || st.VolumeID != vs.Name {
+			t.Errorf("identity record %s: %+v, %v %v", record, st, err, perr)
 		}
-		t.Errorf("volume folder holds %v, want only %s", names, filepath.Base(path))
+		ents = ents[1:]
+	}
+	if len(ents) != 1 || ents[0].Name() != filepath.Base(path) {
+		t.Errorf("volume folder holds %v, want only %s (and its identity record)", names, filepath.Base(path))
 	}
 	fi, err := os.Stat(path)
 	if err != nil || fi.Size() != want {

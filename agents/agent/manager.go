@@ -69,6 +69,9 @@ type node struct {
 	// orphanSince is when this process first saw each orphan volume, per Store
 	// (orphans.go); guarded by mu.
 	orphanSince map[string]map[string]time.Time
+	// claimTried is when this process last read, and did not find, the PV of a volume whose
+	// identity stamp names no claim yet (identity.go); guarded by mu.
+	claimTried map[string]time.Time
 }
 
 // storeRuntime is a Store's backend instance and what the last refresh saw.
@@ -117,6 +120,7 @@ func CacheOptions(nodeName string) cache.Options {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status;volumestates/status;volumesnapshotstates/status,verbs=get;patch;update
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers;volumesnapshotstates/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 //
 // The key server's certificate, read through the API while kubelet has not filled the Pod's
@@ -168,6 +172,7 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		stores:    map[string]*storeRuntime{},
 
 		orphanSince: map[string]map[string]time.Time{},
+		claimTried:  map[string]time.Time{},
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, err

@@ -46,11 +46,18 @@ var (
 	// VolumeGroup, ThinPool). Defined once for the agent and the controller
 	// (internal/driftmetric).
 	DriftObjects = driftmetric.Objects
+	// StampWrites is plinth_agent_identity_stamp_writes_total: identity stamps written (a
+	// new volume, a claim learnt, a resize, a new Store object); 0 on a pass where every
+	// stamp is current.
+	StampWrites = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "plinth_agent_identity_stamp_writes_total",
+		Help: "Identity stamps written onto backend volumes.",
+	})
 )
 
 func init() {
 	metrics.Registry.MustRegister(StoreCapacityBytes, StoreThinUsedRatio, OperationDuration,
-		BackendCommands, FencingRejections, DriftObjects)
+		BackendCommands, FencingRejections, DriftObjects, StampWrites)
 	// Every reason starts at 0: a series born at 1 has no increase() over its first sample,
 	// so the first rejection after a start would never reach the PlinthFencingRejections alert.
 	for _, r := range []string{fencing.ReasonStaleGeneration, fencing.ReasonStalePublicationGeneration,

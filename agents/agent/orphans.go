@@ -17,7 +17,8 @@ import (
 
 // orphans returns the drift items of the volumes in vols that no VolumeState of this node
 // names (known). Under driftPolicy Correct an orphan seen for OrphanGracePeriod on this
-// process's refreshes is deleted — export first, then the volume, and its fencing mark is
+// process's refreshes is deleted — unless its identity stamp is unreadable or was written
+// under another Store object (foreignStamp: the volume of a lost control plane) — export first, then the volume, and its fencing mark is
 // released so that a new lifecycle of the same name is admitted —; it is reported until then,
 // and when the deletion fails. Orphans appear when a VolumeState was deleted while its node
 // was away (the CSI controller releases the finalizer of a deleted Node) or by hand.
@@ -47,7 +48,11 @@ func (r *storeReconciler) orphans(ctx context.Context, s *storev1.Store, rt *sto
 			continue
 		}
 		msg := fmt.Sprintf("volume %s carries Plinth's name but no VolumeState names it (driftPolicy Report: reported, never deleted)", v.ID)
-		if correct {
+		keep := foreignStamp(s, v)
+		if correct && keep != "" {
+			msg = fmt.Sprintf("volume %s carries Plinth's name but no VolumeState names it; driftPolicy Correct keeps it: %s", v.ID, keep)
+		}
+		if correct && keep == "" {
 			due := since.Add(r.opts.OrphanGracePeriod)
 			if !now.Before(due) {
 				err := r.deleteOrphan(ctx, rt, v.ID)

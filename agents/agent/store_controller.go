@@ -225,6 +225,9 @@ func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, rt 
 		byID[vols[i].ID] = &vols[i]
 	}
 	var exports map[string]*nvmet.Export
+	rt.mu.Lock()
+	be := rt.be
+	rt.mu.Unlock()
 	known := map[string]bool{}
 	var wake []string
 	for i := range list.Items {
@@ -237,6 +240,9 @@ func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, rt 
 		}
 		if !vs.DeletionTimestamp.IsZero() {
 			continue
+		}
+		if be != nil {
+			r.stampVolume(ctx, s, be, vs, byID[vs.Name])
 		}
 		var items []storev1.DriftItem
 		if d := volumeDrift(vs, byID[vs.Name]); d != nil {
@@ -261,6 +267,7 @@ func (r *storeReconciler) volumeDrift(ctx context.Context, s *storev1.Store, rt 
 		}
 	}
 	*drift = append(*drift, r.orphans(ctx, s, rt, vols, known)...)
+	s.Status.Unclaimed, s.Status.UnclaimedOmitted = unclaimed(vols, known)
 	return wake
 }
 

@@ -94,6 +94,7 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	next, err := fencing.Admit(mark, found, fencing.Work{
 		UID: string(vs.UID), Generation: vs.Generation, PublicationGeneration: vs.Spec.PublicationGeneration, Deleting: deleting,
+		Adopt: found && mark.UID != string(vs.UID) && !mark.Released && r.adopts(ctx, &vs, store),
 	})
 	var rej *fencing.Rejection
 	if errors.As(err, &rej) {

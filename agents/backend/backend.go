@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 
+	"github.com/plinth-storage/plinth/internal/identity"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
@@ -64,6 +65,12 @@ type Volume struct {
 	Thin bool
 	// DevicePath is the block device node when known and active, else "".
 	DevicePath string
+	// Stamp is the volume's identity stamp as List read it (backends that are Stampers),
+	// nil when it has none or it is unreadable.
+	Stamp *identity.Stamp
+	// StampErr is why the stamp is unreadable (wraps identity.ErrTorn or
+	// identity.ErrUnknownVersion), nil when it was read or there is none.
+	StampErr error
 }
 
 // Capacity is the physical capacity of a Store as the backend reports it.
@@ -186,4 +193,17 @@ func RoundUp(sizeBytes, unitBytes int64) int64 {
 		return sizeBytes
 	}
 	return (sizeBytes/unitBytes + 1) * unitBytes
+}
+
+// Stamper is a backend whose volumes carry the identity stamp (internal/identity,
+// docs/design.md "Volume identity stamp"): LV tags, zvol user properties, the file
+// backend's record beside the image. List fills Volume.Stamp and Volume.StampErr.
+type Stamper interface {
+	// Stamp writes s onto the backend object of volume s.VolumeID, replacing the stamp it
+	// had, and never touches the volume's data. Errors: ErrNotFound when the volume is
+	// absent; ErrInvalidArgument when s is not a valid stamp.
+	Stamp(ctx context.Context, s identity.Stamp) error
+	// ReadStamp returns the stamp of volume id: (nil, nil) when it has none. Errors:
+	// ErrInvalidArgument for a bad id; identity.ErrTorn, identity.ErrUnknownVersion.
+	ReadStamp(ctx context.Context, id string) (*identity.Stamp, error)
 }

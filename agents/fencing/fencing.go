@@ -61,6 +61,10 @@ type Work struct {
 	PublicationGeneration int64
 	// Deleting is true when the VolumeState has a deletion timestamp.
 	Deleting bool
+	// Adopt is true when the VolumeState adopts the volume of a lost control plane (the
+	// agent checked its identity stamp): an unreleased mark of another UID is retired, as a
+	// released one is, instead of refused, and all work of that UID is refused from then on.
+	Adopt bool
 }
 
 // Rejection is refused work; Reason is one of the Reason constants.
@@ -87,7 +91,7 @@ func Admit(m Mark, found bool, w Work) (Mark, error) {
 		}
 	}
 	if m.UID != w.UID {
-		if !m.Released {
+		if !m.Released && !w.Adopt {
 			return m, &Rejection{Reason: ReasonLifecycleConflict, Message: fmt.Sprintf(
 				"the volume still belongs to VolumeState UID %s, which never released it; remove the volume and the mark by hand to admit UID %s", m.UID, w.UID)}
 		}

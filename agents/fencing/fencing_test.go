@@ -28,6 +28,8 @@ func TestAdmit(t *testing.T) {
 		{"stale generation", cur, true, Work{UID: "u1", Generation: 4, PublicationGeneration: 3}, ReasonStaleGeneration, cur},
 		{"stale publication generation", cur, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 2}, ReasonStalePublicationGeneration, cur},
 		{"new UID while the old one holds the volume", cur, true, Work{UID: "u2", Generation: 1}, ReasonLifecycleConflict, cur},
+		{"adoption retires the lifecycle of a lost control plane", cur, true, Work{UID: "u2", Generation: 1, Adopt: true}, "", Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}},
+		{"the adopted-over lifecycle is refused", Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 4}, ReasonRetiredLifecycle, Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}},
 		{"new lifecycle after release", released, true, Work{UID: "u2", Generation: 1}, "", Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}},
 		{"retired UID", Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}, true, Work{UID: "u1", Generation: 9}, ReasonRetiredLifecycle, Mark{UID: "u2", Generation: 1, Retired: []string{"u1"}}},
 		{"released, not deleting", released, true, Work{UID: "u1", Generation: 6, PublicationGeneration: 3}, ReasonRetiredLifecycle, released},

@@ -557,6 +557,11 @@ func (f *File) Delete(ctx context.Context, id string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
+	// the record goes after the image: a crash between leaves no stamp without a volume
+	// that a List would show
+	if err := f.removeStamp(id); err != nil {
+		return fmt.Errorf("delete volume %s: identity record: %w", id, err)
+	}
 	return nil
 }
 
@@ -602,7 +607,9 @@ func (f *File) List(ctx context.Context) ([]backend.Volume, error) {
 		if devs, err = devicesOf(path, byFile, byPath); err != nil {
 			break
 		}
-		out = append(out, f.volumeOn(id, path, info.Size(), devs))
+		v := f.volumeOn(id, path, info.Size(), devs)
+		v.Stamp, v.StampErr = f.readStamp(id)
+		out = append(out, v)
 	}
 	f.idx.mu.Unlock()
 	if err != nil {

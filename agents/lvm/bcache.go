@@ -389,6 +389,7 @@ func (l *LVM) converge(ctx context.Context, backing, cache LV) (string, error) {
 func (l *LVM) cachedVolume(lv LV) backend.Volume {
 	v := backend.Volume{ID: lv.Name, Name: lv.Name, SizeBytes: lv.SizeBytes - BackingOffsetBytes}
 	v.DevicePath, _ = l.bcacheDevice(lv)
+	v.Stamp, v.StampErr = stampOf(lv)
 	return v
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/plinth-storage/plinth/agents/backend"
+	"github.com/plinth-storage/plinth/internal/identity"
 )
 
 // Guest tests run in the qemu guest of test/kernel (make test-kernel) on the
@@ -195,6 +196,55 @@ func TestGuestLinearAndThin(t *testing.T) {
 	if got, want := tc.Available(0, 300), pool.SizeBytes*3-3<<30; got != want {
 		t.Errorf("thin available %d, want %d", got, want)
 	}
+	// The identity stamp: LV tags written in one lvchange, read back by List, replaced (never
+	// doubled) by a new stamp, refused as torn when a tag is lost; the data is not touched.
+	stamp := identity.Stamp{VolumeID: idT, PVCNamespace: "shop", PVCName: "db-0", PVCUID: "u-1", PVName: "pvc-u-1",
+		StorageClass: "plinth-thin", Placement: "thin", SizeBytes: 3 << 30, Filesystem: "xfs", VolumeMode: "Filesystem",
+		PolicyDigest: strings.Repeat("ab", 16), StoreUID: "store-uid-1"}
+	dataSum := sh(t, "sh", "-c", "head -c 33554432 "+vt.DevicePath+" | sha256sum")
+	timed(t, "Stamp (lvchange --addtag)", func() (int, error) { return 0, thin.Stamp(ctx, stamp) })
+	stamped := func() backend.Volume {
+		t.Helper()
+		vols, err := thin.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vols {
+			if v.ID == idT {
+				return v
+			}
+		}
+		t.Fatalf("%s not listed", idT)
+		return backend.Volume{}
+	}
+	if v := stamped(); v.Stamp == nil || *v.Stamp != stamp || v.StampErr != nil {
+		t.Errorf("listed stamp %+v, %v; want %+v", v.Stamp, v.StampErr, stamp)
+	}
+	stamp.StoreUID = "store-uid-2"
+	if err := thin.Stamp(ctx, stamp); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := thin.ReadStamp(ctx, idT); err != nil || got == nil || *got != stamp {
+		t.Errorf("restamped %+v, %v", got, err)
+	}
+	n := 0
+	for _, tag := range rawLV(t, idT).Tags {
+		if strings.HasPrefix(tag, identity.LVTagPrefix) {
+			n++
+		}
+	}
+	if tags, _ := stamp.LVTags(); n != len(tags) {
+		t.Errorf("%d stamp tags after a restamp, want %d", n, len(tags))
+	}
+	tags, _ := stamp.LVTags()
+	sh(t, "lvchange", "--deltag", tags[len(tags)-1], guestVG+"/"+idT)
+	if v := stamped(); v.Stamp != nil || !errors.Is(v.StampErr, identity.ErrTorn) {
+		t.Errorf("stamp without its checksum tag listed as %+v, %v", v.Stamp, v.StampErr)
+	}
+	if got := sh(t, "sh", "-c", "head -c 33554432 "+vt.DevicePath+" | sha256sum"); got != dataSum {
+		t.Error("stamping changed the volume's data")
+	}
+
 	// A thin snapshot's space: the 32 MiB its origin maps, recorded at creation, equal to what
 	// the kernel reports once the snapshot is activated, and unchanged by later writes.
 	snapID := "snap-" + strings.Repeat("5", 40)

@@ -405,6 +405,7 @@ func (l *LVM) volume(lv LV) backend.Volume {
 	if lv.Active {
 		v.DevicePath = l.devPath(lv.Name)
 	}
+	v.Stamp, v.StampErr = stampOf(lv)
 	return v
 }
 

@@ -79,3 +79,13 @@ func (s *Store) IsMarkedDraining() bool { return s.Annotations[AnnotationDrainin
 // volume's Store no longer exists (the volume left with the node; should the machine return,
 // its agent reports what is left as an orphan).
 const FinalizerVolume = "plinth.dev/volume"
+
+// AnnotationAdoptedFrom on a VolumeState made by `plinth adopt` holds the Store UID written in
+// the identity stamp of the volume it adopts (the Store object of a lost control plane). The
+// agent admits the new VolumeState as the volume's next lifecycle, retiring the one its
+// fencing mark holds, only while the volume's stamp still names that Store UID
+// (docs/design.md "Re-adopting volumes").
+const AnnotationAdoptedFrom = "plinth.dev/adopted-from"
+
+// LabelAdopted marks the VolumeStates and PVs `plinth adopt --confirm` created (value "true").
+const LabelAdopted = "plinth.dev/adopted"

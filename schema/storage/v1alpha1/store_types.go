@@ -130,6 +130,26 @@ type DriftItem struct {
 	Message string `json:"message,omitempty"`
 }
 
+// MaxUnclaimed bounds StoreStatus.Unclaimed: at about 330 bytes an entry, 2000 keep a Store
+// under 1 MiB, inside etcd's 1.5 MiB request limit.
+const MaxUnclaimed = 2000
+
+// UnclaimedVolume is a backend volume of a Store that no VolumeState names, as the agent
+// scanned it (read only: the agent writes nothing to it).
+type UnclaimedVolume struct {
+	// VolumeID is the CSI volume id the backend object's name derives from.
+	VolumeID string `json:"volumeID"`
+	// SizeBytes is the backend object's size in bytes.
+	SizeBytes int64 `json:"sizeBytes"`
+	// Stamp is its identity stamp in one line (internal/identity Stamp.Line); empty when it
+	// has none or it is unreadable.
+	// +optional
+	Stamp string `json:"stamp,omitempty"`
+	// StampError says why the stamp is unreadable (torn, unknown version).
+	// +optional
+	StampError string `json:"stampError,omitempty"`
+}
+
 // StoreStatus is written by the node agent.
 type StoreStatus struct {
 	// ObservedGeneration is the metadata.generation the agent last acted on.
@@ -160,6 +180,16 @@ type StoreStatus struct {
 	// Drift lists what differs between declaration and kernel.
 	// +optional
 	Drift []DriftItem `json:"drift,omitempty"`
+	// Unclaimed lists the volumes of this Store that no VolumeState names, sorted by volume
+	// id, with their identity stamps: what `plinth adopt` re-adopts after the control plane
+	// is lost (docs/design.md "Re-adopting volumes"). At most MaxUnclaimed entries;
+	// UnclaimedOmitted counts the rest.
+	// +optional
+	// +kubebuilder:validation:MaxItems=2000
+	Unclaimed []UnclaimedVolume `json:"unclaimed,omitempty"`
+	// UnclaimedOmitted is the number of unclaimed volumes beyond MaxUnclaimed not listed.
+	// +optional
+	UnclaimedOmitted int32 `json:"unclaimedOmitted,omitempty"`
 	// LastHeartbeatTime is when the agent last refreshed this status.
 	// +optional
 	LastHeartbeatTime *metav1.Time `json:"lastHeartbeatTime,omitempty"`

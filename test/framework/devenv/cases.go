@@ -105,7 +105,8 @@ func (e *Walk) unclaim(ctx context.Context, name, id string) error {
 	})
 }
 
-// volumeFiles lists the files of volume id (and its temp file) on every node.
+// volumeFiles lists the files of volume id (its image, its identity record and their temp
+// files) on every node.
 func (e *Walk) volumeFiles(id string) []string {
 	var out []string
 	for _, n := range e.Nodes.Nodes {

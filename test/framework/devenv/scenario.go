@@ -355,7 +355,8 @@ func (e *Walk) Claim(ctx context.Context, sum *Summary) error {
 		if err != nil {
 			return "", err
 		}
-		files, _ := filepath.Glob(filepath.Join(e.VolumeDir(e.node), id+"*"))
+		// the image (its identity record, <id>.id, is beside it once the agent stamped it)
+		files, _ := filepath.Glob(filepath.Join(e.VolumeDir(e.node), id+".img"))
 		if len(files) != 1 {
 			return "", fmt.Errorf("want one file for %s under %s, found %v", id, e.VolumeDir(e.node), files)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -629,7 +630,8 @@ func (e *Walk) workloadDrain(ctx context.Context, ws *WorkloadSummary) error {
 			if _, err := e.waitVolumeReady(ctx, id); err != nil {
 				return "", err
 			}
-			if f := e.volumeFiles(id); len(f) != 1 {
+			// one image (beside it, at most its identity record <id>.id)
+			if f := e.volumeFiles(id); len(slices.DeleteFunc(slices.Clone(f), func(p string) bool { return strings.HasSuffix(p, ".id") })) != 1 {
 				return "", fmt.Errorf("files of volume %s during the drain: %v", id, f)
 			}
 			start := time.Now()
