@@ -177,6 +177,14 @@ func TestEncryptedSnapshotRestoreCloneCopyTheKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	luks := map[string]string{policyv1.ParamPlacement: "encs-luks", policyv1.ParamPool: "encs", policyv1.ParamProtocol: "encs-local"}
+	// the API server's CEL refuses an operator's Secret in the key namespace (vet does too)
+	err := e.c.Create(ctx, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: "encs-in-key-namespace"}, Spec: policyv1.PlacementSpec{
+		PoolRef: policyv1.LocalObjectReference{Name: "encs"}, ProtocolRef: policyv1.LocalObjectReference{Name: "encs-local"},
+		StorageClass: policyv1.StorageClassTemplate{Name: "encs-k"}, Encryption: &policyv1.Encryption{
+			KeySecret: &policyv1.SecretReference{Name: "team", Namespace: policyv1.VolumeKeyNamespace}}}})
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "plinth-keys holds Plinth's own volume keys") {
+		t.Errorf("a Placement whose keySecret is in %s: %v, want Invalid", policyv1.VolumeKeyNamespace, err)
+	}
 	keyOf := func(name string) (string, []metav1.OwnerReference) {
 		t.Helper()
 		var s corev1.Secret

@@ -86,6 +86,10 @@ func TestInGuestEncryptedNVMeoF(t *testing.T) {
 		if src, err := mount.New().SourceOf(staging); err != nil || mount.Resolve(src) != mount.Resolve(mapped) {
 			t.Fatalf("staging mounted from %q (%v), want the mapping %s", src, err, mapped)
 		}
+		// the LUKS2 header is on top of the capacity asked: the mapping has all of it
+		if size, err := mount.DeviceSize(mapped); err != nil || size < 64<<20 {
+			t.Errorf("the mapping has %d bytes (%v), below the 64 MiB asked", size, err)
+		}
 		if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging,
 			TargetPath: target, VolumeCapability: capability}); err != nil {
 			t.Fatal(err)
@@ -154,6 +158,53 @@ func TestInGuestEncryptedNVMeoF(t *testing.T) {
 		unstage(t, node, id, staging)
 	})
 
+	// a snapshot of the (unstaged) volume, restored: a volume of its own, encrypted, whose key
+	// Secret is a copy of the source's (the controller copied it through the snapshot's own),
+	// opened on first stage and relabelled with its id; the source's data reads back
+	t.Run("SnapshotRestoreOpensWithTheSourceKey", func(t *testing.T) {
+		snap, err := ctrl.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snapshot-luks-in-guest", SourceVolumeId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		snapID := snap.GetSnapshot().GetSnapshotId()
+		t.Cleanup(func() {
+			if _, err := ctrl.DeleteSnapshot(context.Background(), &csipb.DeleteSnapshotRequest{SnapshotId: snapID}); err != nil {
+				t.Errorf("DeleteSnapshot: %v", err)
+			}
+		})
+		if got := snap.GetSnapshot().GetSizeBytes(); got != 128<<20 {
+			t.Errorf("snapshot of the 128 MiB volume: %d bytes, want what a restore gives (the header not counted)", got)
+		}
+		r := newEncryptedVolumeFrom(t, ctrl, kube, nodeName, "pvc-luks-restore-in-guest", params, capability,
+			&csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}},
+			snap.GetSnapshot().GetSizeBytes())
+		if r.key[policyv1.VolumeKeyData] != v.key[policyv1.VolumeKeyData] {
+			t.Fatal("the restore's key Secret does not hold the source's key")
+		}
+		if r.vc["plinth.dev/luks-labels"] != id {
+			t.Errorf("the restore's volume context names header labels %q, want the source %s", r.vc["plinth.dev/luks-labels"], id)
+		}
+		rstaging := filepath.Join(dir, "rstaging")
+		req := &csipb.NodeStageVolumeRequest{VolumeId: r.id, PublishContext: r.pc, StagingTargetPath: rstaging, VolumeCapability: capability,
+			VolumeContext: r.vc, Secrets: r.key}
+		if _, err := node.NodeStageVolume(ctx, req); err != nil {
+			t.Fatalf("NodeStage of the restore: %v", err)
+		}
+		got, err := os.ReadFile(filepath.Join(rstaging, "data"))
+		if err != nil || !bytes.HasPrefix(got, marker) {
+			t.Fatalf("the restore reads %.40q (%v), want the source's data", got, err)
+		}
+		if size, err := mount.DeviceSize(crypt.MapperPath(crypt.MapperName(r.id))); err != nil || size < 128<<20 {
+			t.Errorf("the restore's mapping has %d bytes (%v), below the 128 MiB asked", size, err)
+		}
+		unstage(t, node, r.id, rstaging)
+		assertCiphertextOnly(t, lvOf(t, r.id), r.id, marker) // relabelled with its own id
+		if _, err := node.NodeStageVolume(ctx, req); err != nil {
+			t.Fatalf("second NodeStage of the restore (its own label now): %v", err)
+		}
+		unstage(t, node, r.id, rstaging)
+	})
+
 	t.Run("Block", func(t *testing.T) {
 		blockCap := &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
 			AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
@@ -166,6 +217,9 @@ func TestInGuestEncryptedNVMeoF(t *testing.T) {
 		if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: b.id, PublishContext: b.pc, StagingTargetPath: bstaging,
 			TargetPath: btarget, VolumeCapability: blockCap}); err != nil {
 			t.Fatal(err)
+		}
+		if size, err := mount.DeviceSize(btarget); err != nil || size < 64<<20 {
+			t.Errorf("the pod's block device has %d bytes (%v), below the 64 MiB asked", size, err)
 		}
 		writeSynced(t, btarget, bytes.Repeat(marker, 2048))
 		got := make([]byte, len(marker))
@@ -197,11 +251,22 @@ type encryptedVolume struct {
 
 func newEncryptedVolume(t *testing.T, ctrl csipb.ControllerClient, kube client.Client, nodeName, name string, params map[string]string, capability *csipb.VolumeCapability) *encryptedVolume {
 	t.Helper()
+	return newEncryptedVolumeFrom(t, ctrl, kube, nodeName, name, params, capability, nil, 64<<20)
+}
+
+// newEncryptedVolumeFrom is newEncryptedVolume of a volume of required bytes made from source
+// cs (nil: blank). The capacity reported is at least required (the LUKS2 header comes on top).
+func newEncryptedVolumeFrom(t *testing.T, ctrl csipb.ControllerClient, kube client.Client, nodeName, name string, params map[string]string,
+	capability *csipb.VolumeCapability, cs *csipb.VolumeContentSource, required int64) *encryptedVolume {
+	t.Helper()
 	ctx := t.Context()
-	cv, err := ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, CapacityRange: &csipb.CapacityRange{RequiredBytes: 64 << 20},
-		VolumeCapabilities: []*csipb.VolumeCapability{capability}, Parameters: params})
+	cv, err := ctrl.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: name, CapacityRange: &csipb.CapacityRange{RequiredBytes: required},
+		VolumeCapabilities: []*csipb.VolumeCapability{capability}, Parameters: params, VolumeContentSource: cs})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := cv.GetVolume().GetCapacityBytes(); got < required {
+		t.Errorf("CreateVolume %s reports %d bytes, below the %d asked", name, got, required)
 	}
 	id, vc := cv.GetVolume().GetVolumeId(), cv.GetVolume().GetVolumeContext()
 	t.Cleanup(func() {
