@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -150,6 +151,10 @@ func (s *Service) csiVolume(ctx context.Context, vs *storev1.VolumeState) (*csip
 	}
 	if e := vs.Spec.Policy.Encryption; e != nil {
 		encryptionContext(v.VolumeContext, e)
+		if o := vs.Spec.KeyOrigin; o != nil && len(o.HeaderLabels) > 0 {
+			v.VolumeContext[volume.ContextHeaderLabels] = strings.Join(o.HeaderLabels, ",")
+		}
+		v.CapacityBytes = usableBytes(vs, v.CapacityBytes)
 	}
 	if cs := vs.Spec.ContentSource; cs != nil { // CSI: a volume made from a source says so
 		if cs.Snapshot != "" {

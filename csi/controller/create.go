@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -143,14 +144,13 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 	if err != nil {
 		return nil, nil, err
 	}
-	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy, sp)
+	if h := headerBytes(enc); h > 0 { // the LUKS2 header comes on top of the capacity asked
+		req = proto.CloneOf(req)
+		req.CapacityRange = backendRange(req.GetCapacityRange(), h)
+	}
+	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy, sp, enc)
 	if err != nil {
 		return nil, nil, err
-	}
-	if src != nil {
-		if err := sameKey(src, enc); err != nil {
-			return nil, nil, err
-		}
 	}
 	vs = &storev1.VolumeState{
 		ObjectMeta: metav1.ObjectMeta{
@@ -185,6 +185,7 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 	}
 	if src != nil {
 		vs.Spec.ContentSource = &src.spec
+		vs.Spec.KeyOrigin = src.keyOrigin
 	}
 	if sp != nil && sp.workload.uid != "" {
 		vs.Labels[policyv1.LabelWorkload] = sp.workload.uid
@@ -195,8 +196,8 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 // placeVolume chooses the store of a new volume of pool and its size: by chooseStore among the
 // pool's Stores (for a spread volume, sp, those of the domains that hold the fewest of its
 // workload's volumes), or, for a volume with a content source, the source's store
-// (sourceStore).
-func (s *Service) placeVolume(ctx context.Context, req *csipb.CreateVolumeRequest, pool string, nvme bool, strategy policyv1.Strategy, sp *spread) (*storev1.Store, int64, *source, error) {
+// (sourceStore), once its encryption and the new volume's, enc, agree (sameKey).
+func (s *Service) placeVolume(ctx context.Context, req *csipb.CreateVolumeRequest, pool string, nvme bool, strategy policyv1.Strategy, sp *spread, enc *policyv1.Encryption) (*storev1.Store, int64, *source, error) {
 	var stores storev1.StoreList
 	if err := s.kube.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(pool)}); err != nil {
 		return nil, 0, nil, volume.Errorf(volume.ErrUnavailable, "list Stores: %v", err)
@@ -215,6 +216,9 @@ func (s *Service) placeVolume(ctx context.Context, req *csipb.CreateVolumeReques
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	if src.keyOrigin, err = sameKey(src, enc); err != nil {
+		return nil, 0, nil, err
+	}
 	store, size, err := sourceStore(src, stores.Items, pool, nvme, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
 	return store, size, src, err
 }
@@ -230,7 +234,7 @@ func (s *Service) existingVolume(ctx context.Context, req *csipb.CreateVolumeReq
 	if vs.Spec.CSIName != req.GetName() {
 		return nil, volume.Errorf(volume.ErrExists, "volume id %s belongs to another name", vs.Name)
 	}
-	size := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes)
+	size := usableBytes(vs, max(vs.Spec.CapacityBytes, vs.Status.ActualBytes))
 	rng := req.GetCapacityRange()
 	if !InRange(size, rng.GetRequiredBytes(), rng.GetLimitBytes()) {
 		return nil, volume.Errorf(volume.ErrExists, "volume %q exists with %d bytes, outside [%d, %d]", req.GetName(), size, rng.GetRequiredBytes(), rng.GetLimitBytes())

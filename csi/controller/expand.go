@@ -34,7 +34,7 @@ func (s *Service) ControllerExpandVolume(ctx context.Context, req *csipb.Control
 	if err := s.kube.Get(ctx, client.ObjectKey{Name: vs.Spec.StoreName}, &st); err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "Store %q: %v", vs.Spec.StoreName, err)
 	}
-	rng := req.GetCapacityRange()
+	rng := backendRange(req.GetCapacityRange(), headerBytes(vs.Spec.Policy.Encryption))
 	size, err := RoundSize(rng.GetRequiredBytes(), rng.GetLimitBytes(), st.Status.ExtentBytes)
 	if err != nil {
 		return nil, volume.Errorf(volume.ErrOutOfRange, "%w", err)
@@ -44,7 +44,7 @@ func (s *Service) ControllerExpandVolume(ctx context.Context, req *csipb.Control
 		if vs.Status.ActualBytes < vs.Spec.CapacityBytes { // an earlier expansion still running
 			size = vs.Spec.CapacityBytes
 		} else {
-			return &csipb.ControllerExpandVolumeResponse{CapacityBytes: cur, NodeExpansionRequired: !block}, nil
+			return &csipb.ControllerExpandVolumeResponse{CapacityBytes: usableBytes(vs, cur), NodeExpansionRequired: !block}, nil
 		}
 	} else {
 		vs.Spec.CapacityBytes = size
@@ -73,7 +73,7 @@ func (s *Service) ControllerExpandVolume(ctx context.Context, req *csipb.Control
 	if err != nil {
 		return nil, volume.WaitError("expand volume "+id, err)
 	}
-	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: done.Status.ActualBytes, NodeExpansionRequired: !block}, nil
+	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: usableBytes(done, done.Status.ActualBytes), NodeExpansionRequired: !block}, nil
 }
 
 // undoExpansion sets spec.capacityBytes of the volume of h back to its real size

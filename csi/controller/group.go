@@ -177,6 +177,9 @@ func (g *GroupService) answer(ctx context.Context, id string, memberIDs []string
 			}
 			return nil, volume.WaitError("create group snapshot "+id+" (its members were deleted: a retry takes it afresh)", err)
 		}
+		if err := s.ensureSnapshotKey(ctx, snaps[i]); err != nil {
+			return nil, err
+		}
 	}
 	return &csipb.CreateVolumeGroupSnapshotResponse{GroupSnapshot: csiGroup(id, snaps)}, nil
 }

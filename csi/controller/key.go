@@ -4,23 +4,30 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"strconv"
+	"strings"
 
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/crypt"
 	"github.com/plinth-storage/plinth/csi/internal/volume"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
-// The controller service creates the key Secret of each encrypted volume in Plinth's
-// namespace (kustomize/rbac/csi_controller.yaml grants create there, and no read: a Secret
-// that exists already is kept as it is, never read back or replaced).
+// The controller service creates the key Secret of each encrypted volume in the key
+// namespace (policyv1.VolumeKeyNamespace, which holds volume and snapshot keys only), and
+// reads there the key of a source (by name, no list or watch) to copy it into the Secret of a
+// snapshot, restore or clone: their blocks carry the source's LUKS2 header. It never updates
+// or deletes a key Secret (the garbage collector deletes it with its owner).
 //
-// +kubebuilder:rbac:groups="",namespace=plinth-system,resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",namespace=plinth-keys,resources=secrets,verbs=create;get
 
 // VolumeKeyBytes is the number of random bytes of a generated volume key; the Secret holds
 // them hex-encoded (2*VolumeKeyBytes characters), the passphrase of the volume's LUKS2 keyslot.
@@ -49,8 +56,9 @@ func encryptionOf(e *policyv1.Encryption, csiName string) (*policyv1.Encryption,
 }
 
 // ensureVolumeKey creates the key Secret of vs when its encryption asks for a per-volume key
-// (its KeySecret in VolumeKeyNamespace with VolumeKeyPrefix): 64 bytes of crypto/rand, owned
-// by the VolumeState (the garbage collector deletes the key after the volume). An existing
+// (its KeySecret in VolumeKeyNamespace with VolumeKeyPrefix): 64 bytes of crypto/rand, or the
+// key of vs.Spec.KeyOrigin.Secret (a restore or clone: its header is the source's), owned by
+// the VolumeState (the garbage collector deletes the key after the volume). An existing
 // Secret is kept untouched: it may hold the key of data already written. The key is never
 // logged, nor put into an error, an event or the VolumeState.
 func (s *Service) ensureVolumeKey(ctx context.Context, vs *storev1.VolumeState) error {
@@ -58,27 +66,97 @@ func (s *Service) ensureVolumeKey(ctx context.Context, vs *storev1.VolumeState) 
 	if e == nil || e.KeySecret == nil || e.KeySecret.Name != policyv1.VolumeKeyPrefix+vs.Spec.CSIName || e.KeySecret.Namespace != policyv1.VolumeKeyNamespace {
 		return nil // clear, or the operator's Secret
 	}
-	raw := make([]byte, VolumeKeyBytes)
-	if _, err := rand.Read(raw); err != nil {
-		return volume.Errorf(volume.ErrInternal, "volume key of %s: random bytes: %v", vs.Name, err)
+	var from *policyv1.SecretReference
+	if o := vs.Spec.KeyOrigin; o != nil {
+		from = o.Secret
 	}
-	key := make([]byte, hex.EncodedLen(len(raw)))
-	hex.Encode(key, raw)
+	owner := metav1.OwnerReference{APIVersion: storev1.GroupVersion.String(), Kind: "VolumeState", Name: vs.Name, UID: vs.UID}
+	return s.createKey(ctx, *e.KeySecret, from, vs.Name, owner)
+}
+
+// ensureSnapshotKey creates the key Secret of snapshot ss when it has one of its own (a
+// snapshot of a volume with a per-volume key): a copy of the source's, owned by the
+// VolumeSnapshotState, so that restores open after the source volume and its Secret are gone.
+func (s *Service) ensureSnapshotKey(ctx context.Context, ss *storev1.VolumeSnapshotState) error {
+	e, o := ss.Spec.Encryption, ss.Spec.KeyOrigin
+	if e == nil || e.KeySecret == nil || o == nil || o.Secret == nil {
+		return nil
+	}
+	owner := metav1.OwnerReference{APIVersion: storev1.GroupVersion.String(), Kind: "VolumeSnapshotState", Name: ss.Name, UID: ss.UID}
+	return s.createKey(ctx, *e.KeySecret, o.Secret, ss.Name, owner)
+}
+
+// createKey creates the immutable key Secret ref owned by owner, labelled with the id of its
+// volume or snapshot: a copy of the key in Secret from (read by name, uncached), or 64 random
+// bytes when from is nil. An existing ref is kept as it is. Errors: ErrPrecondition when from
+// is gone or holds no key (the source's key is lost: nothing could open the blocks),
+// ErrUnavailable when the API server fails.
+func (s *Service) createKey(ctx context.Context, ref policyv1.SecretReference, from *policyv1.SecretReference, id string, owner metav1.OwnerReference) error {
+	var key []byte
+	if from == nil {
+		raw := make([]byte, VolumeKeyBytes)
+		if _, err := rand.Read(raw); err != nil {
+			return volume.Errorf(volume.ErrInternal, "volume key of %s: random bytes: %v", id, err)
+		}
+		key = make([]byte, hex.EncodedLen(len(raw)))
+		hex.Encode(key, raw)
+	} else {
+		var src corev1.Secret
+		err := s.live.Get(ctx, client.ObjectKey{Namespace: from.Namespace, Name: from.Name}, &src)
+		switch {
+		case apierrors.IsNotFound(err):
+			// a retry after the copy: the source may be gone since, its copy is kept
+			if s.keyExists(ctx, ref) {
+				return nil
+			}
+			return volume.Errorf(volume.ErrPrecondition, "key of %s: the source's key Secret %s/%s does not exist", id, from.Namespace, from.Name)
+		case err != nil:
+			return volume.Errorf(volume.ErrUnavailable, "key of %s: read the source's key Secret %s/%s: %v", id, from.Namespace, from.Name, apierrors.ReasonForError(err))
+		}
+		key = src.Data[policyv1.VolumeKeyData]
+		if len(key) < policyv1.VolumeKeyMinBytes {
+			return volume.Errorf(volume.ErrPrecondition, "key of %s: the source's key Secret %s/%s holds no key %q", id, from.Namespace, from.Name, policyv1.VolumeKeyData)
+		}
+	}
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: e.KeySecret.Name, Namespace: e.KeySecret.Namespace,
-			Labels: map[string]string{LabelVolumeID: vs.Name},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: storev1.GroupVersion.String(), Kind: "VolumeState",
-				Name: vs.Name, UID: vs.UID}},
+			Name: ref.Name, Namespace: ref.Namespace,
+			Labels:          map[string]string{LabelVolumeID: id},
+			OwnerReferences: []metav1.OwnerReference{owner},
 		},
 		Type:      corev1.SecretTypeOpaque,
 		Immutable: ptrTo(true),
 		Data:      map[string][]byte{policyv1.VolumeKeyData: key},
 	}
 	if err := s.kube.Create(ctx, sec); err != nil && !apierrors.IsAlreadyExists(err) {
-		return volume.Errorf(volume.ErrUnavailable, "create key Secret %s/%s of volume %s: %v", sec.Namespace, sec.Name, vs.Name, apierrors.ReasonForError(err))
+		return volume.Errorf(volume.ErrUnavailable, "create key Secret %s/%s of %s: %v", sec.Namespace, sec.Name, id, apierrors.ReasonForError(err))
 	}
 	return nil
+}
+
+// keyExists reports whether the key Secret ref exists (a read by name; failures count as
+// absent: the caller then reports the source's key missing).
+func (s *Service) keyExists(ctx context.Context, ref policyv1.SecretReference) bool {
+	var sec corev1.Secret
+	return s.live.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &sec) == nil
+}
+
+// keyOrigin is the KeyOrigin of an object (volume or snapshot) made from blocks whose LUKS2
+// header may carry labels, opened by the key of Secret srcKey, under the new object's key
+// Secret key: the Secret to copy when key is one of Plinth's (per volume or snapshot), and the
+// labels, at most MaxHeaderLabels.
+func keyOrigin(labels []string, srcKey, key *policyv1.SecretReference) *storev1.KeyOrigin {
+	o := &storev1.KeyOrigin{HeaderLabels: slices.Clone(labels[:min(len(labels), storev1.MaxHeaderLabels)])}
+	if isVolumeKey(key) && srcKey != nil && *srcKey != *key {
+		o.Secret = srcKey.DeepCopy()
+	}
+	return o
+}
+
+// isVolumeKey reports whether Secret ref is a per-volume (or per-snapshot) key Secret, one
+// Plinth made, rather than the operator's.
+func isVolumeKey(ref *policyv1.SecretReference) bool {
+	return ref != nil && ref.Namespace == policyv1.VolumeKeyNamespace && strings.HasPrefix(ref.Name, policyv1.VolumeKeyPrefix)
 }
 
 // encryptionContext adds the volume context of frozen encryption e to vc: what NodeStage
@@ -103,3 +181,39 @@ func encryptionContext(vc map[string]string, e *policyv1.Encryption) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// Sizes of encrypted volumes: the LUKS2 header takes crypt.HeaderBytes at the start of the
+// backend volume, so the backend is made that much larger than the capacity asked, and the
+// capacity reported to the CO (CreateVolume, ListVolumes, ControllerExpandVolume, a
+// snapshot's size) is the backend's less the header: what the filesystem or block device
+// inside the mapping gets. VolumeState and VolumeSnapshotState sizes are the backend's.
+
+// headerBytes is the room the LUKS2 header takes in the backend of a volume encrypted with
+// e: crypt.HeaderBytes, or 0 for a clear volume (nil).
+func headerBytes(e *policyv1.Encryption) int64 {
+	if e == nil {
+		return 0
+	}
+	return crypt.HeaderBytes
+}
+
+// usableBytes is the capacity reported for a backend of size bytes of volume vs.
+func usableBytes(vs *storev1.VolumeState, size int64) int64 {
+	return max(size-headerBytes(vs.Spec.Policy.Encryption), 0)
+}
+
+// backendRange is the capacity range of the backend volume that gives rng to a volume whose
+// header takes header bytes: required and limit (when set) plus the header.
+func backendRange(rng *csipb.CapacityRange, header int64) *csipb.CapacityRange {
+	if header == 0 || rng == nil {
+		return rng
+	}
+	out := &csipb.CapacityRange{RequiredBytes: rng.GetRequiredBytes(), LimitBytes: rng.GetLimitBytes()}
+	if out.RequiredBytes > 0 {
+		out.RequiredBytes += header
+	}
+	if out.LimitBytes > 0 {
+		out.LimitBytes += header
+	}
+	return out
+}

@@ -69,7 +69,7 @@ func (s *Service) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequest
 		vs := &list.Items[i]
 		resp.Entries = append(resp.Entries, &csipb.ListVolumesResponse_Entry{Volume: &csipb.Volume{
 			VolumeId:      vs.Name,
-			CapacityBytes: max(vs.Status.ActualBytes, vs.Spec.CapacityBytes),
+			CapacityBytes: usableBytes(vs, max(vs.Status.ActualBytes, vs.Spec.CapacityBytes)),
 		}})
 	}
 	if end < len(list.Items) && end > start {

@@ -108,6 +108,7 @@ func (s *Service) newSnapshotState(ctx context.Context, req *csipb.CreateSnapsho
 	if err := s.volumes.Watch(ctx, src, volume.ReadyOrFailed); err != nil {
 		return nil, volume.WaitError("snapshot source volume "+src, err)
 	}
+	enc, origin := snapshotEncryption(vs, id)
 	return &storev1.VolumeSnapshotState{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: id,
@@ -116,7 +117,7 @@ func (s *Service) newSnapshotState(ctx context.Context, req *csipb.CreateSnapsho
 				policyv1.LabelNode: storev1.NameLabelValue(node),
 			},
 		},
-		Spec: storev1.VolumeSnapshotStateSpec{CSIName: name, SourceVolume: src, Encryption: vs.Spec.Policy.Encryption, StoreName: vs.Spec.StoreName, Pool: vs.Spec.Policy.Pool, AccessibleNode: accessible},
+		Spec: storev1.VolumeSnapshotStateSpec{CSIName: name, SourceVolume: src, Encryption: enc, KeyOrigin: origin, StoreName: vs.Spec.StoreName, Pool: vs.Spec.Policy.Pool, AccessibleNode: accessible},
 	}, nil
 }
 
@@ -144,7 +145,26 @@ func (s *Service) answerSnapshot(ctx context.Context, h *volume.Handle[*storev1.
 	if err != nil {
 		return nil, volume.WaitError("create snapshot "+id, err)
 	}
+	if err := s.ensureSnapshotKey(ctx, ready); err != nil {
+		return nil, err
+	}
 	return &csipb.CreateSnapshotResponse{Snapshot: csiSnapshot(ready)}, nil
+}
+
+// snapshotEncryption is the frozen encryption and key origin of snapshot id of volume vs
+// (nil, nil for a clear volume): the source's encryption, its header's labels (the source's id
+// first) and, when the source has a key of its own, a key Secret of the snapshot's own that
+// copies it (ensureSnapshotKey), so that a restore opens after the source is deleted.
+func snapshotEncryption(vs *storev1.VolumeState, id string) (*policyv1.Encryption, *storev1.KeyOrigin) {
+	e := vs.Spec.Policy.Encryption
+	if e == nil {
+		return nil, nil
+	}
+	enc := e.DeepCopy()
+	if isVolumeKey(e.KeySecret) {
+		enc.KeySecret = &policyv1.SecretReference{Name: policyv1.VolumeKeyPrefix + id, Namespace: policyv1.VolumeKeyNamespace}
+	}
+	return enc, keyOrigin(volumeHeaderLabels(vs), e.KeySecret, enc.KeySecret)
 }
 
 // csiSnapshot is the CSI view of a VolumeSnapshotState; its size and readiness are what the
@@ -157,7 +177,7 @@ func csiSnapshot(ss *storev1.VolumeSnapshotState) *csipb.Snapshot {
 	snap := &csipb.Snapshot{
 		SnapshotId:     ss.Name,
 		SourceVolumeId: ss.Spec.SourceVolume,
-		SizeBytes:      ss.Status.SizeBytes,
+		SizeBytes:      max(ss.Status.SizeBytes-headerBytes(ss.Spec.Encryption), 0), // what a restore gives (key.go)
 		CreationTime:   timestamppb.New(t),
 		ReadyToUse:     ss.Status.ReadyToUse && ss.DeletionTimestamp == nil,
 	}

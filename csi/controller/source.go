@@ -19,8 +19,13 @@ type source struct {
 	pool      string
 	minBytes  int64 // the source's size: a restore or clone is never smaller
 	what      string
-	// encryption is the source volume's (nil: clear), KeySecret resolved
+	// encryption is the source volume's or snapshot's (nil: clear), KeySecret resolved: the
+	// Secret whose key opens the blocks' LUKS2 header
 	encryption *policyv1.Encryption
+	// headerLabels are the volume ids the blocks' header may be labelled with
+	headerLabels []string
+	// keyOrigin is the new volume's (sameKey)
+	keyOrigin *storev1.KeyOrigin
 }
 
 // contentSource resolves a CreateVolume content source: NOT_FOUND when the snapshot or volume
@@ -42,8 +47,12 @@ func (s *Service) contentSource(ctx context.Context, cs *csipb.VolumeContentSour
 		if !ss.Status.ReadyToUse {
 			return nil, volume.Errorf(volume.ErrUnavailable, "source snapshot %s is not ready to use yet", id)
 		}
-		return &source{spec: storev1.ContentSource{Snapshot: id}, storeName: ss.Spec.StoreName, pool: ss.Spec.Pool,
-			minBytes: ss.Status.SizeBytes, what: "snapshot " + id, encryption: ss.Spec.Encryption}, nil
+		src := &source{spec: storev1.ContentSource{Snapshot: id}, storeName: ss.Spec.StoreName, pool: ss.Spec.Pool,
+			minBytes: ss.Status.SizeBytes, what: "snapshot " + id, encryption: ss.Spec.Encryption}
+		if o := ss.Spec.KeyOrigin; o != nil {
+			src.headerLabels = o.HeaderLabels
+		}
+		return src, nil
 	}
 	if vol := cs.GetVolume(); vol != nil {
 		id := vol.GetVolumeId()
@@ -64,7 +73,8 @@ func (s *Service) contentSource(ctx context.Context, cs *csipb.VolumeContentSour
 			return nil, volume.Errorf(volume.ErrUnavailable, "source volume %s is not ready yet", id)
 		}
 		return &source{spec: storev1.ContentSource{Volume: id}, storeName: vs.Spec.StoreName, pool: vs.Spec.Policy.Pool,
-			minBytes: max(vs.Spec.CapacityBytes, vs.Status.ActualBytes), what: "volume " + id, encryption: vs.Spec.Policy.Encryption}, nil
+			minBytes: max(vs.Spec.CapacityBytes, vs.Status.ActualBytes), what: "volume " + id, encryption: vs.Spec.Policy.Encryption,
+			headerLabels: volumeHeaderLabels(vs)}, nil
 	}
 	return nil, volume.Errorf(volume.ErrInvalid, "volume content source names neither a snapshot nor a volume")
 }
@@ -132,22 +142,45 @@ func sameSource(cs *csipb.VolumeContentSource, spec *storev1.ContentSource) bool
 	return want == have
 }
 
-// sameKey refuses a restore or clone whose blocks the new volume could not open, or would hold
-// in clear on an encrypted class: the source's encryption and the new volume's must both be
-// off, or both name the same operator Secret (the blocks carry the source's LUKS2 header,
-// whose keyslot that Secret opens). A per-volume key is the source's alone, which the
-// controller cannot read (it may create Secrets, never read them): such a source is refused.
-func sameKey(src *source, enc *policyv1.Encryption) error {
+// volumeHeaderLabels are the labels the LUKS2 header of vs may carry: its id, then those of
+// its own origin (it may never have been staged, so never relabelled).
+func volumeHeaderLabels(vs *storev1.VolumeState) []string {
+	labels := []string{vs.Name}
+	if o := vs.Spec.KeyOrigin; o != nil {
+		labels = append(labels, o.HeaderLabels...)
+	}
+	return labels
+}
+
+// sameKey returns the KeyOrigin of a restore or clone of src under encryption enc (nil when
+// both are clear), and refuses one whose blocks the new volume could not open, or would hold
+// in clear on an encrypted class. The blocks carry the source's LUKS2 header, whose keyslot
+// the source's key opens: source and class both name the same operator Secret, or both use
+// Plinth's own key Secrets (per volume: the new volume's Secret is then a copy of the
+// source's, made by ensureVolumeKey). INVALID_ARGUMENT otherwise: a clear source into an
+// encrypted class, the reverse, another operator Secret, or a mix of an operator's Secret and
+// Plinth's (the controller reads no Secret outside its key namespace, and writes none there).
+func sameKey(src *source, enc *policyv1.Encryption) (*storev1.KeyOrigin, error) {
 	se := src.encryption
 	switch {
 	case se == nil && enc == nil:
-		return nil
+		return nil, nil
 	case se == nil:
-		return volume.Errorf(volume.ErrInvalid, "%s is not encrypted: an encrypted class cannot restore or clone it (its data would stay in clear)", src.what)
+		return nil, volume.Errorf(volume.ErrInvalid, "%s is not encrypted: an encrypted class cannot restore or clone it (its data would stay in clear)", src.what)
 	case enc == nil:
-		return volume.Errorf(volume.ErrInvalid, "%s is encrypted: a class without encryption cannot open it", src.what)
-	case se.KeySecret != nil && enc.KeySecret != nil && *se.KeySecret == *enc.KeySecret:
-		return nil // one operator Secret (per-volume Secrets differ by the PV name in theirs)
+		return nil, volume.Errorf(volume.ErrInvalid, "%s is encrypted: a class without encryption cannot open it", src.what)
+	case se.KeySecret != nil && enc.KeySecret != nil && *se.KeySecret == *enc.KeySecret,
+		isVolumeKey(se.KeySecret) && isVolumeKey(enc.KeySecret):
+		return keyOrigin(src.headerLabels, se.KeySecret, enc.KeySecret), nil
+	case isVolumeKey(se.KeySecret):
+		return nil, volume.Errorf(volume.ErrInvalid, "%s is encrypted with a key of its own: a class with the operator's Secret %s cannot open it (restore it with a class without encryption.keySecret)", src.what, ref(enc.KeySecret))
 	}
-	return volume.Errorf(volume.ErrInvalid, "%s is encrypted with a key of its own: restoring or cloning a volume with a per-volume key is not supported (use a class Secret, encryption.keySecret)", src.what)
+	return nil, volume.Errorf(volume.ErrInvalid, "%s is encrypted with the operator's Secret %s: the class must name that Secret in encryption.keySecret to open it", src.what, ref(se.KeySecret))
+}
+
+func ref(r *policyv1.SecretReference) string {
+	if r == nil {
+		return "(none)"
+	}
+	return r.Namespace + "/" + r.Name
 }

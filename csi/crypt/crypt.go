@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -46,7 +47,15 @@ type Params struct {
 	Cipher string
 	// KeySize is the volume key's size in bits (256 or 512 for XTS).
 	KeySize int
+	// Inherited are the labels, besides the volume id, that the header of a volume made from
+	// another's blocks (a restore or clone) may carry: its source's id, and theirs. Stage opens
+	// such a header and relabels it with the volume id.
+	Inherited []string
 }
+
+// HeaderBytes is the room the LUKS2 header takes at the start of the device (Format pins the
+// data offset there): the mapping is that much smaller than its backing device.
+const HeaderBytes = 16 << 20
 
 // LUKS runs cryptsetup. The zero value runs "cryptsetup" from PATH.
 type LUKS struct {
@@ -66,7 +75,8 @@ func MapperPath(name string) string { return filepath.Join("/dev/mapper", name) 
 // Stage makes volume id's mapping of dev with key and returns its path: a blank device (no
 // signature at all, blkid) is formatted first; a LUKS2 device labelled id is opened; an
 // active mapping of dev is reused (a retry after a crash). Every step may be retried after a
-// crash: a formatted device is opened, never formatted again. Errors: ErrWrongKey,
+// crash: a formatted device is opened, never formatted again. A header labelled with one of
+// p.Inherited is opened, then relabelled id. Errors: ErrWrongKey,
 // ErrForeignHeader, ErrNotEncrypted, ErrBusy, or the tool's failure.
 func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) (string, error) {
 	name := MapperName(id)
@@ -89,7 +99,7 @@ func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) 
 		}
 		failpoint.Hit(failpoint.CryptFormatted)
 	case "crypto_LUKS":
-		if label != id {
+		if label != id && !slices.Contains(p.Inherited, label) {
 			return "", fmt.Errorf("%w: %s is labelled %q, not %s: refused", ErrForeignHeader, dev, label, id)
 		}
 	default:
@@ -97,6 +107,13 @@ func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) 
 	}
 	if err := l.Open(ctx, dev, name, key); err != nil {
 		return "", err
+	}
+	if typ != "" && label != id {
+		// the source's header, opened by its key: from now on the volume's own (a crash
+		// before this leaves the mapping open; the next stage after unstage relabels)
+		if _, err := l.run(ctx, nil, "config", "--label", id, dev); err != nil {
+			return "", err
+		}
 	}
 	failpoint.Hit(failpoint.CryptOpened)
 	return MapperPath(name), nil
@@ -109,6 +126,7 @@ func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) 
 func (l *LUKS) Format(ctx context.Context, dev, id string, key []byte, p Params) error {
 	args := []string{"luksFormat", "--batch-mode", "--type", "luks2", "--cipher", p.Cipher, "--key-size", strconv.Itoa(p.KeySize),
 		"--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--hash", "sha256", "--label", id, "--key-slot", "0",
+		"--offset", strconv.Itoa(HeaderBytes / 512),
 		"--key-file", "-", dev}
 	_, err := l.run(ctx, key, args...)
 	return err

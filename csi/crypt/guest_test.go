@@ -219,6 +219,10 @@ func TestGuestLUKS(t *testing.T) {
 		if after-before != 64<<20 {
 			t.Fatalf("mapping %d bytes before, %d after growing its device by 64 MiB", before, after)
 		}
+		// the header takes exactly HeaderBytes (the controller adds that much to the backend)
+		if backing := devSize(t, dev); backing-after != crypt.HeaderBytes {
+			t.Fatalf("mapping of %d bytes on a device of %d: the header takes %d, want crypt.HeaderBytes %d", after, backing, backing-after, crypt.HeaderBytes)
+		}
 		sh(t, "resize2fs", crypt.MapperPath(name))
 		data, err := os.ReadFile(filepath.Join(mnt, "data"))
 		if err != nil || !bytes.HasPrefix(data, marker) {

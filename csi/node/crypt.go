@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/plinth-storage/plinth/csi/crypt"
 	"github.com/plinth-storage/plinth/csi/internal/volume"
@@ -59,7 +60,11 @@ func (s *Service) stageCrypt(ctx context.Context, rec stage.Record, key []byte, 
 	if cipher == "" {
 		cipher = policyv1.DefaultCipher
 	}
-	_, err := s.crypt.Stage(ctx, rec.Backing, rec.VolumeID, key, crypt.Params{Cipher: cipher, KeySize: bits})
+	p := crypt.Params{Cipher: cipher, KeySize: bits}
+	if l := vc[volume.ContextHeaderLabels]; l != "" { // a restore or clone: the source's header
+		p.Inherited = strings.Split(l, ",")
+	}
+	_, err := s.crypt.Stage(ctx, rec.Backing, rec.VolumeID, key, p)
 	switch {
 	case errors.Is(err, crypt.ErrWrongKey):
 		return volume.Errorf(volume.ErrPrecondition, "volume %s: the key of Secret %s opens no keyslot of its LUKS2 header on %s: %v", rec.VolumeID, keySecretName(vc), rec.Backing, err)
@@ -73,25 +78,20 @@ func (s *Service) stageCrypt(ctx context.Context, rec stage.Record, key []byte, 
 	return nil
 }
 
-// growCrypt grows the mapping of rec to its backing device once that has want bytes, and
-// returns want less the LUKS2 header (the size asked of the mapping) and the header's size.
-// UNAVAILABLE while the backing device is smaller (the agent or the initiator has not caught
-// up).
-func (s *Service) growCrypt(ctx context.Context, rec stage.Record, want int64) (int64, int64, error) {
+// growCrypt grows the mapping of rec to its backing device, once that is large enough for the
+// mapping to have want bytes (the capacity the CO asked: the controller made the backing
+// device the LUKS2 header larger). UNAVAILABLE while the mapping would be smaller (the agent
+// or the initiator has not caught up).
+func (s *Service) growCrypt(ctx context.Context, rec stage.Record, want int64) error {
 	size, err := mount.DeviceSize(rec.Backing)
 	if err != nil {
-		return 0, 0, volume.Errorf(volume.ErrInternal, "device size of %s: %v", rec.Backing, err)
+		return volume.Errorf(volume.ErrInternal, "device size of %s: %v", rec.Backing, err)
 	}
-	if size < want {
-		return 0, 0, volume.Errorf(volume.ErrUnavailable, "device %s has %d bytes, %d asked: not grown yet", rec.Backing, size, want)
+	if size < want+crypt.HeaderBytes {
+		return volume.Errorf(volume.ErrUnavailable, "device %s has %d bytes, %d asked and %d of LUKS2 header: not grown yet", rec.Backing, size, want, crypt.HeaderBytes)
 	}
 	if err := s.crypt.Resize(ctx, rec.Crypt); err != nil {
-		return 0, 0, volume.Errorf(volume.ErrInternal, "resize the mapping %s: %v", rec.Crypt, err)
+		return volume.Errorf(volume.ErrInternal, "resize the mapping %s: %v", rec.Crypt, err)
 	}
-	mapped, err := mount.DeviceSize(rec.Device)
-	if err != nil {
-		return 0, 0, volume.Errorf(volume.ErrInternal, "device size of %s: %v", rec.Device, err)
-	}
-	header := size - mapped
-	return want - header, header, nil
+	return nil
 }

@@ -78,9 +78,9 @@ func (s *Service) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVol
 	} else if err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
-	want, header := req.GetCapacityRange().GetRequiredBytes(), int64(0)
+	want := req.GetCapacityRange().GetRequiredBytes()
 	if rec.Crypt != "" { // the mapping first, then what is inside it
-		if want, header, err = s.growCrypt(ctx, rec, want); err != nil {
+		if err := s.growCrypt(ctx, rec, want); err != nil {
 			return nil, err
 		}
 	}
@@ -92,7 +92,7 @@ func (s *Service) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVol
 		if size < want {
 			return nil, volume.Errorf(volume.ErrUnavailable, "device %s has %d bytes, %d asked: not grown yet", rec.Device, size, want)
 		}
-		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size + header}, nil
+		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
 	mnt := rec.StagingPath
 	if m, _ := s.mounter.IsMounted(mnt); !m {
@@ -105,5 +105,5 @@ func (s *Service) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVol
 	case err != nil:
 		return nil, volume.Errorf(volume.ErrInternal, "grow filesystem on %s: %v", rec.Device, err)
 	}
-	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size + header}, nil
+	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

@@ -88,6 +88,13 @@ func crossCheck(sc *scratch) []Problem {
 		if pl.Spec.SpreadAcross != "" {
 			ps = append(ps, spreadProblems(vd, pl, proto, ok)...)
 		}
+		// plinth-keys holds Plinth's own volume keys, which the CSI controller reads and copies
+		// into restores (docs/design.md#volume-encryption): an operator's Secret there would be
+		// taken for one of them.
+		if e := pl.Spec.Encryption; e != nil && e.KeySecret != nil && e.KeySecret.Namespace == policyv1.VolumeKeyNamespace {
+			ps = append(ps, at(vd.doc, []string{"spec", "encryption", "keySecret", "namespace"},
+				fmt.Sprintf("namespace %s holds Plinth's own volume keys only: put the operator's Secret in another namespace, or drop keySecret for a key per volume", policyv1.VolumeKeyNamespace)))
+		}
 		// bcache sizes its device from the backing LV at registration: the agent refuses to grow a
 		// cached volume, so a class that lets PVCs grow would only produce failed resizes.
 		if pool, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; ok && pl.Spec.StorageClass.AllowVolumeExpansion {

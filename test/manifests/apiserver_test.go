@@ -63,7 +63,7 @@ func startCluster(t *testing.T) *cluster {
 		files = append(files, f...)
 	}
 	c.installCRDs(t, ctx, files)
-	for _, ns := range []string{namespace, "flux-system", "argocd"} {
+	for _, ns := range []string{namespace, keys, "flux-system", "argocd"} {
 		if _, err := c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
@@ -329,6 +329,7 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", namespace),
 			// no Secret at all: host keys come from the controller's key server
 			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("get", "", "secrets", "", "default"),
+			deny("get", "", "secrets", "", keys),
 			// the key server's CA ConfigMap by name (while kubelet has not filled its volume); no other
 			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-key-server-ca", allowed: true},
 			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-inventory"}, deny("list", "", "configmaps", "", namespace),
@@ -344,9 +345,13 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("patch", sto, "volumestates", "status", ""), deny("patch", sto, "stores", "", ""), deny("update", pol, "placements", "", ""),
 			deny("patch", "", "nodes", "", ""), deny("create", k8s, "csistoragecapacities", "", "default"), deny("get", "", "secrets", "", namespace),
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", "default"),
-			// the key Secrets of encrypted volumes: created in its namespace, never read or changed
-			allow("create", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
-			deny("update", "", "secrets", "", namespace), deny("delete", "", "secrets", "", namespace), deny("create", "", "secrets", "", "default"),
+			// the key Secrets of encrypted volumes: created and read by name in the key namespace
+			// only (a source's key copied into its snapshot's, restore's or clone's), never listed
+			// or changed; no Secret of its own namespace
+			allow("create", "", "secrets", "", keys), allow("get", "", "secrets", "", keys), deny("list", "", "secrets", "", keys),
+			deny("watch", "", "secrets", "", keys), deny("update", "", "secrets", "", keys), deny("patch", "", "secrets", "", keys),
+			deny("delete", "", "secrets", "", keys), deny("create", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace),
+			deny("create", "", "secrets", "", "default"),
 			// csi-snapshotter carries out VolumeSnapshotContents; VolumeSnapshots are snapshot-controller's.
 			allow("update", snap, "volumesnapshotcontents", "", ""), allow("patch", snap, "volumesnapshotcontents", "status", ""),
 			allow("list", snap, "volumesnapshotclasses", "", ""), allow("get", snap, "volumesnapshots", "", "default"),
@@ -360,9 +365,10 @@ func testRBAC(t *testing.T, c *cluster) {
 			// a staged volume's VolumeState read by name (volume health); no listing, no writes
 			allow("get", sto, "volumestates", "", ""), deny("list", sto, "volumestates", "", ""), deny("update", sto, "volumestates", "", ""),
 			deny("patch", "", "pods", "", namespace),
-			// no Secret at all: its node's keys come from the controller's key server
+			// no Secret at all: its node's keys come from the controller's key server, volume keys
+			// from kubelet (NodeStage's secrets)
 			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
-			deny("get", "", "secrets", "", "default"),
+			deny("get", "", "secrets", "", "default"), deny("get", "", "secrets", "", keys), deny("list", "", "secrets", "", keys),
 			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-key-server-ca", allowed: true},
 			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-inventory"}, deny("watch", "", "configmaps", "", namespace),
 		},

@@ -17,6 +17,9 @@ const (
 	ContextCipher     = "plinth.dev/cipher"
 	ContextKeySize    = "plinth.dev/key-size"
 	ContextKeySecret  = "plinth.dev/key-secret"
+	// ContextHeaderLabels is the comma-separated volume ids, besides the volume's own, that the
+	// LUKS2 header of an encrypted restore or clone may carry (its source's; absent otherwise).
+	ContextHeaderLabels = "plinth.dev/luks-labels"
 	// PublishDevicePath is the local block device (local volumes).
 	PublishDevicePath = "devicePath"
 	// PublishNQN, PublishAddress and PublishPort locate an NVMe-oF/TCP export.

@@ -40,9 +40,12 @@ const (
 
 // Volume keys of encrypted Placements (docs/design.md#volume-encryption).
 const (
-	// VolumeKeyNamespace is the namespace of the per-volume key Secrets: Plinth's own (the
-	// shipped manifests' and the chart's, which does not follow the release namespace).
-	VolumeKeyNamespace = "plinth-system"
+	// VolumeKeyNamespace is the namespace of the per-volume (and per-snapshot) key Secrets,
+	// and of nothing else: the CSI controller may create and read Secrets there and nowhere
+	// else (it copies a source's key into a restore's), so reading there yields volume keys
+	// only. The shipped manifests and the chart create it (the chart's does not follow the
+	// release namespace).
+	VolumeKeyNamespace = "plinth-keys"
 	// VolumeKeyPrefix starts the name of a per-volume key Secret; the PV name follows.
 	VolumeKeyPrefix = "plinth-luks-"
 	// VolumeKeyData is the Secret data key that holds the passphrase: printable (hex), since

@@ -50,6 +50,11 @@ type VolumeSnapshotStateSpec struct {
 	// blocks carry its LUKS2 header, so a restore opens with the source's key only.
 	// +optional
 	Encryption *policyv1alpha1.Encryption `json:"encryption,omitempty"`
+	// KeyOrigin of an encrypted snapshot: the source volume's key Secret, which the snapshot's
+	// own key Secret (Encryption.KeySecret, when per-volume) copies so that restores outlive
+	// the source, and the labels its header may carry (the source's id first).
+	// +optional
+	KeyOrigin *KeyOrigin `json:"keyOrigin,omitempty"`
 	// StoreName is the Store that holds the source volume, and so the snapshot.
 	StoreName string `json:"storeName"`
 	// Pool is the StoragePool of that Store: a restore must be asked for in the same pool.

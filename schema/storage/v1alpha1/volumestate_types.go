@@ -90,7 +90,36 @@ type VolumeStateSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="contentSource is immutable"
 	ContentSource *ContentSource `json:"contentSource,omitempty"`
+	// KeyOrigin says where the LUKS2 header of an encrypted volume made from a content source
+	// comes from (its blocks carry the source's header); unset for any other volume. It never
+	// changes after creation.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="keyOrigin is immutable"
+	KeyOrigin *KeyOrigin `json:"keyOrigin,omitempty"`
 }
+
+// KeyOrigin is the lineage of the LUKS2 header of an encrypted volume or snapshot whose blocks
+// are another volume's (a restore, a clone, a snapshot): the source's header, whose keyslot the
+// source's key opens (docs/design.md#volume-encryption).
+type KeyOrigin struct {
+	// Secret is the key Secret the object's own key Secret (Encryption.KeySecret) is a copy
+	// of: the source's per-volume key, copied by the CSI controller at creation. Unset when
+	// source and object share the operator's Secret.
+	// +optional
+	Secret *policyv1alpha1.SecretReference `json:"secret,omitempty"`
+	// HeaderLabels are the volume ids, besides the volume's own, that the header may be
+	// labelled with: the source's id, then the source's own HeaderLabels (a source never
+	// staged still carries its own source's label), at most MaxHeaderLabels, nearest first.
+	// NodeStage opens such a header and relabels it with the volume's id.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	HeaderLabels []string `json:"headerLabels,omitempty"`
+}
+
+// MaxHeaderLabels bounds KeyOrigin.HeaderLabels: a chain of restores longer than that, none
+// of them ever staged, loses its oldest labels (NodeStage then refuses the header as another
+// volume's, and formats nothing).
+const MaxHeaderLabels = 16
 
 // Export is where an NVMe-oF volume is served.
 type Export struct {
