@@ -164,6 +164,7 @@ const freezeGrace = 5 * time.Second
 // member with reason GroupFreezeLost, and the CSI controller deletes the group.
 func (r *snapshotReconciler) takeFrozen(ctx context.Context, ss *storev1.VolumeSnapshotState, sn backend.Snapshotter) (ctrl.Result, error) {
 	fz := ss.Spec.Freeze
+	ctrl.LoggerFrom(ctx).V(1).Info("group member under a consumer freeze", "freezes", ss.Status.Freezes)
 	var frozen []string
 	for _, n := range fz.Nodes {
 		i := slices.IndexFunc(ss.Status.Freezes, func(f storev1.FreezeStatus) bool { return f.Node == n })

@@ -145,7 +145,7 @@ func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs,
 	}
 	if len(stores) > 1 || thin > 1 {
 		for i, vs := range vols {
-			f, err := groupFreeze(name, vs, timeout)
+			f, err := groupFreeze(name, vs, objs[i].Spec.AccessibleNode, timeout)
 			if err != nil {
 				return err
 			}
@@ -166,19 +166,24 @@ func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs,
 }
 
 // groupFreeze is the consumer freeze of source vs in group snapshot name: the nodes it is
-// published to. A raw block volume published anywhere is FAILED_PRECONDITION: it has no
-// filesystem to freeze, and nothing else holds its writes across the group.
-func groupFreeze(name string, vs *storev1.VolumeState, timeout int32) (*storev1.GroupFreeze, error) {
+// published to over NVMe-oF (spec.publications), or local's node, the only one a local
+// volume is used on (ControllerPublish records no publication of it). A raw block volume is
+// FAILED_PRECONDITION when it may be in use: it has no filesystem to freeze, and nothing else
+// holds its writes across the group.
+func groupFreeze(name string, vs *storev1.VolumeState, local string, timeout int32) (*storev1.GroupFreeze, error) {
 	var nodes []string
 	for _, p := range vs.Spec.Publications {
 		nodes = append(nodes, p.NodeName)
+	}
+	if local != "" {
+		nodes = []string{local}
 	}
 	nodes = slices.Compact(slices.Sorted(slices.Values(nodes)))
 	if len(nodes) > maxFreezeNodes {
 		return nil, volume.Errorf(volume.ErrPrecondition, "group snapshot %q: volume %s is published to %d nodes: a group freezes at most %d consumers per volume", name, vs.Name, len(nodes), maxFreezeNodes)
 	}
 	if vs.Spec.VolumeMode == "Block" && len(nodes) > 0 {
-		return nil, volume.Errorf(volume.ErrPrecondition, "group snapshot %q: volume %s is a raw block volume published to %v: a group on several stores or of several thin LVs is taken under a freeze of its consumers' filesystems, and a block volume has none (take such volumes on one ZFS store, or unpublish it)", name, vs.Name, nodes)
+		return nil, volume.Errorf(volume.ErrPrecondition, "group snapshot %q: volume %s is a raw block volume usable on %v: a group on several stores or of several thin LVs is taken under a freeze of its consumers' filesystems, and a block volume has none (take such volumes on one ZFS store, or unpublish it)", name, vs.Name, nodes)
 	}
 	return &storev1.GroupFreeze{Nodes: nodes, TimeoutSeconds: timeout}, nil
 }

@@ -327,6 +327,7 @@ func (s *Service) drop(name string) {
 // here), read live and patched with an optimistic lock, retried on conflicts.
 func (s *Service) answerFreeze(ctx context.Context, name string, f storev1.FreezeStatus) error {
 	f.Node = s.nodeName
+	s.log.V(1).Info("answering a group snapshot's freeze", "snapshot", name, "phase", f.Phase, "reason", f.Reason)
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var m storev1.VolumeSnapshotState
 		if err := s.live.Get(ctx, client.ObjectKey{Name: name}, &m); err != nil {
