@@ -42,8 +42,8 @@ type Output struct {
 	// VolumeGroupSnapshotClasses are the group classes of the Placements whose
 	// spec.snapshotClass asks for one (group), groupsnapshot.storage.k8s.io/v1, sorted by name.
 	VolumeGroupSnapshotClasses []unstructured.Unstructured
-	Agents                []storev1.Agent
-	Stores                []storev1.Store
+	Agents                     []storev1.Agent
+	Stores                     []storev1.Store
 	// Sources maps "<Kind>/<name>" of each produced object to the policy objects that produced
 	// it, as "<Kind>/<name>" strings, sorted.
 	Sources map[string][]string
