@@ -440,7 +440,9 @@ func (g guestGroup) frozenInstant(t *testing.T, prefix string, pa, pb map[string
 	}
 	waitWritten(20, "before the group snapshot")
 	start := time.Now()
-	resp, err := g.group.CreateVolumeGroupSnapshot(ctx, &csipb.CreateVolumeGroupSnapshotRequest{Name: prefix + "-group", SourceVolumeIds: []string{a.id, b.id}})
+	// the guest emulates its CPU (TCG): each lvcreate takes seconds, so the freeze gets a minute
+	resp, err := g.group.CreateVolumeGroupSnapshot(ctx, &csipb.CreateVolumeGroupSnapshotRequest{Name: prefix + "-group", SourceVolumeIds: []string{a.id, b.id},
+		Parameters: map[string]string{"plinth.dev/freeze-timeout-seconds": "60"}})
 	took := time.Since(start)
 	atSnap := written.Load()
 	if err != nil {

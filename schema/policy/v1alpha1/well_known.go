@@ -43,7 +43,7 @@ const (
 
 // DefaultFreezeTimeoutSeconds bounds a group snapshot's consumer freeze when its class names
 // no ParamFreezeTimeoutSeconds.
-const DefaultFreezeTimeoutSeconds = 10
+const DefaultFreezeTimeoutSeconds = 30
 
 // Volume keys of encrypted Placements (docs/design.md#volume-encryption).
 const (
