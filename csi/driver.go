@@ -266,6 +266,9 @@ func (d *Driver) Run(ctx context.Context) error {
 		if err := d.node.Init(ctx); err != nil {
 			return err
 		}
+		if err := d.followFreezes(ctx); err != nil {
+			return err
+		}
 		if d.opts.VolumeHealthInterval > 0 {
 			// the volume health monitor, and the key rotation follower on the same period: both
 			// only read sysfs while nothing needs the API

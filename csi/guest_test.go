@@ -267,7 +267,10 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	t.Run("ZFSSnapshotSanity", func(t *testing.T) { guestZFSSanity(t, gg, share) })
 
 	// A group snapshot taken while a writer appends records to two volumes on the ZFS class (one
-	// atomic zfs snapshot); on the LVM thin class a group of two is refused, one is taken.
+	// atomic zfs snapshot); on the LVM thin class a group of two raw block volumes is refused,
+	// one is taken; two thin LVs with filesystems, and a thin LV with a zvol (two Stores), are
+	// taken under the node plugin's freeze while a writer appends to both (and the thin pool's
+	// transaction id stays lvm2's).
 	t.Run("GroupSnapshotInstant", func(t *testing.T) {
 		g := csiGuest{t, gg}
 		start := time.Now()

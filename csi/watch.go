@@ -6,6 +6,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -82,5 +84,53 @@ func (d *Driver) connect(ctx context.Context) error {
 		Locks: d.locks, Hub: vhub, Cache: d.kube, Live: d.live, Writer: d.kube, Timeout: d.opts.WaitTimeout}
 	d.snapshots = &volume.Kind[*storev1.VolumeSnapshotState]{Name: "VolumeSnapshotState", New: func() *storev1.VolumeSnapshotState { return &storev1.VolumeSnapshotState{} },
 		Locks: d.locks, Hub: shub, Cache: d.kube, Live: d.live, Writer: d.kube, Timeout: d.opts.WaitTimeout}
+	return nil
+}
+
+// followFreezes starts, in node modes with an API config, an informer on the group snapshot
+// members that ask for a consumer freeze (label LabelGroupFreeze) and the node service's loop
+// that answers them (csi/node/freeze.go).
+func (d *Driver) followFreezes(ctx context.Context) error {
+	if d.opts.Config == nil {
+		return nil
+	}
+	sel := labels.SelectorFromSet(labels.Set{storev1.LabelGroupFreeze: "true"})
+	ca, err := cache.New(d.opts.Config, cache.Options{Scheme: d.scheme,
+		ByObject: map[client.Object]cache.ByObject{&storev1.VolumeSnapshotState{}: {Label: sel}}})
+	if err != nil {
+		return fmt.Errorf("freeze cache: %w", err)
+	}
+	inf, err := ca.GetInformer(ctx, &storev1.VolumeSnapshotState{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return fmt.Errorf("freeze informer: %w", err)
+	}
+	kick := func(obj any) {
+		if ss, ok := obj.(*storev1.VolumeSnapshotState); ok && ss.Labels[storev1.LabelGroup] != "" {
+			d.node.Kick(ss.Labels[storev1.LabelGroup])
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    kick,
+		UpdateFunc: func(_, obj any) { kick(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			kick(obj)
+		},
+	}); err != nil {
+		return err
+	}
+	go func() {
+		if err := ca.Start(ctx); err != nil {
+			d.log.Error(err, "freeze cache stopped")
+		}
+	}()
+	syncCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if !ca.WaitForCacheSync(syncCtx) {
+		return fmt.Errorf("freeze cache did not sync: %w", syncCtx.Err())
+	}
+	go d.node.FollowFreezes(ctx, ca)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -21,7 +22,7 @@ func groupConsistency(store *storev1.Store) string {
 	case b.ZFS != nil:
 		return "crash-consistent: one atomic zfs snapshot of every member"
 	case b.LVM != nil:
-		return "crash-consistent: a group of one thin LV"
+		return "crash-consistent: a group of one thin LV (several are taken under their consumers' freeze)"
 	case b.File != nil:
 		return "crash-consistent for members with a mounted filesystem (frozen together); others copied unfrozen"
 	}
@@ -35,6 +36,9 @@ func groupConsistency(store *storev1.Store) string {
 // takes the group. Each member is a snapshot like any other from then on: restored, listed
 // and deleted alone.
 func (r *snapshotReconciler) takeGroup(ctx context.Context, ss *storev1.VolumeSnapshotState, sn backend.Snapshotter, store *storev1.Store) (ctrl.Result, error) {
+	if ss.Spec.Freeze != nil {
+		return r.takeFrozen(ctx, ss, sn)
+	}
 	var list storev1.VolumeSnapshotStateList
 	if err := r.client.List(ctx, &list, client.MatchingLabels{storev1.LabelGroup: ss.Spec.Group}); err != nil {
 		return ctrl.Result{}, err
@@ -141,4 +145,67 @@ func (g singleGroup) CreateGroupSnapshot(ctx context.Context, members []backend.
 		return nil, err
 	}
 	return []backend.Snapshot{s}, nil
+}
+
+// freezePoll is how often the agent looks again at a group member's consumer freezes while it
+// waits for them: the answers are status changes, which do not start a reconcile.
+const freezePoll = 250 * time.Millisecond
+
+// freezeGrace is how long after spec.freeze.timeoutSeconds from the member's creation the
+// agent waits for a node that never answered before it fails the group.
+const freezeGrace = 5 * time.Second
+
+// takeFrozen takes member ss of a group taken under its consumers' freeze (spec.freeze) as a
+// single snapshot, once every node of spec.freeze.nodes answered Frozen (or NotMounted: it
+// holds no filesystem of the volume). Every member is taken while its own filesystems are
+// frozen, and no freeze is thawed as "taken" before every member is: so all members hold the
+// volumes' contents of the instant the last freeze began. A freeze that ended otherwise (its
+// timeout, a failed FIFREEZE) or a node that does not answer within the timeout fails the
+// member with reason GroupFreezeLost, and the CSI controller deletes the group.
+func (r *snapshotReconciler) takeFrozen(ctx context.Context, ss *storev1.VolumeSnapshotState, sn backend.Snapshotter) (ctrl.Result, error) {
+	fz := ss.Spec.Freeze
+	ctrl.LoggerFrom(ctx).V(1).Info("group member under a consumer freeze", "freezes", ss.Status.Freezes)
+	var frozen []string
+	for _, n := range fz.Nodes {
+		i := slices.IndexFunc(ss.Status.Freezes, func(f storev1.FreezeStatus) bool { return f.Node == n })
+		switch {
+		case i < 0:
+			limit := time.Duration(fz.TimeoutSeconds)*time.Second + freezeGrace
+			if age := time.Since(ss.CreationTimestamp.Time); age > limit {
+				return r.failGroup(ctx, []*storev1.VolumeSnapshotState{ss}, storev1.ReasonGroupFreezeLost,
+					fmt.Sprintf("group %s: node %s did not freeze the filesystem of %s within %s", ss.Spec.Group, n, ss.Spec.SourceVolume, limit))
+			}
+			return ctrl.Result{RequeueAfter: freezePoll}, nil
+		case ss.Status.Freezes[i].Phase == storev1.FreezeFrozen:
+			frozen = append(frozen, n)
+		case ss.Status.Freezes[i].Phase == storev1.FreezeNotMounted:
+		default:
+			f := ss.Status.Freezes[i]
+			return r.failGroup(ctx, []*storev1.VolumeSnapshotState{ss}, storev1.ReasonGroupFreezeLost,
+				fmt.Sprintf("group %s: node %s thawed the filesystem of %s before it was taken (reason %s): %s", ss.Spec.Group, n, ss.Spec.SourceVolume, f.Reason, f.Message))
+		}
+	}
+	before := ss.DeepCopy()
+	snap, err := r.timedSnapshot(func() (backend.Snapshot, error) { return sn.CreateSnapshot(ctx, ss.Name, ss.Spec.SourceVolume) })
+	if err != nil {
+		return r.failGroup(ctx, []*storev1.VolumeSnapshotState{ss}, snapshotFailureReason(err), fmt.Sprintf("group %s: %v", ss.Spec.Group, err))
+	}
+	how := "nothing wrote to it: published to no node"
+	if len(frozen) > 0 {
+		how = fmt.Sprintf("taken while its filesystem was frozen on %v", frozen)
+	} else if len(fz.Nodes) > 0 {
+		how = fmt.Sprintf("not mounted on %v", fz.Nodes)
+	}
+	ss.Status.Phase = storev1.SnapshotReady
+	ss.Status.ReadyToUse = true
+	ss.Status.SizeBytes = snap.SizeBytes
+	if !snap.CreationTime.IsZero() {
+		t := metav1.NewTime(snap.CreationTime)
+		ss.Status.CreationTime = &t
+	}
+	ss.Status.ObservedGeneration = ss.Generation
+	setCond(&ss.Status.Conditions, ss.Generation, CondReady, true, ReasonSucceeded,
+		fmt.Sprintf("snapshot %s of %s, %d bytes, member of group %s (crash-consistent under the consumers' freeze: %s; the group fails if a freeze ends before every member is taken)",
+			snap.Name, ss.Spec.SourceVolume, snap.SizeBytes, ss.Spec.Group, how))
+	return r.status(ctx, ss, before, ctrl.Result{})
 }

@@ -425,7 +425,8 @@ func decide(o *Object, r DryRun, sameDigest bool, in Input) {
 	o.Correct = CorrectDrift(u, in.Placements, in.Pools)
 }
 
-// CorrectDrift says whether drift of u is corrected: a StorageClass (and a VolumeSnapshotClass)
+// CorrectDrift says whether drift of u is corrected: a StorageClass (and a VolumeSnapshotClass
+// and VolumeGroupSnapshotClass)
 // follows the driftPolicy of its Placement's pool, a Store its own (the pool's), and Agents are
 // always corrected.
 func CorrectDrift(u *unstructured.Unstructured, places map[string]*policyv1.Placement, pools map[string]*policyv1.StoragePool) bool {
@@ -435,7 +436,7 @@ func CorrectDrift(u *unstructured.Unstructured, places map[string]*policyv1.Plac
 	case "Store":
 		dp, _, _ := unstructured.NestedString(u.Object, "spec", "driftPolicy")
 		return dp == string(policyv1.DriftPolicyCorrect)
-	case "StorageClass", policyv1.SnapshotClassKind:
+	case "StorageClass", policyv1.SnapshotClassKind, policyv1.GroupSnapshotClassKind:
 		pl := places[u.GetLabels()[policyv1.LabelPlacement]]
 		if pl == nil {
 			return false

@@ -58,6 +58,7 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=agents/status;stores/status,verbs=get;patch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;patch;update;delete
+// +kubebuilder:rbac:groups=groupsnapshot.storage.k8s.io,resources=volumegroupsnapshotclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups="",resources=nodes;persistentvolumeclaims;persistentvolumes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=plinth-system,resources=configmaps,verbs=get;create;patch;update
 // +kubebuilder:rbac:groups="",namespace=plinth-system,resources=secrets,verbs=get;list;watch;create;update;delete

@@ -126,6 +126,8 @@ func (r *Reconciler) render(_ context.Context, s *scope) (bool, error) {
 			ref.APIVersion = "storage.k8s.io/v1"
 		case policyv1.SnapshotClassKind:
 			ref.APIVersion = policyv1.SnapshotClassAPIVersion
+		case policyv1.GroupSnapshotClassKind:
+			ref.APIVersion = policyv1.GroupSnapshotClassAPIVersion
 		}
 		s.each(srcs, func(p *policyObject) { p.out.produced = append(p.out.produced, ref) })
 	}

@@ -40,8 +40,11 @@ type Output struct {
 	// (spec.snapshotClass): snapshot.storage.k8s.io/v1 objects, unstructured because their
 	// types belong to external-snapshotter (snapshotclass.go).
 	VolumeSnapshotClasses []unstructured.Unstructured
-	Agents                []storev1.Agent
-	Stores                []storev1.Store
+	// VolumeGroupSnapshotClasses are the group classes of the Placements whose
+	// spec.snapshotClass asks for one (group), groupsnapshot.storage.k8s.io/v1, sorted by name.
+	VolumeGroupSnapshotClasses []unstructured.Unstructured
+	Agents                     []storev1.Agent
+	Stores                     []storev1.Store
 	// Sources maps "<Kind>/<name>" of each produced object to the policy objects that produced
 	// it, as "<Kind>/<name>" strings, sorted.
 	Sources map[string][]string
@@ -102,6 +105,11 @@ func Render(in Input) (*Output, error) {
 			vsc := snapshotClass(pl)
 			out.VolumeSnapshotClasses = append(out.VolumeSnapshotClasses, vsc)
 			out.Sources[policyv1.SnapshotClassKind+"/"+vsc.GetName()] = []string{"Placement/" + pl.Name}
+			if pl.Spec.SnapshotClass.Group {
+				gc := groupSnapshotClass(pl)
+				out.VolumeGroupSnapshotClasses = append(out.VolumeGroupSnapshotClasses, gc)
+				out.Sources[policyv1.GroupSnapshotClassKind+"/"+gc.GetName()] = []string{"Placement/" + pl.Name}
+			}
 		}
 	}
 
@@ -147,6 +155,9 @@ func Render(in Input) (*Output, error) {
 	}
 
 	sort.Slice(out.StorageClasses, func(i, j int) bool { return out.StorageClasses[i].Name < out.StorageClasses[j].Name })
+	sort.Slice(out.VolumeGroupSnapshotClasses, func(i, j int) bool {
+		return out.VolumeGroupSnapshotClasses[i].GetName() < out.VolumeGroupSnapshotClasses[j].GetName()
+	})
 	sort.Slice(out.VolumeSnapshotClasses, func(i, j int) bool {
 		return out.VolumeSnapshotClasses[i].GetName() < out.VolumeSnapshotClasses[j].GetName()
 	})

@@ -64,6 +64,7 @@ type keptPlacement struct {
 	spec policyv1.PlacementSpec
 	sc   storagev1.StorageClass
 	vsc  *unstructured.Unstructured
+	vgsc *unstructured.Unstructured
 	pass uint64
 }
 
@@ -116,6 +117,9 @@ func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, erro
 	}
 	for i := range out.VolumeSnapshotClasses {
 		add(policyv1.SnapshotClassKind, out.VolumeSnapshotClasses[i].GetName(), &out.VolumeSnapshotClasses[i])
+	}
+	for i := range out.VolumeGroupSnapshotClasses {
+		add(policyv1.GroupSnapshotClassKind, out.VolumeGroupSnapshotClasses[i].GetName(), &out.VolumeGroupSnapshotClasses[i])
 	}
 	for i := range out.Agents {
 		add("Agent", out.Agents[i].Name, &out.Agents[i])
@@ -244,13 +248,16 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	}
 
 	// Placements: StorageClasses and VolumeSnapshotClasses.
-	var dropClasses, dropSnapClasses []string
+	var dropClasses, dropSnapClasses, dropGroupClasses []string
 	var addClasses []storagev1.StorageClass
-	var addSnapClasses []unstructured.Unstructured
+	var addSnapClasses, addGroupClasses []unstructured.Unstructured
 	gone := func(kp *keptPlacement) {
 		dropClasses = append(dropClasses, kp.sc.Name)
 		if kp.vsc != nil {
 			dropSnapClasses = append(dropSnapClasses, kp.vsc.GetName())
+		}
+		if kp.vgsc != nil {
+			dropGroupClasses = append(dropGroupClasses, kp.vgsc.GetName())
 		}
 	}
 	for i := range in.Placements {
@@ -273,6 +280,11 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 			vsc := snapshotClass(pl)
 			kp.vsc = &vsc
 			addSnapClasses = append(addSnapClasses, vsc)
+			if pl.Spec.SnapshotClass.Group {
+				gc := groupSnapshotClass(pl)
+				kp.vgsc = &gc
+				addGroupClasses = append(addGroupClasses, gc)
+			}
 		}
 		r.places[pl.Name] = kp
 	}
@@ -291,6 +303,9 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	for _, n := range dropSnapClasses {
 		delete(src, policyv1.SnapshotClassKind+"/"+n)
 	}
+	for _, n := range dropGroupClasses {
+		delete(src, policyv1.GroupSnapshotClassKind+"/"+n)
+	}
 	for _, n := range dropStores {
 		delete(src, "Store/"+n)
 	}
@@ -302,6 +317,7 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	// patchSorted refuses): forgetting the dropped names forgets every stale conversion.
 	r.forget("StorageClass", dropClasses...)
 	r.forget(policyv1.SnapshotClassKind, dropSnapClasses...)
+	r.forget(policyv1.GroupSnapshotClassKind, dropGroupClasses...)
 	r.forget("Store", dropStores...)
 	r.forget("Agent", dropAgents...)
 	for i := range addClasses {
@@ -312,6 +328,10 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	for i := range addSnapClasses {
 		vsc := &addSnapClasses[i]
 		src[policyv1.SnapshotClassKind+"/"+vsc.GetName()] = []string{"Placement/" + vsc.GetLabels()[policyv1.LabelPlacement]}
+	}
+	for i := range addGroupClasses {
+		gc := &addGroupClasses[i]
+		src[policyv1.GroupSnapshotClassKind+"/"+gc.GetName()] = []string{"Placement/" + gc.GetLabels()[policyv1.LabelPlacement]}
 	}
 	for i := range addStores {
 		src["Store/"+addStores[i].Name] = []string{"StoragePool/" + addStores[i].Spec.Pool}
@@ -325,6 +345,10 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 		return nil, false
 	}
 	r.out.VolumeSnapshotClasses, ok = patchSorted(r.out.VolumeSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() }, dropSnapClasses, addSnapClasses)
+	if !ok {
+		return nil, false
+	}
+	r.out.VolumeGroupSnapshotClasses, ok = patchSorted(r.out.VolumeGroupSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() }, dropGroupClasses, addGroupClasses)
 	if !ok {
 		return nil, false
 	}

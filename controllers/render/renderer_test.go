@@ -114,7 +114,7 @@ func (s *randomSet) editPlacement(p *policyv1.Placement) {
 		p.Spec.StorageClass.Name = s.name("sc") // a rename
 	case 3:
 		if p.Spec.SnapshotClass == nil {
-			p.Spec.SnapshotClass = &policyv1.SnapshotClassTemplate{Name: s.name("vsc"), Velero: s.rng.IntN(2) == 0}
+			p.Spec.SnapshotClass = &policyv1.SnapshotClassTemplate{Name: s.name("vsc"), Velero: s.rng.IntN(2) == 0, Group: s.rng.IntN(2) == 0}
 		} else {
 			p.Spec.SnapshotClass = nil
 		}

@@ -33,3 +33,19 @@ func snapshotClass(pl *policyv1.Placement) unstructured.Unstructured {
 	}
 	return u
 }
+
+// groupSnapshotClass is the VolumeGroupSnapshotClass of a Placement with
+// spec.snapshotClass.group, beside its VolumeSnapshotClass: same name, driver, deletion policy
+// and labels, the group default-class annotation when the snapshot class is the default. No
+// parameters: CreateVolumeGroupSnapshot's consumer freeze takes its default timeout
+// (plinth.dev/freeze-timeout-seconds unset), and a parameter-less class cannot drift into an
+// immutable change.
+func groupSnapshotClass(pl *policyv1.Placement) unstructured.Unstructured {
+	u := snapshotClass(pl)
+	u.SetAPIVersion(policyv1.GroupSnapshotClassAPIVersion)
+	u.SetKind(policyv1.GroupSnapshotClassKind)
+	if pl.Spec.SnapshotClass.IsDefault {
+		u.SetAnnotations(map[string]string{policyv1.AnnotationDefaultGroupSnapshotClass: "true"})
+	}
+	return u
+}

@@ -13,7 +13,9 @@ import (
 
 // TestSnapshotClass renders the VolumeSnapshotClass of a Placement that asks for one, with
 // Velero's label and the default annotation only when asked, traced to its Placement; a
-// Placement without spec.snapshotClass renders none.
+// Placement without spec.snapshotClass renders none. A class with group renders a
+// VolumeGroupSnapshotClass beside it (same name, deletion policy, group default annotation);
+// one without renders none.
 func TestSnapshotClass(t *testing.T) {
 	pool := policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: policyv1.StoragePoolSpec{
 		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"s": "1"}},
@@ -27,7 +29,7 @@ func TestSnapshotClass(t *testing.T) {
 	out, err := Render(Input{
 		Pools: []policyv1.StoragePool{pool}, Protocols: []policyv1.Protocol{proto},
 		Placements: []policyv1.Placement{
-			pl("b", &policyv1.SnapshotClassTemplate{Name: "plinth-b-snap", DeletionPolicy: "Retain", IsDefault: true, Velero: true}),
+			pl("b", &policyv1.SnapshotClassTemplate{Name: "plinth-b-snap", DeletionPolicy: "Retain", IsDefault: true, Velero: true, Group: true}),
 			pl("a", &policyv1.SnapshotClassTemplate{Name: "plinth-a-snap"}),
 			pl("none", nil),
 		},
@@ -70,5 +72,34 @@ metadata:
 	}
 	if n := strings.Count(string(y), "kind: VolumeSnapshotClass"); n != 2 {
 		t.Errorf("YAML holds %d VolumeSnapshotClasses, want 2", n)
+	}
+	if len(out.VolumeGroupSnapshotClasses) != 1 {
+		t.Fatalf("%d VolumeGroupSnapshotClasses, want 1 (of b only)", len(out.VolumeGroupSnapshotClasses))
+	}
+	got, err = yaml.Marshal(out.VolumeGroupSnapshotClasses[0].Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = `apiVersion: groupsnapshot.storage.k8s.io/v1
+deletionPolicy: Retain
+driver: csi.plinth.dev
+kind: VolumeGroupSnapshotClass
+metadata:
+  annotations:
+    groupsnapshot.storage.kubernetes.io/is-default-class: "true"
+  labels:
+    app.kubernetes.io/managed-by: plinth
+    plinth.dev/placement: b
+    velero.io/csi-volumesnapshot-class: "true"
+  name: plinth-b-snap
+`
+	if string(got) != want {
+		t.Errorf("group class of b:\n%s\nwant:\n%s", got, want)
+	}
+	if src := out.Sources["VolumeGroupSnapshotClass/plinth-b-snap"]; len(src) != 1 || src[0] != "Placement/b" {
+		t.Errorf("sources of the group class of b = %v", src)
+	}
+	if n := strings.Count(string(y), "kind: VolumeGroupSnapshotClass"); n != 1 {
+		t.Errorf("YAML holds %d VolumeGroupSnapshotClasses, want 1", n)
 	}
 }

@@ -19,6 +19,9 @@ func (o *Output) Objects() []runtime.Object {
 	for i := range o.VolumeSnapshotClasses {
 		objs = append(objs, &o.VolumeSnapshotClasses[i])
 	}
+	for i := range o.VolumeGroupSnapshotClasses {
+		objs = append(objs, &o.VolumeGroupSnapshotClasses[i])
+	}
 	for i := range o.Agents {
 		objs = append(objs, &o.Agents[i])
 	}

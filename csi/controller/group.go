@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/internal/volume"
+	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -97,7 +99,7 @@ func (g *GroupService) CreateVolumeGroupSnapshot(ctx context.Context, req *csipb
 		}
 	}
 	if len(existing) < len(memberIDs) {
-		if err := g.createMembers(ctx, name, id, sorted, memberIDs, existing); err != nil {
+		if err := g.createMembers(ctx, name, id, sorted, memberIDs, existing, req.GetParameters()); err != nil {
 			return nil, err
 		}
 	}
@@ -106,11 +108,19 @@ func (g *GroupService) CreateVolumeGroupSnapshot(ctx context.Context, req *csipb
 
 // createMembers creates the member objects that do not exist yet, after checking every source:
 // all exist (else NOT_FOUND naming the first missing one, and nothing is created), take
-// snapshots, are ready, and share one Store.
-func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs, memberIDs []string, existing []storev1.VolumeSnapshotState) error {
+// snapshots and are ready. A group its backend cannot take at one instant alone (members on
+// several Stores, or several thin LVs) gets spec.freeze on every member: the consumers' node
+// plugins freeze the filesystems first (groupFreeze).
+func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs, memberIDs []string, existing []storev1.VolumeSnapshotState, params map[string]string) error {
 	s := g.s
+	timeout, err := freezeTimeout(params)
+	if err != nil {
+		return err
+	}
 	var objs []*storev1.VolumeSnapshotState
-	store := ""
+	var vols []*storev1.VolumeState
+	stores := map[string]bool{}
+	thin := 0
 	for _, src := range srcs {
 		ss, err := s.newSnapshotState(ctx, &csipb.CreateSnapshotRequest{Name: id + "/" + src, SourceVolumeId: src}, storev1.GroupMemberSnapshotID(id, src))
 		if err != nil {
@@ -119,17 +129,29 @@ func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs,
 			}
 			return fmt.Errorf("group snapshot %q: %w", name, err)
 		}
-		if vs, err := s.volumes.Get(ctx, src); err == nil && vs != nil && vs.Spec.Policy.Backend.LVM != nil && len(srcs) > 1 {
-			return volume.Errorf(volume.ErrPrecondition, "group snapshot %q: volume %s is a thin LVM volume: Plinth does not take group snapshots of several thin LVs yet, since lvm2 snapshots one origin per command and origins suspended outside it lose the thin pool's messages (a group of one volume, or of zvols or files of one store, is taken)", name, src)
+		vs, err := s.volumes.Get(ctx, src)
+		if err != nil || vs == nil {
+			return volume.Errorf(volume.ErrUnavailable, "group snapshot %q: read source volume %s: %v", name, src, err)
 		}
-		if store != "" && ss.Spec.StoreName != store {
-			return volume.Errorf(volume.ErrPrecondition, "group snapshot %q: source volumes are on stores %s and %s: a group snapshot spanning stores would not be crash-consistent, and Plinth takes it only when all volumes share one store", name, store, ss.Spec.StoreName)
+		if vs.Spec.Policy.Backend.LVM != nil {
+			thin++
 		}
-		store = ss.Spec.StoreName
+		stores[ss.Spec.StoreName] = true
 		ss.Labels[storev1.LabelGroup] = id
 		ss.Spec.Group = id
 		ss.Spec.GroupMembers = memberIDs
 		objs = append(objs, ss)
+		vols = append(vols, vs)
+	}
+	if len(stores) > 1 || thin > 1 {
+		for i, vs := range vols {
+			f, err := groupFreeze(name, vs, objs[i].Spec.AccessibleNode, timeout)
+			if err != nil {
+				return err
+			}
+			objs[i].Spec.Freeze = f
+			objs[i].Labels[storev1.LabelGroupFreeze] = "true"
+		}
 	}
 	for _, ss := range objs {
 		if slices.ContainsFunc(existing, func(e storev1.VolumeSnapshotState) bool { return e.Name == ss.Name }) {
@@ -141,6 +163,46 @@ func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs,
 		}
 	}
 	return nil
+}
+
+// groupFreeze is the consumer freeze of source vs in group snapshot name: the nodes it is
+// published to over NVMe-oF (spec.publications), or local's node, the only one a local
+// volume is used on (ControllerPublish records no publication of it). A raw block volume is
+// FAILED_PRECONDITION when it may be in use: it has no filesystem to freeze, and nothing else
+// holds its writes across the group.
+func groupFreeze(name string, vs *storev1.VolumeState, local string, timeout int32) (*storev1.GroupFreeze, error) {
+	var nodes []string
+	for _, p := range vs.Spec.Publications {
+		nodes = append(nodes, p.NodeName)
+	}
+	if local != "" {
+		nodes = []string{local}
+	}
+	nodes = slices.Compact(slices.Sorted(slices.Values(nodes)))
+	if len(nodes) > maxFreezeNodes {
+		return nil, volume.Errorf(volume.ErrPrecondition, "group snapshot %q: volume %s is published to %d nodes: a group freezes at most %d consumers per volume", name, vs.Name, len(nodes), maxFreezeNodes)
+	}
+	if vs.Spec.VolumeMode == "Block" && len(nodes) > 0 {
+		return nil, volume.Errorf(volume.ErrPrecondition, "group snapshot %q: volume %s is a raw block volume usable on %v: a group on several stores or of several thin LVs is taken under a freeze of its consumers' filesystems, and a block volume has none (take such volumes on one ZFS store, or unpublish it)", name, vs.Name, nodes)
+	}
+	return &storev1.GroupFreeze{Nodes: nodes, TimeoutSeconds: timeout}, nil
+}
+
+// maxFreezeNodes bounds the consumers of one member (the CRD's spec.freeze.nodes maxItems).
+const maxFreezeNodes = 16
+
+// freezeTimeout reads the class parameter ParamFreezeTimeoutSeconds (seconds, 1 to 300;
+// absent: the default). Errors: INVALID_ARGUMENT.
+func freezeTimeout(params map[string]string) (int32, error) {
+	v, ok := params[policyv1.ParamFreezeTimeoutSeconds]
+	if !ok {
+		return policyv1.DefaultFreezeTimeoutSeconds, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < 1 || n > 300 {
+		return 0, volume.Errorf(volume.ErrInvalid, "parameter %s=%q: want whole seconds from 1 to 300", policyv1.ParamFreezeTimeoutSeconds, v)
+	}
+	return int32(n), nil
 }
 
 // answer waits until every member is ready (or one failed: then all are deleted) and answers.
@@ -161,6 +223,11 @@ func (g *GroupService) answer(ctx context.Context, id string, memberIDs []string
 				return false, fmt.Errorf("member %s was deleted", mid)
 			}
 			ok, err := volume.SnapshotReady(ss)
+			if ok {
+				// taken under a consumer freeze: of the group's instant only if every freeze
+				// held until the whole group was taken
+				ok, err = volume.FreezeSettled(ss)
+			}
 			if ok {
 				snaps[i] = ss
 			}

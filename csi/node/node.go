@@ -73,12 +73,14 @@ type Service struct {
 	monitor     volumeMonitor
 	locks       *volume.Locks
 	log         logr.Logger
+	freeze      freezer // the group snapshots' consumer freezes (freeze.go)
 }
 
 // New returns the node service of cfg; Init prepares it before it serves.
 func New(cfg Config) *Service {
 	return &Service{nodeName: cfg.NodeName, hostNQNFile: cfg.HostNQNFile, stages: cfg.Stages, mounter: cfg.Mounter, initiator: cfg.Initiator,
-		kube: cfg.Kube, live: cfg.Live, keys: cfg.Keys, events: cfg.Events, metrics: cfg.Metrics, locks: cfg.Locks, log: cfg.Log}
+		kube: cfg.Kube, live: cfg.Live, keys: cfg.Keys, events: cfg.Events, metrics: cfg.Metrics, locks: cfg.Locks, log: cfg.Log,
+		freeze: freezer{holds: map[string]*hold{}, groups: map[string]string{}, kick: make(chan string, 64)}}
 }
 
 // warn records a Warning event on obj (an object of the driver's scheme) with reason and the

@@ -111,6 +111,10 @@ const (
 	// CryptOpened: NodeStage opened the volume's dm-crypt mapping; no filesystem is made
 	// or mounted in it yet.
 	CryptOpened = "crypt.opened"
+	// CSIFreezeBefore: the node plugin is about to FIFREEZE a group member's filesystem for
+	// a group snapshot; its timeout is running, nothing is frozen yet (a test holds the
+	// freeze here to show the timeout thaws and the group fails).
+	CSIFreezeBefore = "csi.freeze.before"
 )
 
 // Known returns every point name, sorted.
@@ -121,7 +125,7 @@ func Known() []string {
 		FencingMarkTorn, FileCreateSized, FileCreateRenamed, FileExpandTruncated, FileDeleteDetached,
 		NVMetSubsystemCreated, CSIPublishBeforeUpdate, CSICreateSpreadQueued, CSICreateSpreadCounted,
 		CSIStageRecordSaved, CSIStageMounted, CSINodePublishMounted, CSIUnstageUnmounted,
-		CryptFormatted, CryptOpened,
+		CryptFormatted, CryptOpened, CSIFreezeBefore,
 	}
 	slices.Sort(k)
 	return k

@@ -131,7 +131,8 @@ func testNodeScope(t *testing.T, c *cluster) {
 						ProtocolSpec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}}}},
 			&storev1.VolumeSnapshotState{ObjectMeta: metav1.ObjectMeta{Name: snapshotID(n), Labels: map[string]string{
 				policyv1.LabelNode: storev1.NameLabelValue(n), policyv1.LabelPool: "pool"}},
-				Spec: storev1.VolumeSnapshotStateSpec{CSIName: "snap-" + n, SourceVolume: storev1.VolumeID(n), StoreName: store, Pool: "pool", AccessibleNode: n}},
+				Spec: storev1.VolumeSnapshotStateSpec{CSIName: "snap-" + n, SourceVolume: storev1.VolumeID(n), StoreName: store, Pool: "pool", AccessibleNode: n,
+					Freeze: &storev1.GroupFreeze{Nodes: []string{n}, TimeoutSeconds: 10}}},
 		}
 		for _, o := range objs {
 			if err := admin.Create(ctx, o); err != nil {
@@ -218,6 +219,7 @@ func testNodeScope(t *testing.T, c *cluster) {
 		storeStatus = `{"status":{"capacity":{"total":1048576,"allocatable":1048576,"provisioned":0,"available":1048576}}}`
 		volStatus   = `{"status":{"phase":"Ready","actualBytes":1048576}}`
 		snapStatus  = `{"status":{"phase":"Ready","readyToUse":true,"sizeBytes":1048576}}`
+		freezeA     = `{"status":{"freezes":[{"node":"scope-node-a","phase":"Frozen"}]}}`
 		initiator   = `{"metadata":{"labels":{"plinth.dev/nvme-initiator":"true"},"annotations":{"plinth.dev/host-nqn":"nqn.2014-08.org.nvmexpress:uuid:0f6c1f7e-2d55-4a39-9a71-1b9d1d9a5c01"}}}`
 	)
 	// The agent writes the main resource only for VolumeState finalizers (agents/agent
@@ -234,6 +236,7 @@ func testNodeScope(t *testing.T, c *cluster) {
 		{"agent of a long node: status of its VolumeState", true, statusPatch(agentLong, volOf(nodeLong), volStatus)},
 		{"agent of a long node: finalizer of its VolumeState", true, update(agentLong, volOf(nodeLong), addFinalizer)},
 		{"agent of a long node: status of its VolumeSnapshotState", true, statusPatch(agentLong, snapOf(nodeLong), snapStatus)},
+		{"CSI node A: its freeze answer on a member asking node A", true, statusPatch(csiNode, snapOf(nodeA), freezeA)},
 
 		{"agent A: status of Agent B", false, statusPatch(agent, agentOf(nodeB), agentStatus)},
 		{"agent A: status of Store pool.B", false, statusPatch(agent, storeOf(nodeB), storeStatus)},
@@ -255,6 +258,10 @@ func testNodeScope(t *testing.T, c *cluster) {
 		{"agent of a long node: status of the VolumeState of its sub-domain node", false, statusPatch(agentLong, volOf(nodeSub), volStatus)},
 		{"agent of a long node: finalizer of the VolumeState of its sub-domain node", false, update(agentLong, volOf(nodeSub), addFinalizer)},
 		{"agent of a long node: status of the VolumeSnapshotState of its sub-domain node", false, statusPatch(agentLong, snapOf(nodeSub), snapStatus)},
+		{"CSI node A: a freeze answer on a member asking node B", false, statusPatch(csiNode, snapOf(nodeB), freezeA)},
+		{"CSI node A: node B's freeze answer on a member asking node A", false, statusPatch(csiNode, snapOf(nodeA), `{"status":{"freezes":[{"node":"`+nodeA+`","phase":"Frozen"},{"node":"`+nodeB+`","phase":"Thawed","reason":"Taken"}]}}`)},
+		{"CSI node A: phase of a member asking node A", false, statusPatch(csiNode, snapOf(nodeA), `{"status":{"phase":"Failed"}}`)},
+		{"CSI node without user extra: freeze answer on a member asking node A", false, statusPatch(csiNodeNoExtra, snapOf(nodeA), freezeA)},
 	}
 
 	// RBAC and the admission policies are read from informers: wait (dry run, no effect) until
@@ -287,7 +294,7 @@ func testNodeScope(t *testing.T, c *cluster) {
 
 	// The API server type-checks each policy's expressions against the schemas of the kinds it
 	// matches (the CRDs' and Node's) and reports mistakes as warnings in its status.
-	for _, name := range []string{"plinth-agent-node-scope", "plinth-agent-volume-node-scope", "plinth-csi-node-scope"} {
+	for _, name := range []string{"plinth-agent-node-scope", "plinth-agent-volume-node-scope", "plinth-csi-node-scope", "plinth-csi-node-freeze-scope"} {
 		waitFor(t, 60*time.Second, "type check of ValidatingAdmissionPolicy "+name, func() error {
 			p, err := c.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -326,8 +333,8 @@ func testNodeScope(t *testing.T, c *cluster) {
 			t.Logf("%s: %v", w.what, err)
 		}
 	}
-	if allowed != 11 || refused != 20 {
-		t.Errorf("%d writes allowed and %d refused, want 11 and 20", allowed, refused)
+	if allowed != 12 || refused != 24 {
+		t.Errorf("%d writes allowed and %d refused, want 12 and 24", allowed, refused)
 	}
 
 	// What was allowed landed, what was refused did not.

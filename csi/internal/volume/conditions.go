@@ -3,6 +3,7 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,7 +62,34 @@ func SnapshotReady(ss *storev1.VolumeSnapshotState) (bool, error) {
 			return false, fmt.Errorf("%w: %s", ErrSnapshotUnsupported, c.Message)
 		case storev1.ReasonSnapshotFailed:
 			return false, fmt.Errorf("agent reports the snapshot failed: %s", c.Message)
+		case storev1.ReasonGroupFreezeLost:
+			return false, fmt.Errorf("%w: %s", ErrFreezeLost, c.Message)
 		}
 	}
 	return false, nil
+}
+
+// FreezeSettled reports whether every node of a group member's spec.freeze has answered for
+// good: NotMounted, or Thawed after the group was taken (reason Taken). A thaw for any other
+// reason (the timeout, a failed freeze) is ErrFreezeLost: the member may be of another
+// instant than the rest. A member without spec.freeze is settled.
+func FreezeSettled(ss *storev1.VolumeSnapshotState) (bool, error) {
+	if ss == nil || ss.Spec.Freeze == nil {
+		return true, nil
+	}
+	for _, n := range ss.Spec.Freeze.Nodes {
+		i := slices.IndexFunc(ss.Status.Freezes, func(f storev1.FreezeStatus) bool { return f.Node == n })
+		if i < 0 {
+			return false, nil
+		}
+		switch f := ss.Status.Freezes[i]; {
+		case f.Phase == storev1.FreezeNotMounted:
+		case f.Phase == storev1.FreezeThawed && f.Reason == storev1.ReasonFreezeTaken:
+		case f.Phase == storev1.FreezeThawed:
+			return false, fmt.Errorf("%w: node %s thawed the filesystem of %s (reason %s): %s", ErrFreezeLost, n, ss.Spec.SourceVolume, f.Reason, f.Message)
+		default:
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -73,6 +73,9 @@ var (
 	ErrAgentRefused = errors.New("expansion refused")
 	// ErrSnapshotUnsupported marks an agent's SnapshotUnsupported report.
 	ErrSnapshotUnsupported = errors.New("the backend takes no snapshots")
+	// ErrFreezeLost: a consumer's filesystem freeze of a group snapshot ended (its timeout, a
+	// failed FIFREEZE) before every member was taken; the group is not of one instant.
+	ErrFreezeLost = errors.New("the group's consumer freeze ended before every member was taken")
 )
 
 // WaitError classifies the failure err of a wait for the agent on what ("create volume
@@ -89,6 +92,8 @@ func WaitError(what string, err error) error {
 		return Errorf(ErrInsufficientCapacity, "%s: %w", what, err)
 	case errors.Is(err, ErrAgentRefused):
 		return Errorf(ErrOutOfRange, "%s: %w", what, err)
+	case errors.Is(err, ErrFreezeLost):
+		return Errorf(ErrUnavailable, "%s: %w", what, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return Errorf(ErrTimeout, "%s: the agent has not finished: %w", what, err)
 	}

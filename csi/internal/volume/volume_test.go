@@ -139,3 +139,35 @@ func TestOpenBusy(t *testing.T) {
 	}
 	h.Close()
 }
+
+// TestFreezeSettled: a member's freezes are settled when every asked node answered
+// NotMounted or Thawed as Taken; still Frozen or unanswered is not yet; a thaw for any other
+// reason is ErrFreezeLost naming the node.
+func TestFreezeSettled(t *testing.T) {
+	member := func(fs ...storev1.FreezeStatus) *storev1.VolumeSnapshotState {
+		ss := &storev1.VolumeSnapshotState{Spec: storev1.VolumeSnapshotStateSpec{SourceVolume: "vol-a",
+			Freeze: &storev1.GroupFreeze{Nodes: []string{"n1", "n2"}, TimeoutSeconds: 10}}}
+		ss.Status.Freezes = fs
+		return ss
+	}
+	taken := storev1.FreezeStatus{Node: "n1", Phase: storev1.FreezeThawed, Reason: storev1.ReasonFreezeTaken}
+	none := storev1.FreezeStatus{Node: "n2", Phase: storev1.FreezeNotMounted}
+	for _, tc := range []struct {
+		what string
+		ss   *storev1.VolumeSnapshotState
+		ok   bool
+		lost bool
+	}{
+		{"no freeze asked", &storev1.VolumeSnapshotState{}, true, false},
+		{"all settled", member(taken, none), true, false},
+		{"one unanswered", member(taken), false, false},
+		{"one still frozen", member(storev1.FreezeStatus{Node: "n1", Phase: storev1.FreezeFrozen}, none), false, false},
+		{"thawed at the timeout", member(storev1.FreezeStatus{Node: "n1", Phase: storev1.FreezeThawed, Reason: storev1.ReasonFreezeTimeout}, none), false, true},
+		{"freeze failed", member(taken, storev1.FreezeStatus{Node: "n2", Phase: storev1.FreezeThawed, Reason: storev1.ReasonFreezeFailed}), false, true},
+	} {
+		ok, err := FreezeSettled(tc.ss)
+		if ok != tc.ok || errors.Is(err, ErrFreezeLost) != tc.lost || (err != nil) != tc.lost {
+			t.Errorf("%s: %v, %v; want %v, lost %v", tc.what, ok, err, tc.ok, tc.lost)
+		}
+	}
+}

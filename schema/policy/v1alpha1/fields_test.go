@@ -66,6 +66,7 @@ var fieldReaders = map[string]fieldReader{
 	"Placement.spec.snapshotClass.deletionPolicy":       {"controllers/render/snapshotclass.go", "t.DeletionPolicy"},
 	"Placement.spec.snapshotClass.isDefault":            {"controllers/render/snapshotclass.go", "t.IsDefault"},
 	"Placement.spec.snapshotClass.velero":               {"controllers/render/snapshotclass.go", "t.Velero"},
+	"Placement.spec.snapshotClass.group":                {"controllers/render/render.go", "SnapshotClass.Group"},
 	"Placement.spec.storageClass.replacement":           {"controllers/plan/decide.go", "pl.Spec.StorageClass.Replacement"},
 	"Placement.spec.filesystem.fsType":                  {"controllers/render/render.go", "pl.Spec.Filesystem.FSType"},
 	"Placement.spec.filesystem.mkfsOptions":             {"csi/controller/controller.go", "fs.MkfsOptions"},

@@ -210,6 +210,14 @@ type SnapshotClassTemplate struct {
 	// +optional
 	// +kubebuilder:default=false
 	Velero bool `json:"velero,omitempty"`
+	// Group also renders a VolumeGroupSnapshotClass (groupsnapshot.storage.k8s.io/v1) of the
+	// same name, deletion policy and default mark
+	// (groupsnapshot.storage.kubernetes.io/is-default-class), for VolumeGroupSnapshots of the
+	// placement's volumes; the cluster needs external-snapshotter's group snapshot CRDs.
+	// Default false.
+	// +optional
+	// +kubebuilder:default=false
+	Group bool `json:"group,omitempty"`
 }
 
 // StorageClassTemplate is the StorageClass a Placement renders (provisioner csi.plinth.dev).

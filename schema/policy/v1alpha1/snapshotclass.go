@@ -14,4 +14,11 @@ const (
 	// LabelVeleroSnapshotClass (value "true") is the label Velero's CSI support looks for to
 	// choose a driver's VolumeSnapshotClass.
 	LabelVeleroSnapshotClass = "velero.io/csi-volumesnapshot-class"
+	// GroupSnapshotClassAPIVersion and GroupSnapshotClassKind name the VolumeGroupSnapshotClass
+	// a Placement renders with spec.snapshotClass.group (external-snapshotter's, GA).
+	GroupSnapshotClassAPIVersion = "groupsnapshot.storage.k8s.io/v1"
+	GroupSnapshotClassKind       = "VolumeGroupSnapshotClass"
+	// AnnotationDefaultGroupSnapshotClass marks the default VolumeGroupSnapshotClass of a
+	// driver (external-snapshotter's snapshot-controller reads it).
+	AnnotationDefaultGroupSnapshotClass = "groupsnapshot.storage.kubernetes.io/is-default-class"
 )

@@ -36,7 +36,14 @@ const (
 	// strips them before CreateVolume.
 	ParamNodeStageSecretName      = "csi.storage.k8s.io/node-stage-secret-name"
 	ParamNodeStageSecretNamespace = "csi.storage.k8s.io/node-stage-secret-namespace"
+	// ParamFreezeTimeoutSeconds is the VolumeGroupSnapshotClass parameter that bounds the consumers' filesystem freeze of a group snapshot that needs one: an
+	// integer of seconds, 1 to 300; absent: DefaultFreezeTimeoutSeconds.
+	ParamFreezeTimeoutSeconds = "plinth.dev/freeze-timeout-seconds"
 )
+
+// DefaultFreezeTimeoutSeconds bounds a group snapshot's consumer freeze when its class names
+// no ParamFreezeTimeoutSeconds.
+const DefaultFreezeTimeoutSeconds = 30
 
 // Volume keys of encrypted Placements (docs/design.md#volume-encryption).
 const (

@@ -24,6 +24,9 @@ const (
 const (
 	ReasonSnapshotFailed      = "SnapshotFailed"
 	ReasonSnapshotUnsupported = "SnapshotUnsupported"
+	// ReasonGroupFreezeLost surfaces on a group member the agent did not take because a
+	// consumer's freeze of the group ended (thawed at its timeout, or failed) first.
+	ReasonGroupFreezeLost = "GroupFreezeLost"
 )
 
 // ContentSource is what a new volume's data starts from (CSI VolumeContentSource): exactly
@@ -74,6 +77,79 @@ type VolumeSnapshotStateSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	GroupMembers []string `json:"groupMembers,omitempty"`
+	// Freeze, on a member of a group whose members are not taken in one backend operation
+	// (members on several Stores, or several thin LVs of one Store), asks the CSI node plugins
+	// of Nodes to freeze the source volume's filesystem (FIFREEZE) before any member of the
+	// group is taken, and to thaw it once every member is taken or failed, or at the timeout
+	// (docs/design.md#group-snapshots). Nil: the backend takes the group at one instant alone.
+	// +optional
+	Freeze *GroupFreeze `json:"freeze,omitempty"`
+}
+
+// GroupFreeze is the consumer freeze a group member needs (VolumeSnapshotStateSpec.Freeze).
+type GroupFreeze struct {
+	// Nodes are the Nodes the source volume is published to at the group's creation
+	// (VolumeState spec.publications): each one's CSI node plugin answers in status.freezes.
+	// Empty: the volume is published nowhere, so nothing writes to it.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	Nodes []string `json:"nodes,omitempty"`
+	// TimeoutSeconds bounds a freeze: a node plugin thaws the filesystem this many seconds
+	// after it froze it whatever happened meanwhile, and reports the thaw as reason Timeout.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=300
+	TimeoutSeconds int32 `json:"timeoutSeconds"`
+}
+
+// FreezePhase is where one node's freeze of a group member's source volume is.
+// +kubebuilder:validation:Enum=Frozen;NotMounted;Thawed
+type FreezePhase string
+
+const (
+	// FreezeFrozen: the filesystem is frozen; writes to it are held.
+	FreezeFrozen FreezePhase = "Frozen"
+	// FreezeNotMounted: the volume is not staged with a filesystem on the node (nothing
+	// writes to it there, or the plugin has no stage record of it); nothing to freeze.
+	FreezeNotMounted FreezePhase = "NotMounted"
+	// FreezeThawed: the filesystem was frozen and is thawed again; Reason says why.
+	FreezeThawed FreezePhase = "Thawed"
+)
+
+// Reasons of a thaw (FreezeStatus.Reason).
+const (
+	// ReasonFreezeTaken surfaces when every member of the group was taken (or failed) while
+	// the filesystem was frozen: the member is of the group's instant.
+	ReasonFreezeTaken = "Taken"
+	// ReasonFreezeTimeout surfaces when the freeze's timeout thawed the filesystem before every
+	// member was taken: the group is not of one instant and fails.
+	ReasonFreezeTimeout = "Timeout"
+	// ReasonFreezeFailed surfaces when FIFREEZE failed (Message says why) or the node plugin
+	// restarted while the filesystem was frozen (it thaws it on start): the group fails.
+	ReasonFreezeFailed = "FreezeFailed"
+	// ReasonFreezeGroupFailed surfaces when a member of the group failed or the group is
+	// being deleted: the freeze is no longer needed.
+	ReasonFreezeGroupFailed = "GroupFailed"
+)
+
+// FreezeStatus is one node plugin's answer to a GroupFreeze, written by that node only.
+type FreezeStatus struct {
+	// Node is the answering Node (one of spec.freeze.nodes).
+	Node string `json:"node"`
+	// Phase of the freeze on that node.
+	Phase FreezePhase `json:"phase"`
+	// Reason of a thaw: Taken, Timeout or FreezeFailed; empty before it.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// Message says what the node plugin did (the path frozen, an error).
+	// +optional
+	Message string `json:"message,omitempty"`
+	// FrozenAt is when FIFREEZE returned.
+	// +optional
+	FrozenAt *metav1.Time `json:"frozenAt,omitempty"`
+	// ThawedAt is when FITHAW returned.
+	// +optional
+	ThawedAt *metav1.Time `json:"thawedAt,omitempty"`
 }
 
 // VolumeSnapshotStateStatus is written by the node agent from what the kernel reports.
@@ -101,6 +177,14 @@ type VolumeSnapshotStateStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Freezes are the answers of the node plugins of spec.freeze.nodes, one per node, each
+	// written by that node's plugin only (the ValidatingAdmissionPolicy
+	// plinth-csi-node-freeze-scope).
+	// +optional
+	// +listType=map
+	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=16
+	Freezes []FreezeStatus `json:"freezes,omitempty"`
 }
 
 // VolumeSnapshotState is one snapshot of a volume: the CSI controller writes spec, the agent of
@@ -140,6 +224,10 @@ func (in *VolumeSnapshotState) SetConditions(c []metav1.Condition) { in.Status.C
 // LabelGroup on a VolumeSnapshotState holds its Spec.Group: the members of one group snapshot
 // are listed by it.
 const LabelGroup = "storage.plinth.dev/group"
+
+// LabelGroupFreeze is "true" on the members of a group snapshot that have spec.freeze: the
+// CSI node plugins watch only these.
+const LabelGroupFreeze = "storage.plinth.dev/group-freeze"
 
 // GroupSnapshotIDPrefix starts every CSI group snapshot id.
 const GroupSnapshotIDPrefix = "group-"
