@@ -126,6 +126,10 @@ type cluster struct {
 	claims  map[string][]corev1.PersistentVolumeClaim
 	pvs     map[string][]corev1.PersistentVolume
 	pvByID  map[string]*corev1.PersistentVolume
+	// attrClaims are the claims by each VolumeAttributesClass they name
+	// (policyv1.ClaimAttributesClasses); attrPVs count the PVs by theirs.
+	attrClaims map[string][]corev1.PersistentVolumeClaim
+	attrPVs    map[string]int
 	// snapshots are the VolumeSnapshots by spec.volumeSnapshotClassName.
 	snapshots map[string][]Snapshot
 }
@@ -210,7 +214,8 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 	pol, _ := policy.VetObjects(v, lp, lr, ll)
 	cl := &cluster{nodes: nodes.Items, policy: pol, stores: map[string]*storev1.Store{},
 		volumes: map[string][]storev1.VolumeState{}, claims: map[string][]corev1.PersistentVolumeClaim{},
-		pvs: map[string][]corev1.PersistentVolume{}, pvByID: map[string]*corev1.PersistentVolume{}}
+		pvs: map[string][]corev1.PersistentVolume{}, pvByID: map[string]*corev1.PersistentVolume{},
+		attrClaims: map[string][]corev1.PersistentVolumeClaim{}, attrPVs: map[string]int{}}
 	if cl.snapshots, err = readSnapshots(ctx, c); err != nil {
 		return nil, err
 	}
@@ -228,11 +233,21 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 		if p.Spec.StorageClassName != nil && *p.Spec.StorageClassName != "" {
 			cl.claims[*p.Spec.StorageClassName] = append(cl.claims[*p.Spec.StorageClassName], p)
 		}
+		var target string
+		if m := p.Status.ModifyVolumeStatus; m != nil {
+			target = m.TargetVolumeAttributesClassName
+		}
+		for _, vac := range policyv1.ClaimAttributesClasses(p.Spec.VolumeAttributesClassName, p.Status.CurrentVolumeAttributesClassName, target) {
+			cl.attrClaims[vac] = append(cl.attrClaims[vac], p)
+		}
 	}
 	for i := range pvs.Items {
 		p := &pvs.Items[i]
 		if p.Spec.StorageClassName != "" {
 			cl.pvs[p.Spec.StorageClassName] = append(cl.pvs[p.Spec.StorageClassName], *p)
+		}
+		if c := p.Spec.VolumeAttributesClassName; c != nil && *c != "" {
+			cl.attrPVs[*c]++
 		}
 		if p.Spec.CSI != nil && p.Spec.CSI.Driver == policyv1.DriverName {
 			cl.pvByID[p.Spec.CSI.VolumeHandle] = p
@@ -250,6 +265,11 @@ func (cl *cluster) ClassUsage(_ context.Context, name string) (plan.Usage, error
 		}
 	}
 	return u, nil
+}
+
+// AttributesClassUsage implements plan.Counter from the lists read once.
+func (cl *cluster) AttributesClassUsage(_ context.Context, name string) (plan.Usage, error) {
+	return plan.Usage{PVCs: len(cl.attrClaims[name]), PVs: cl.attrPVs[name], Known: true}, nil
 }
 
 // StoreUsage implements plan.Counter from the lists read once.

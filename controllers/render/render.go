@@ -39,8 +39,11 @@ type Output struct {
 	// (spec.snapshotClass): snapshot.storage.k8s.io/v1 objects, unstructured because their
 	// types belong to external-snapshotter (snapshotclass.go).
 	VolumeSnapshotClasses []unstructured.Unstructured
-	Agents                []storev1.Agent
-	Stores                []storev1.Store
+	// VolumeAttributesClasses are the tiers of the Placements (spec.attributesClasses,
+	// attributesclass.go).
+	VolumeAttributesClasses []storagev1.VolumeAttributesClass
+	Agents                  []storev1.Agent
+	Stores                  []storev1.Store
 	// Sources maps "<Kind>/<name>" of each produced object to the policy objects that produced
 	// it, as "<Kind>/<name>" strings, sorted.
 	Sources map[string][]string
@@ -102,6 +105,10 @@ func Render(in Input) (*Output, error) {
 			out.VolumeSnapshotClasses = append(out.VolumeSnapshotClasses, vsc)
 			out.Sources[policyv1.SnapshotClassKind+"/"+vsc.GetName()] = []string{"Placement/" + pl.Name}
 		}
+		for _, vac := range attributesClasses(pl) {
+			out.VolumeAttributesClasses = append(out.VolumeAttributesClasses, vac)
+			out.Sources[AttributesClassKind+"/"+vac.Name] = []string{"Placement/" + pl.Name}
+		}
 	}
 
 	// Stores and Agents.
@@ -148,6 +155,9 @@ func Render(in Input) (*Output, error) {
 	sort.Slice(out.StorageClasses, func(i, j int) bool { return out.StorageClasses[i].Name < out.StorageClasses[j].Name })
 	sort.Slice(out.VolumeSnapshotClasses, func(i, j int) bool {
 		return out.VolumeSnapshotClasses[i].GetName() < out.VolumeSnapshotClasses[j].GetName()
+	})
+	sort.Slice(out.VolumeAttributesClasses, func(i, j int) bool {
+		return out.VolumeAttributesClasses[i].Name < out.VolumeAttributesClasses[j].Name
 	})
 	sort.Slice(out.Stores, func(i, j int) bool { return out.Stores[i].Name < out.Stores[j].Name })
 	if len(errs) > 0 {

@@ -64,6 +64,7 @@ type keptPlacement struct {
 	spec policyv1.PlacementSpec
 	sc   storagev1.StorageClass
 	vsc  *unstructured.Unstructured
+	vacs []storagev1.VolumeAttributesClass
 	pass uint64
 }
 
@@ -91,7 +92,7 @@ func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, erro
 	if r.conv == nil {
 		r.conv = map[string]map[string]*unstructured.Unstructured{}
 	}
-	objs := make([]*unstructured.Unstructured, 0, len(out.StorageClasses)+len(out.VolumeSnapshotClasses)+len(out.Agents)+len(out.Stores))
+	objs := make([]*unstructured.Unstructured, 0, len(out.StorageClasses)+len(out.VolumeSnapshotClasses)+len(out.VolumeAttributesClasses)+len(out.Agents)+len(out.Stores))
 	var err error
 	add := func(kind, name string, obj runtime.Object) {
 		if err != nil {
@@ -116,6 +117,9 @@ func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, erro
 	}
 	for i := range out.VolumeSnapshotClasses {
 		add(policyv1.SnapshotClassKind, out.VolumeSnapshotClasses[i].GetName(), &out.VolumeSnapshotClasses[i])
+	}
+	for i := range out.VolumeAttributesClasses {
+		add(AttributesClassKind, out.VolumeAttributesClasses[i].Name, &out.VolumeAttributesClasses[i])
 	}
 	for i := range out.Agents {
 		add("Agent", out.Agents[i].Name, &out.Agents[i])
@@ -244,13 +248,17 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	}
 
 	// Placements: StorageClasses and VolumeSnapshotClasses.
-	var dropClasses, dropSnapClasses []string
+	var dropClasses, dropSnapClasses, dropAttrClasses []string
 	var addClasses []storagev1.StorageClass
 	var addSnapClasses []unstructured.Unstructured
+	var addAttrClasses []storagev1.VolumeAttributesClass
 	gone := func(kp *keptPlacement) {
 		dropClasses = append(dropClasses, kp.sc.Name)
 		if kp.vsc != nil {
 			dropSnapClasses = append(dropSnapClasses, kp.vsc.GetName())
+		}
+		for i := range kp.vacs {
+			dropAttrClasses = append(dropAttrClasses, kp.vacs[i].Name)
 		}
 	}
 	for i := range in.Placements {
@@ -274,6 +282,8 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 			kp.vsc = &vsc
 			addSnapClasses = append(addSnapClasses, vsc)
 		}
+		kp.vacs = attributesClasses(pl)
+		addAttrClasses = append(addAttrClasses, kp.vacs...)
 		r.places[pl.Name] = kp
 	}
 	for name, kp := range r.places {
@@ -291,6 +301,9 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	for _, n := range dropSnapClasses {
 		delete(src, policyv1.SnapshotClassKind+"/"+n)
 	}
+	for _, n := range dropAttrClasses {
+		delete(src, AttributesClassKind+"/"+n)
+	}
 	for _, n := range dropStores {
 		delete(src, "Store/"+n)
 	}
@@ -302,6 +315,7 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	// patchSorted refuses): forgetting the dropped names forgets every stale conversion.
 	r.forget("StorageClass", dropClasses...)
 	r.forget(policyv1.SnapshotClassKind, dropSnapClasses...)
+	r.forget(AttributesClassKind, dropAttrClasses...)
 	r.forget("Store", dropStores...)
 	r.forget("Agent", dropAgents...)
 	for i := range addClasses {
@@ -312,6 +326,9 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	for i := range addSnapClasses {
 		vsc := &addSnapClasses[i]
 		src[policyv1.SnapshotClassKind+"/"+vsc.GetName()] = []string{"Placement/" + vsc.GetLabels()[policyv1.LabelPlacement]}
+	}
+	for i := range addAttrClasses {
+		src[AttributesClassKind+"/"+addAttrClasses[i].Name] = []string{"Placement/" + addAttrClasses[i].Labels[policyv1.LabelPlacement]}
 	}
 	for i := range addStores {
 		src["Store/"+addStores[i].Name] = []string{"StoragePool/" + addStores[i].Spec.Pool}
@@ -325,6 +342,10 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 		return nil, false
 	}
 	r.out.VolumeSnapshotClasses, ok = patchSorted(r.out.VolumeSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() }, dropSnapClasses, addSnapClasses)
+	if !ok {
+		return nil, false
+	}
+	r.out.VolumeAttributesClasses, ok = patchSorted(r.out.VolumeAttributesClasses, func(v *storagev1.VolumeAttributesClass) string { return v.Name }, dropAttrClasses, addAttrClasses)
 	if !ok {
 		return nil, false
 	}

@@ -10,14 +10,17 @@ import (
 )
 
 // Objects returns every rendered object in apply order: StorageClasses, VolumeSnapshotClasses,
-// Agents, Stores, each sorted by name.
+// VolumeAttributesClasses, Agents, Stores, each sorted by name.
 func (o *Output) Objects() []runtime.Object {
-	objs := make([]runtime.Object, 0, len(o.StorageClasses)+len(o.VolumeSnapshotClasses)+len(o.Agents)+len(o.Stores))
+	objs := make([]runtime.Object, 0, len(o.StorageClasses)+len(o.VolumeSnapshotClasses)+len(o.VolumeAttributesClasses)+len(o.Agents)+len(o.Stores))
 	for i := range o.StorageClasses {
 		objs = append(objs, &o.StorageClasses[i])
 	}
 	for i := range o.VolumeSnapshotClasses {
 		objs = append(objs, &o.VolumeSnapshotClasses[i])
+	}
+	for i := range o.VolumeAttributesClasses {
+		objs = append(objs, &o.VolumeAttributesClasses[i])
 	}
 	for i := range o.Agents {
 		objs = append(objs, &o.Agents[i])
