@@ -3,7 +3,8 @@
 // (csi/internal/volume) and waits, on the layer's informer subscription, until the node agent
 // has filled in their status. One file per concern: create.go (CreateVolume, store choice),
 // source.go (restores and clones), delete.go, publish.go, expand.go, list.go (validate, list,
-// capacity), snapshot.go, overrides.go (PVC overrides), sizes.go (capacity rounding).
+// capacity), snapshot.go, overrides.go (PVC overrides), sizes.go (capacity rounding), modify.go
+// (ControllerModifyVolume: VolumeAttributesClass tiers).
 package controller
 
 import (
@@ -86,6 +87,7 @@ func (s *Service) ControllerGetCapabilities(context.Context, *csipb.ControllerGe
 		csipb.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csipb.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 		csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 		// snapshot.go
 		csipb.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,

@@ -109,6 +109,10 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 		return nil, err
 	}
 	ov.Apply(&fs, &strategy)
+	attrs, err := s.createAttributes(ctx, req.GetMutableParameters(), placementName) // modify.go
+	if err != nil {
+		return nil, err
+	}
 	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy)
 	if err != nil {
 		return nil, err
@@ -140,6 +144,7 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 			},
 		},
 	}
+	vs.Spec.Attributes = attrs
 	if ov != nil {
 		vs.Spec.Policy.Overrides = ov.Annotations
 	}
