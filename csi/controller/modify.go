@@ -87,36 +87,32 @@ func (s *Service) ControllerModifyVolume(ctx context.Context, req *csipb.Control
 		return nil, volume.Errorf(volume.ErrTimeout, "modify volume %s: the node plugins have not applied VolumeAttributesClass %q: %v", id, want.Class, err)
 	}
 	if refused != nil {
-		s.restoreAttributes(ctx, id, gen, old)
+		s.restoreAttributes(ctx, h, gen, old)
 		return nil, volume.Errorf(volume.ErrPrecondition, "%w", refused)
 	}
 	return &csipb.ControllerModifyVolumeResponse{}, nil
 }
 
-// restoreAttributes sets spec.attributes of volume id back to before (nil: no tier) with a new
-// generation, when it is still at gen, so that the nodes put the limits in force before back;
-// a later change wins. Failures are logged: the next modification corrects the spec again.
-func (s *Service) restoreAttributes(ctx context.Context, id string, gen int64, before *storev1.VolumeAttributes) {
-	h, err := s.volumes.OpenLive(ctx, id)
-	if err != nil {
-		s.log.Error(err, "restore attributes", "volume", id)
+// restoreAttributes sets spec.attributes of the volume of h back to before (nil: no tier)
+// with a new generation, when it is still at gen, so that the nodes put the limits in force
+// before back; a later change wins. Failures are logged: the next modification corrects the
+// spec again.
+func (s *Service) restoreAttributes(ctx context.Context, h *volume.Handle[*storev1.VolumeState], gen int64, before *storev1.VolumeAttributes) {
+	if err := h.ReadLive(ctx); err != nil {
+		s.log.Error(err, "restore attributes", "volume", h.ID)
 		return
 	}
-	defer h.Close()
 	if !h.Exists() || h.State.Spec.Attributes == nil || h.State.Spec.Attributes.Generation != gen {
 		return
 	}
+	restored := &storev1.VolumeAttributes{Generation: gen + 1} // no tier: generation keeps rising for the nodes
 	if before != nil {
-		before = before.DeepCopy()
-		before.Generation = gen + 1
+		restored = before.DeepCopy()
+		restored.Generation = gen + 1
 	}
-	h.State.Spec.Attributes = before
-	if before == nil {
-		// Generation must keep rising for the nodes: an empty tier of the next generation.
-		h.State.Spec.Attributes = &storev1.VolumeAttributes{Generation: gen + 1}
-	}
+	h.State.Spec.Attributes = restored
 	if err := h.Update(ctx); err != nil {
-		s.log.Error(err, "restore attributes", "volume", id)
+		s.log.Error(err, "restore attributes", "volume", h.ID)
 	}
 }
 
@@ -142,6 +138,14 @@ func (s *Service) tierOf(ctx context.Context, params map[string]string, placemen
 		return nil, volume.Errorf(volume.ErrUnavailable, "read Placement %q: %v", placement, err)
 	}
 	t := pl.Spec.AttributesClass(ref.Class)
+	if t == nil || !t.Limits.Equal(&ref.Limits) {
+		// A refusal is final for csi-resizer (Infeasible): confirm it on the live Placement,
+		// which the informer cache may not have caught up with.
+		if err := s.live.Get(ctx, client.ObjectKey{Name: placement}, &pl); err != nil && !apierrors.IsNotFound(err) {
+			return nil, volume.Errorf(volume.ErrUnavailable, "read Placement %q: %v", placement, err)
+		}
+		t = pl.Spec.AttributesClass(ref.Class)
+	}
 	switch {
 	case t == nil:
 		return nil, volume.Errorf(volume.ErrInvalid, "VolumeAttributesClass %q is not allowed by Placement %q: its attributesClasses do not list it", ref.Class, placement)
