@@ -178,7 +178,7 @@ func TestLive(t *testing.T) {
 				}
 			}}},
 		{"removed", want{exit: diff.ExitViolations,
-			objects:    []string{"keep StorageClass/plinth-scratch", "keep VolumeAttributesClass/scratch-gold"},
+			objects: []string{"keep StorageClass/plinth-scratch", "keep VolumeAttributesClass/scratch-gold"},
 			violations: []string{"PrunedClassInUse Placement/scratch  testdata/live/removed:0",
 				"AttributesClassInUse Placement/scratch spec.attributesClasses testdata/live/removed:0"},
 			check: func(t *testing.T, r *diff.Report) {
