@@ -125,7 +125,9 @@ func (w Writer) PodCgroup(uid string) (string, error) {
 }
 
 // Apply writes l for dev into the cgroup of pod uid (and, on v1, every cgroup below it). A
-// rate of 0 removes that limit. Errors wrap ErrNoCgroup or name the file that failed.
+// rate of 0 removes that limit. A file that already holds the value is not written: every
+// write restarts the kernel's throttling slice (blk-throttle tg_conf_updated), so rewriting an
+// unchanged limit each round would hold back an I/O that needs longer than a round. Errors wrap ErrNoCgroup or name the file that failed.
 func (w Writer) Apply(uid string, dev Device, l Limits) error {
 	dir, err := w.PodCgroup(uid)
 	if err != nil {
@@ -133,6 +135,13 @@ func (w Writer) Apply(uid string, dev Device, l Limits) error {
 	}
 	if w.V2 {
 		line := fmt.Sprintf("%s rbps=%s wbps=%s riops=%s wiops=%s", dev, v2Rate(l.ReadBPS), v2Rate(l.WriteBPS), v2Rate(l.ReadIOPS), v2Rate(l.WriteIOPS))
+		want := line
+		if l == (Limits{}) {
+			want = "" // the kernel lists no line for a device without limits
+		}
+		if cur, err := cgroups.ReadFile(dir, "io.max"); err == nil && deviceLine(cur, dev) == want {
+			return nil
+		}
 		if err := cgroups.WriteFile(dir, "io.max", line); err != nil {
 			return fmt.Errorf("write io.max of %s: %w", dir, err)
 		}
@@ -155,6 +164,13 @@ func (w Writer) Apply(uid string, dev Device, l Limits) error {
 			{"blkio.throttle.read_bps_device", l.ReadBPS}, {"blkio.throttle.write_bps_device", l.WriteBPS},
 			{"blkio.throttle.read_iops_device", l.ReadIOPS}, {"blkio.throttle.write_iops_device", l.WriteIOPS},
 		} {
+			want := ""
+			if f.rate != 0 {
+				want = dev.String() + " " + strconv.FormatUint(f.rate, 10)
+			}
+			if cur, err := cgroups.ReadFile(p, f.file); err == nil && deviceLine(cur, dev) == want {
+				continue
+			}
 			if err := cgroups.WriteFile(p, f.file, dev.String()+" "+strconv.FormatUint(f.rate, 10)); err != nil {
 				if p != dir && errors.Is(err, os.ErrNotExist) {
 					return nil // removed meanwhile
@@ -164,6 +180,17 @@ func (w Writer) Apply(uid string, dev Device, l Limits) error {
 		}
 		return nil
 	})
+}
+
+// deviceLine is the line of a throttle file's content that starts with dev ("" when none).
+func deviceLine(content string, dev Device) string {
+	prefix := dev.String() + " "
+	for _, l := range strings.Split(content, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
 }
 
 // v2Rate is an io.max value: the rate, or "max" for none.

@@ -83,3 +83,31 @@ func TestMissingPodCgroupOrDeviceIsNamed(t *testing.T) {
 		t.Errorf("a directory: %v, want ErrNoDevice", err)
 	}
 }
+
+// An unchanged limit is not written again (each write restarts the kernel's throttling
+// slice); a changed one is.
+func TestUnchangedLimitsAreNotRewritten(t *testing.T) {
+	const uid = "u1"
+	root := fakeCgroupfs(t, "blkio/kubepods/pod"+uid)
+	w := Writer{Root: root}
+	file := filepath.Join(root, "blkio/kubepods/pod"+uid, "blkio.throttle.write_bps_device")
+	if err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	// the kernel's form, with a newline: a rewrite would drop it
+	if err := os.WriteFile(file, []byte("7:3 4096\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, file); got != "7:3 4096\n" {
+		t.Errorf("unchanged limit rewritten: %q", got)
+	}
+	if err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 8192}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, file); got != "7:3 8192" {
+		t.Errorf("changed limit: %q", got)
+	}
+}
