@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -128,11 +129,12 @@ type Driver struct {
 	metrics    node.Metrics         // the node service's volume health series
 }
 
-// Scheme returns the scheme the driver reads and writes with: core, storage.plinth.dev and
-// policy.plinth.dev types.
+// Scheme returns the scheme the driver reads and writes with: core, apps (StatefulSets),
+// storage.plinth.dev and policy.plinth.dev types.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = corev1.AddToScheme(s)
+	_ = appsv1.AddToScheme(s) // StatefulSets: the workload of a spread volume's claim
 	_ = storev1.AddToScheme(s)
 	_ = policyv1.AddToScheme(s)
 	return s
@@ -294,8 +296,10 @@ func (d *Driver) Run(ctx context.Context) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csipb.RegisterIdentityServer(srv, &identity{d: d})
 	if d.controllerMode() {
-		csipb.RegisterControllerServer(srv, controller.New(controller.Config{Kube: d.kube, Live: d.live,
-			Volumes: d.volumes, Snapshots: d.snapshots, Events: d.events, Log: d.log}))
+		cs := controller.New(controller.Config{Kube: d.kube, Live: d.live,
+			Volumes: d.volumes, Snapshots: d.snapshots, Events: d.events, Log: d.log})
+		csipb.RegisterControllerServer(srv, cs)
+		csipb.RegisterGroupControllerServer(srv, controller.NewGroup(cs))
 	}
 	if d.nodeMode() {
 		csipb.RegisterNodeServer(srv, d.node)

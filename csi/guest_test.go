@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -237,6 +238,23 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 		}
 	})
 
+	// An encrypted class over the same NVMe-oF export: LUKS2 opened on the consumer, the LV
+	// holding ciphertext only, a wrong or missing key refused, restage, online expansion, block.
+	t.Run("EncryptedNVMeoF", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		start := time.Now()
+		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_LUKS_PARAMS=%s/luks-params.yaml PLINTH_CSI_GUEST_KUBECONFIG=%s/kubeconfig "+
+			"PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestEncryptedNVMeoF$' -test.v -test.count=1 -test.timeout=14m 2>&1",
+			guestSocket, share, share, csiGuestNode))
+		t.Logf("TIMING TestInGuestEncryptedNVMeoF %s; in the guest:\n%s", time.Since(start).Round(time.Second), out)
+		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestEncryptedNVMeoF") {
+			t.Fatalf("TestInGuestEncryptedNVMeoF in the guest: exit %d", code)
+		}
+		if strings.Contains(out, "--- SKIP") {
+			t.Errorf("TestInGuestEncryptedNVMeoF skipped subtests in the guest (see its output above)")
+		}
+	})
+
 	// The raw backend through the agent and the driver: csi-sanity on the GPT class (its
 	// snapshot and clone specs skipped: raw volumes have none, CreateSnapshot refuses them),
 	// then TestInGuestRaw in the guest.
@@ -247,6 +265,23 @@ func TestGuestCSISanityLVMNVMeoF(t *testing.T) {
 	// csi-sanity's snapshot, restore and clone specs on the ZFS class: zfs snapshot, zfs clone
 	// and the deferred destruction of a snapshot with clones (the LVM run covers the rest).
 	t.Run("ZFSSnapshotSanity", func(t *testing.T) { guestZFSSanity(t, gg, share) })
+
+	// A group snapshot taken while a writer appends records to two volumes on the ZFS class (one
+	// atomic zfs snapshot); on the LVM thin class a group of two is refused, one is taken.
+	t.Run("GroupSnapshotInstant", func(t *testing.T) {
+		g := csiGuest{t, gg}
+		start := time.Now()
+		out, code := g.try(15*time.Minute, fmt.Sprintf("cd /tmp && PLINTH_CSI_GUEST_SOCKET=%s PLINTH_CSI_GUEST_PARAMS=%s/params.yaml PLINTH_CSI_GUEST_ZFS_PARAMS=%s/zfs-params.yaml "+
+			"PLINTH_CSI_GUEST_NODE=%s /tmp/csi.test -test.run '^TestInGuestGroupSnapshot$' -test.v -test.count=1 -test.timeout=14m 2>&1",
+			guestSocket, share, share, csiGuestNode))
+		t.Logf("TIMING TestInGuestGroupSnapshot %s; in the guest:\n%s", time.Since(start).Round(time.Second), out)
+		if code != 0 || !strings.Contains(out, "--- PASS: TestInGuestGroupSnapshot") {
+			t.Fatalf("TestInGuestGroupSnapshot in the guest: exit %d", code)
+		}
+		if strings.Contains(out, "--- SKIP") {
+			t.Errorf("TestInGuestGroupSnapshot skipped subtests in the guest (see its output above)")
+		}
+	})
 
 	t.Run("Raw", func(t *testing.T) {
 		g := csiGuest{t, gg}
@@ -279,7 +314,8 @@ func shareGuestFiles(t *testing.T, cp *controlplane.ControlPlane, gg *guest.Gues
 	gptData, _ := yaml.Marshal(p.rawParams["graw"])
 	wholeData, _ := yaml.Marshal(p.rawParams["gwhole"])
 	zfsData, _ := yaml.Marshal(p.zfsParams)
-	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "raw-params.yaml": gptData, "whole-params.yaml": wholeData, "zfs-params.yaml": zfsData}
+	luksData, _ := yaml.Marshal(p.luksParams)
+	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "luks-params.yaml": luksData, "raw-params.yaml": gptData, "whole-params.yaml": wholeData, "zfs-params.yaml": zfsData}
 	for _, f := range binaries {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -300,6 +336,7 @@ type guestPolicy struct {
 	store, zfsStore   string
 	rawStores         []string
 	params, zfsParams map[string]string
+	luksParams        map[string]string            // the encrypted class (gthin-luks)
 	rawParams         map[string]map[string]string // by pool: graw (GPT), gwhole (whole disks)
 }
 
@@ -321,6 +358,17 @@ func createGuestPolicy(t *testing.T, c client.Client) guestPolicy {
 		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-nvme", AllowVolumeExpansion: true},
 		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
 	}})
+	// The same pool and protocol, encrypted (LUKS2, a key Secret per volume in Plinth's
+	// namespace): TestInGuestEncryptedNVMeoF.
+	create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: pool + "-luks"}, Spec: policyv1.PlacementSpec{
+		PoolRef: policyv1.LocalObjectReference{Name: pool}, ProtocolRef: policyv1.LocalObjectReference{Name: pool + "-nvme"},
+		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-luks", AllowVolumeExpansion: true},
+		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+		Encryption:   &policyv1.Encryption{},
+	}})
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: policyv1.VolumeKeyNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	store := storev1.StoreName(pool, csiGuestNode)
 	// Raw pools on their own virtio disks, reached by the local protocol: GPT partitions on
 	// /dev/vdb and /dev/vdc, whole disks /dev/vdd (128 MiB) and /dev/vde (192 MiB).
@@ -364,7 +412,8 @@ func createGuestPolicy(t *testing.T, c client.Client) guestPolicy {
 		policyv1.LabelPool: storev1.NameLabelValue(pool), policyv1.LabelNode: storev1.NameLabelValue(csiGuestNode)}},
 		Spec: storev1.StoreSpec{Pool: pool, NodeName: csiGuestNode, Backend: vg, Reserve: "5%", OvercommitPercent: 400}})
 	params := map[string]string{policyv1.ParamPlacement: pool + "-nvme", policyv1.ParamPool: pool, policyv1.ParamProtocol: pool + "-nvme"}
-	return guestPolicy{store: store, zfsStore: zfsStore, rawStores: rawStores, params: params, rawParams: rawParams, zfsParams: zfsParams}
+	luksParams := map[string]string{policyv1.ParamPlacement: pool + "-luks", policyv1.ParamPool: pool, policyv1.ParamProtocol: pool + "-nvme"}
+	return guestPolicy{store: store, zfsStore: zfsStore, rawStores: rawStores, params: params, rawParams: rawParams, zfsParams: zfsParams, luksParams: luksParams}
 }
 
 // waitGuestReady waits until the agent in the guest reports its Stores Ready and the node

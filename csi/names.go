@@ -16,6 +16,8 @@ const (
 	ContextFSType            = volume.ContextFSType
 	ContextMkfsOptions       = volume.ContextMkfsOptions
 	ContextMountOptions      = volume.ContextMountOptions
+	ContextEncryption        = volume.ContextEncryption
+	ContextKeySecret         = volume.ContextKeySecret
 	PublishDevicePath        = volume.PublishDevicePath
 	PublishNQN               = volume.PublishNQN
 	PublishAddress           = volume.PublishAddress

@@ -47,8 +47,8 @@ func startSidecars(t testing.TB, name string) *sidecars {
 		t.Fatal(err)
 	}
 	snapCRDs, _ := filepath.Glob(filepath.Join(bin, "crds", "snapshot", "*.yaml"))
-	if len(snapCRDs) != 3 {
-		t.Fatalf("snapshot CRDs in %s: %v, want VolumeSnapshot, VolumeSnapshotContent and VolumeSnapshotClass (make testbin)", filepath.Join(bin, "crds", "snapshot"), snapCRDs)
+	if len(snapCRDs) != 6 {
+		t.Fatalf("snapshot CRDs in %s: %v, want VolumeSnapshot, VolumeGroupSnapshot and their contents and classes (make testbin)", filepath.Join(bin, "crds", "snapshot"), snapCRDs)
 	}
 	if err := installCRDFiles(ctx, cp.Admin.Config, snapCRDs); err != nil {
 		t.Fatal(err)
@@ -120,9 +120,10 @@ func startSidecars(t testing.TB, name string) *sidecars {
 			"--capacity-ownerref-level=-1", "--capacity-poll-interval=5s"}, []string{"NAMESPACE=" + s.ns}},
 		{controlplane.BinCSIAttacher, nil, nil},
 		{controlplane.BinCSIResizer, nil, nil},
-		{controlplane.BinCSISnapshotter, []string{"--extra-create-metadata"}, nil},
+		// group snapshots on, as kustomize/csi/controller.yaml and kustomize/snapshot-controller
+		{controlplane.BinCSISnapshotter, []string{"--extra-create-metadata", "--feature-gates=CSIVolumeGroupSnapshot=true"}, nil},
 		// Not a sidecar (no --csi-address): it serves VolumeSnapshots for every driver.
-		{controlplane.BinSnapshotController, nil, nil},
+		{controlplane.BinSnapshotController, []string{"--feature-gates=CSIVolumeGroupSnapshot=true"}, nil},
 	} {
 		// client-go's default of 5 requests/s (burst 10) queues the provisioner's PV create
 		// behind its events and PV deletes by 200–400 ms: deployments raise it
@@ -247,6 +248,7 @@ func TestSidecars(t *testing.T) {
 
 	t.Run("overrides", func(t *testing.T) { sidecarOverrides(t, s, "side-local") })
 	t.Run("snapshot and restore", func(t *testing.T) { sidecarSnapshot(t, s) })
+	t.Run("group snapshot", func(t *testing.T) { sidecarGroupSnapshot(t, s) })
 }
 
 // sidecarExpand grows PVC "data" of s to 2Gi: the resizer calls ControllerExpandVolume and the

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -54,7 +55,10 @@ func sharedControlPlane(t testing.TB) *controlplane.ControlPlane {
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		shared.cp, shared.err = controlplane.Start(ctx, controlplane.Options{ControllerManager: true})
+		// The StatefulSet and ephemeral volume controllers make the claims of the spread tests
+		// as in a cluster.
+		controllers := append(slices.Clone(controlplane.DefaultControllers), "statefulset-controller", "ephemeral-volume-controller")
+		shared.cp, shared.err = controlplane.Start(ctx, controlplane.Options{ControllerManager: true, Controllers: controllers})
 		if shared.err == nil {
 			shared.err = installCRDs(ctx, shared.cp.Admin.Config)
 		}

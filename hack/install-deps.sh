@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suites need (idempotent).
 # Kernel suite: qemu (software emulation), busybox, kmod, LVM, thin tools, bcache-tools (make-bcache
-# for the bcache cache of agents/lvm in the guest), nvme-cli, mkfs.
+# for the bcache cache of agents/lvm in the guest), nvme-cli, mkfs, cryptsetup-bin (LUKS2 volumes:
+# cryptsetup is copied into the guest initramfs).
 # Host suite: e2fsprogs/xfsprogs/util-linux for the file backend on loop devices; fdisk (sfdisk)
 # for the raw backend's GPT partitions (host loop devices and the guest).
 # test/kernel/setup.sh: xz-utils, zstd (vmlinux extraction: 6.1 is xz, 6.12 zstd; 6.12 modules are .ko.xz), binutils (strip modules), cpio.
@@ -20,7 +21,7 @@
 # test/e2e's Argo CD phase: redis-server (Argo CD's cache; its service is not started: the test runs
 # its own on loopback).
 set -euo pipefail
-pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools bcache-tools nvme-cli e2fsprogs xfsprogs cpio util-linux fdisk xz-utils zstd binutils coreutils git make
+pkgs=(qemu-system-x86 busybox-static kmod lvm2 thin-provisioning-tools bcache-tools nvme-cli cryptsetup-bin e2fsprogs xfsprogs cpio util-linux fdisk xz-utils zstd binutils coreutils git make
 	gcc gcc-12 libc6-dev libelf1 libssl3 libtirpc3 libudev1 prometheus
 	containerd runc containernetworking-plugins iptables iproute2 docker-registry redis-server)
 missing=()

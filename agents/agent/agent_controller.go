@@ -42,22 +42,35 @@ func (r *agentReconciler) setup(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// followKeyGeneration takes the Agent's spec.nvmeof.authKeyGeneration; when it rose, it wakes
-// every VolumeState of the node whose protocol asks for DH-HMAC-CHAP, so that each reads its
-// hosts' Secrets again and writes the rotated secrets into the host entries (the agent has no
-// watch on Secrets).
-func (r *agentReconciler) followKeyGeneration(ctx context.Context, a *storev1.Agent) {
-	var gen int64
-	if a.Spec.NVMeoF != nil {
-		gen = a.Spec.NVMeoF.AuthKeyGeneration
+// followHostKeys notices a key rotation (a Protocol's keyGeneration raised in Git: the
+// controller replaced the host's master, docs/design.md#key-distribution) the way the node
+// plugin does: at every report it asks Options.Keys (the key server) again for the keys of
+// each host whose entry it wrote, and when one is served with another key id than the entry
+// holds it wakes every VolumeState of the node whose protocol asks for DH-HMAC-CHAP, so that
+// each writes the new secrets into the host entries (the agent has no watch on Secrets). A
+// failed ask is logged and asked again at the next report.
+func (r *agentReconciler) followHostKeys(ctx context.Context) {
+	r.mu.Lock()
+	entries := maps.Clone(r.hostKeys)
+	r.mu.Unlock()
+	rotated := ""
+	for nqn, e := range entries {
+		k, err := r.keys.HostKey(ctx, e.node, r.opts.NodeName)
+		if err != nil {
+			ctrl.LoggerFrom(ctx).V(1).Info("key rotation: ask for a host's keys; the next report asks again", "host", e.node, "error", err.Error())
+			continue
+		}
+		if k.HostNQN == nqn && k.KeyID != "" && k.KeyID != e.keyID {
+			rotated = e.node
+			break
+		}
 	}
-	if prev := r.authKeyGeneration.Swap(gen); gen <= prev {
+	if rotated == "" {
 		return
 	}
 	var list storev1.VolumeStateList
 	if err := r.client.List(ctx, &list); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "list the node's volumes for a key rotation; the next one retries")
-		r.authKeyGeneration.Store(0)
+		ctrl.LoggerFrom(ctx).Error(err, "list the node's volumes for a key rotation; the next report retries")
 		return
 	}
 	n := 0
@@ -73,7 +86,7 @@ func (r *agentReconciler) followKeyGeneration(ctx context.Context, a *storev1.Ag
 			return
 		}
 	}
-	ctrl.LoggerFrom(ctx).Info("DH-HMAC-CHAP keyGeneration raised: reading the hosts' Secrets again", "keyGeneration", gen, "volumes", n)
+	ctrl.LoggerFrom(ctx).Info("DH-HMAC-CHAP keys rotated: writing the hosts' new keys", "host", rotated, "volumes", n)
 }
 
 // Reconcile publishes what the node has (host NQN, bind address, modules,
@@ -87,7 +100,7 @@ func (r *agentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, nil
 	}
 	before := a.DeepCopy()
-	r.followKeyGeneration(ctx, &a)
+	r.followHostKeys(ctx)
 	ni := r.opts.probe()
 	st := &a.Status
 	st.ObservedGeneration = a.Generation

@@ -20,13 +20,16 @@ import (
 // VolumeState reports ReasonAuthSecretMissing and the host stays out of the ACL.
 var errAuthSecret = errors.New("host secret not usable")
 
-// hostSecrets is what hostAuth read from the hosts' Secrets besides the secrets: the key id
-// of each host's (dhchap.AnnotationKeyID, "" for a Secret made before key ids) and whether
-// one was made for a keyGeneration below the one the agent's spec asks for (the controller
-// has not rotated it yet: read again later).
+// hostSecrets is what hostAuth learnt of each host's keys besides the secrets, by host NQN:
+// its node and the key id (dhchap.AnnotationKeyID, "" for a Secret made before key ids).
 type hostSecrets struct {
-	keyIDs map[string]string
-	behind bool
+	keyIDs map[string]hostKeyEntry
+}
+
+// hostKeyEntry is what the agent knows of the keys in one host entry: the host's node (to ask
+// for its keys again) and their key id.
+type hostKeyEntry struct {
+	node, keyID string
 }
 
 // hostAuth returns the DH-HMAC-CHAP setting of every host the volume allows, with the keys of
@@ -36,7 +39,7 @@ type hostSecrets struct {
 // error (wrapping errAuthSecret; the other hosts are still served); any other error (asking
 // the key server or the API) is returned alone. Errors never hold a key.
 func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[string]nvmet.HostAuth, hostSecrets, error) {
-	meta := hostSecrets{keyIDs: map[string]string{}}
+	meta := hostSecrets{keyIDs: map[string]hostKeyEntry{}}
 	p := vs.Spec.Policy.ProtocolSpec.NVMeoFTCP
 	if p == nil || !p.Auth.Enabled() {
 		return nil, meta, nil
@@ -49,7 +52,6 @@ func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[strin
 	if err != nil {
 		return nil, meta, err
 	}
-	wantGeneration := n.authKeyGeneration.Load()
 	out := map[string]nvmet.HostAuth{}
 	var unusable []error
 	for _, pub := range vs.Spec.Publications {
@@ -83,25 +85,23 @@ func (n *node) hostAuth(ctx context.Context, vs *storev1.VolumeState) (map[strin
 			}
 		}
 		out[pub.HostNQN] = a
-		meta.keyIDs[pub.HostNQN] = k.KeyID
-		if k.KeyGeneration < wantGeneration {
-			meta.behind = true
-		}
+		meta.keyIDs[pub.HostNQN] = hostKeyEntry{node: pub.NodeName, keyID: k.KeyID}
 	}
 	return out, meta, errors.Join(unusable...)
 }
 
-// recordHostKeys notes the key ids of the secrets now in the host entries (keyIDs: host NQN
-// → id) and, when one changed, asks the Agent reconciler to report them in status.hostKeys.
-func (n *node) recordHostKeys(keyIDs map[string]string) {
+// recordHostKeys notes the key ids of the secrets now in the host entries (keyIDs: by host
+// NQN) and, when one changed, asks the Agent reconciler to report them in status.hostKeys.
+func (n *node) recordHostKeys(keyIDs map[string]hostKeyEntry) {
 	changed := false
 	n.mu.Lock()
 	if n.hostKeys == nil {
-		n.hostKeys = map[string]string{}
+		n.hostKeys = map[string]hostKeyEntry{}
 	}
-	for h, id := range keyIDs {
-		if id != "" && n.hostKeys[h] != id {
-			n.hostKeys[h], changed = id, true
+	for h, e := range keyIDs {
+		if e.keyID != "" && n.hostKeys[h] != e {
+			changed = changed || n.hostKeys[h].keyID != e.keyID
+			n.hostKeys[h] = e
 		}
 	}
 	n.mu.Unlock()
@@ -119,8 +119,8 @@ func (n *node) reportedHostKeys() []storev1.HostKey {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	out := make([]storev1.HostKey, 0, len(n.hostKeys))
-	for h, id := range n.hostKeys {
-		out = append(out, storev1.HostKey{HostNQN: h, KeyID: id})
+	for h, e := range n.hostKeys {
+		out = append(out, storev1.HostKey{HostNQN: h, KeyID: e.keyID})
 	}
 	slices.SortFunc(out, func(a, b storev1.HostKey) int { return strings.Compare(a.HostNQN, b.HostNQN) })
 	return out

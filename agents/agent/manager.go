@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,16 +59,13 @@ type node struct {
 
 	// agentWake asks the Agent reconciler for a report (status.hostKeys changed).
 	agentWake chan event.GenericEvent
-	// authKeyGeneration is the Agent's spec.nvmeof.authKeyGeneration as last reconciled: a
-	// host Secret made for a lower one is read again until the controller has rotated it.
-	authKeyGeneration atomic.Int64
-
-	mu     sync.Mutex
-	stores map[string]*storeRuntime
-	// hostKeys is the key id of the secrets in each host entry this process wrote or found
-	// matching its Secret (host NQN → dhchap.AnnotationKeyID), reported in status.hostKeys;
-	// guarded by mu.
-	hostKeys map[string]string
+	mu        sync.Mutex
+	stores    map[string]*storeRuntime
+	// hostKeys is, for each host entry this process wrote or found matching the keys served
+	// for it (by host NQN), the host's node and the key id of those keys
+	// (dhchap.AnnotationKeyID): reported in status.hostKeys, and asked again at every report
+	// to notice a rotation (followHostKeys); guarded by mu.
+	hostKeys map[string]hostKeyEntry
 	// orphanSince is when this process first saw each orphan volume, per Store
 	// (orphans.go); guarded by mu.
 	orphanSince map[string]map[string]time.Time
@@ -122,6 +118,11 @@ func CacheOptions(nodeName string) cache.Options {
 // +kubebuilder:rbac:groups=storage.plinth.dev,resources=volumestates/finalizers;volumesnapshotstates/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+//
+// The key server's certificate, read through the API while kubelet has not filled the Pod's
+// volume of it (cmd/plinth: hostkeys.FileOrAPI; the Role names the one ConfigMap).
+//
+// +kubebuilder:rbac:groups="",namespace=plinth-system,resources=configmaps,resourceNames=plinth-key-server-ca,verbs=get
 
 // NewManager builds the agent's manager for cfg: cache scoped to the node,
 // /metrics on Options.MetricsAddr, /healthz and /readyz (caches synced) on

@@ -109,15 +109,12 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		}
 		before = ss.DeepCopy()
 	}
+	if ss.Spec.Group != "" {
+		return r.takeGroup(ctx, &ss, sn, &store)
+	}
 	snap, err := r.timedSnapshot(func() (backend.Snapshot, error) { return sn.CreateSnapshot(ctx, ss.Name, ss.Spec.SourceVolume) })
 	if err != nil {
-		reason := storev1.ReasonSnapshotFailed
-		switch {
-		case errors.Is(err, backend.ErrUnsupported):
-			reason = storev1.ReasonSnapshotUnsupported
-		case errors.Is(err, backend.ErrInsufficientCapacity):
-			reason = storev1.ReasonInsufficientCapacity
-		}
+		reason := snapshotFailureReason(err)
 		ss.Status.Phase = storev1.SnapshotFailed
 		setCond(&ss.Status.Conditions, ss.Generation, CondReady, false, reason, err.Error())
 		return r.status(ctx, &ss, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
@@ -172,4 +169,17 @@ func createVolume(ctx context.Context, be backend.Backend, vs *storev1.VolumeSta
 		src = cs.Volume
 	}
 	return sn.CreateVolumeFrom(ctx, vs.Name, src, vs.Spec.CapacityBytes)
+}
+
+// snapshotFailureReason is the Ready condition's reason for a backend's snapshot error: the
+// backend cannot snapshot (Unsupported), the pool is full (InsufficientCapacity), or any other
+// failure (SnapshotFailed).
+func snapshotFailureReason(err error) string {
+	switch {
+	case errors.Is(err, backend.ErrUnsupported):
+		return storev1.ReasonSnapshotUnsupported
+	case errors.Is(err, backend.ErrInsufficientCapacity):
+		return storev1.ReasonInsufficientCapacity
+	}
+	return storev1.ReasonSnapshotFailed
 }

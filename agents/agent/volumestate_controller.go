@@ -164,7 +164,6 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	specChanged := vs.Generation != vs.Status.ObservedGeneration
 	var drift []storev1.DriftItem
 	var vol backend.Volume
-	rotationPending := false
 
 	if vs.Status.ActualBytes == 0 && !store.IsDraining() {
 		// The cached Store may not show yet a drain written before this volume was created:
@@ -318,11 +317,6 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			r.fail(vs, storev1.ReasonAuthSecretMissing, authErr.Error())
 			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
-		if secrets.behind {
-			// a rotation asked for (spec.nvmeof.authKeyGeneration) that the controller has not
-			// made in some host's Secret yet: read the Secrets again then (there is no watch)
-			rotationPending = true
-		}
 		vs.Status.Export = &storev1.Export{NQN: want.spec.NQN, Address: want.spec.Endpoint.Address, Port: want.port}
 		if mark.ExportBootID != r.bootID {
 			mark.ExportBootID = r.bootID
@@ -341,9 +335,6 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, false, ReasonNoDrift, "kernel matches the declaration")
 	setCond(&vs.Status.Conditions, vs.Generation, CondReady, true, ReasonSucceeded,
 		fmt.Sprintf("%d bytes at %s", vol.SizeBytes, dev))
-	if rotationPending {
-		return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
-	}
 	return ctrl.Result{}, nil
 }
 

@@ -65,3 +65,21 @@ type Snapshot struct {
 	// CreationTime is when the snapshot was taken.
 	CreationTime time.Time
 }
+
+// GroupMember is one member of a group snapshot: snapshot SnapID of volume VolID.
+type GroupMember struct {
+	SnapID, VolID string
+}
+
+// GroupSnapshotter is the optional part of a Snapshotter that takes the snapshots of several
+// volumes of its Store at one instant (CSI CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT): a write
+// acknowledged to any member before the instant is in every snapshot, one issued after it in
+// none, as if the Store had lost power at that instant.
+type GroupSnapshotter interface {
+	// CreateGroupSnapshot takes the snapshots of members at one instant, all or none: when
+	// every member's snapshot exists they are returned unchanged (in members' order); when
+	// only some exist (a take cut short), those are removed and all are taken again, since
+	// snapshots of different instants are no group. Errors: as CreateSnapshot, naming the
+	// member; on error no snapshot of members is left.
+	CreateGroupSnapshot(ctx context.Context, members []GroupMember) ([]Snapshot, error)
+}

@@ -43,12 +43,17 @@ func (f *File) snapshotPath(snapID string) (string, string, bool, error) {
 // first so that writes it buffered are in the copy (crash-consistent, like an LVM or ZFS
 // snapshot of a mounted volume).
 func (f *File) CreateSnapshot(ctx context.Context, snapID, volID string) (backend.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.createSnapshot(snapID, volID)
+}
+
+// createSnapshot is CreateSnapshot under f.mu.
+func (f *File) createSnapshot(snapID, volID string) (backend.Snapshot, error) {
 	src, err := f.path(volID)
 	if err != nil {
 		return backend.Snapshot{}, err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if p, source, ok, err := f.snapshotPath(snapID); err != nil {
 		return backend.Snapshot{}, err
 	} else if ok {

@@ -85,17 +85,27 @@ func (f *fakeZFS) snapshotCommand(name string, args []string) (out, stderr []byt
 	}
 	fs := f.snaps
 	switch args[0] {
-	case "snapshot":
-		z, _, _ := strings.Cut(target, "@")
-		v, exists := f.vols[z]
-		if !exists {
-			return nil, []byte(fmt.Sprintf("cannot open '%s': dataset does not exist", z)), 1, true
+	case "snapshot": // every <zvol>@<snap> argument, all or none, at one clock tick
+		var names []string
+		for _, a := range args {
+			if strings.Contains(a, "@") {
+				names = append(names, a)
+			}
 		}
-		if _, dup := fs.snaps[target]; dup {
-			return nil, []byte(fmt.Sprintf("cannot create snapshot '%s': dataset already exists", target)), 1, true
+		for _, n := range names {
+			z, _, _ := strings.Cut(n, "@")
+			if _, exists := f.vols[z]; !exists {
+				return nil, []byte(fmt.Sprintf("cannot open '%s': dataset does not exist", z)), 1, true
+			}
+			if _, dup := fs.snaps[n]; dup {
+				return nil, []byte(fmt.Sprintf("cannot create snapshot '%s': dataset already exists", n)), 1, true
+			}
 		}
 		fs.clock++
-		fs.snaps[target] = &fakeSnap{managed: slices.Contains(args, PropManaged+"="+ManagedValue), volsize: v.VolSizeBytes, creation: fs.clock}
+		for _, n := range names {
+			z, _, _ := strings.Cut(n, "@")
+			fs.snaps[n] = &fakeSnap{managed: slices.Contains(args, PropManaged+"="+ManagedValue), volsize: f.vols[z].VolSizeBytes, creation: fs.clock}
+		}
 		return nil, nil, 0, true
 	case "clone":
 		origin := args[len(args)-2]

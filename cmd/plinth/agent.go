@@ -58,7 +58,11 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 				return &exitError{code: exitUsage, err: err}
 			}
 			opts.Version = version
-			if ks := keys.source(); ks != nil {
+			ks, err := keys.source(cfg)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			if ks != nil {
 				opts.Keys = ks
 			}
 			ctx := ctrl.SetupSignalHandler()

@@ -76,7 +76,11 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			opts.Registerer = reg
-			if ks := keys.source(); ks != nil {
+			ks, err := keys.source(opts.Config)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			if ks != nil {
 				opts.Keys = ks
 			}
 			d, err := csi.New(opts)

@@ -3,6 +3,7 @@ package diff
 import (
 	"context"
 	"fmt"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"slices"
 	"sort"
 	"strings"
@@ -110,6 +111,7 @@ func Live(ctx context.Context, paths []string, o LiveOptions) (*Report, error) {
 	b.authSupport(rendered.Agents)
 	b.cacheSupport(rendered.Agents)
 	b.overrides()
+	b.encryption()
 	rep.Policy = policyChanges(before, after, func(string, string) (string, int) { return "", 0 })
 	b.finish()
 	return rep, nil
@@ -986,4 +988,37 @@ func (b *builder) finish() {
 		r.Storage.Pools = []PoolCapacity{}
 	}
 	r.count()
+}
+
+// encryption reports a Placement whose encryption is removed or changed (RuleEncryptionDropped):
+// with a cluster, only when volumes of it are encrypted, counting them; offline, always.
+func (b *builder) encryption() {
+	for _, name := range names(b.after.places, b.after.places) {
+		old, pl := b.before.places[name], b.after.places[name]
+		if old == nil || old.Spec.Encryption == nil || equality.Semantic.DeepEqual(old.Spec.Encryption, pl.Spec.Encryption) {
+			continue
+		}
+		what := "drops encryption"
+		if pl.Spec.Encryption != nil {
+			what = "changes its encryption"
+		}
+		existing := "its existing volumes (not known offline)"
+		if b.cl != nil {
+			var vols []string
+			for _, vs := range b.cl.volumes {
+				for _, v := range vs {
+					if v.Spec.Policy.Placement == name && v.Spec.Policy.Encryption != nil {
+						vols = append(vols, v.Name)
+					}
+				}
+			}
+			if len(vols) == 0 {
+				continue
+			}
+			sort.Strings(vols)
+			existing = fmt.Sprintf("its %d encrypted volumes (%s)", len(vols), strings.Join(first(vols, 3), ", "))
+		}
+		b.violation(RuleEncryptionDropped, "Placement", name, "spec.encryption", fmt.Sprintf(
+			"Placement %s %s: %s stay as they were made (encrypted, with their keys), new volumes would not match them", name, what, existing))
+	}
 }

@@ -69,6 +69,7 @@ func Offline(paths, against []string, nodes []corev1.Node) (*Report, error) {
 	}
 	b := &builder{rep: rep, before: before, after: after, sources: newOut.Sources, fallback: paths[0]}
 	b.report(pl)
+	b.encryption()
 	rep.Policy = policyChanges(before, after, func(kind, name string) (string, int) {
 		f, l, _ := before.position(kind, name, "", "")
 		return f, l

@@ -2,6 +2,7 @@ package diff_test
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 
@@ -159,5 +160,37 @@ func TestFormatBytes(t *testing.T) {
 		if got := diff.FormatBytes(n); got != want {
 			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestOfflineEncryptionDropped: encryption added to a Placement replaces its class (the key
+// Secret becomes a node-stage secret parameter) and is no violation; removed, it is the
+// EncryptionDropped violation at spec.encryption of the proposed tree's Placement.
+func TestOfflineEncryptionDropped(t *testing.T) {
+	nodes, err := render.LoadNodes("testdata/nodes.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	add, err := diff.Offline([]string{"testdata/live/encrypted"}, []string{"testdata/live/base"}, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(add.Violations) != 0 || len(add.Objects) != 1 || add.Objects[0].Action != diff.ActionReplace ||
+		!slices.Contains(add.Objects[0].Fields, "parameters.csi.storage.k8s.io/node-stage-secret-name") {
+		t.Errorf("encryption added: violations %v, objects %+v", add.Violations, add.Objects)
+	}
+	drop, err := diff.Offline([]string{"testdata/live/base"}, []string{"testdata/live/encrypted"}, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drop.Violations) != 1 {
+		t.Fatalf("encryption dropped: violations %v", drop.Violations)
+	}
+	v := drop.Violations[0]
+	if v.Rule != diff.RuleEncryptionDropped || v.Object != "Placement/fast" || v.Field != "spec.encryption" || !strings.Contains(v.Message, "drops encryption") {
+		t.Errorf("violation %+v", v)
+	}
+	if drop.ExitCode() != diff.ExitViolations {
+		t.Errorf("exit %d, want %d", drop.ExitCode(), diff.ExitViolations)
 	}
 }

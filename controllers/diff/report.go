@@ -82,6 +82,12 @@ const (
 	// Store would be Stalled (MissingKernelModules) and make no volume, never one without its
 	// cache. Agents that have not reported yet are not judged.
 	RuleCacheUnsupported = "CacheUnsupported"
+	// RuleEncryptionDropped: a Placement that asked for encryption no longer does (or asks
+	// for other parameters or another key Secret). Its existing volumes stay as they were
+	// made (the policy is frozen in each VolumeState): encrypted, opened with their own
+	// keys; only new volumes change, so the class would hold both. Live: counted from the
+	// VolumeStates of the Placement; offline: reported without a count.
+	RuleEncryptionDropped = "EncryptionDropped"
 )
 
 // Report is what `plinth diff` prints. Byte sizes are int64 bytes.

@@ -86,9 +86,10 @@ func TestReadSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	crds, _ := filepath.Glob(filepath.Join(bin, "crds", "snapshot", "*.yaml"))
+	// The VolumeSnapshot kinds only (the folder also holds groupsnapshot.storage.k8s.io's).
+	crds, _ := filepath.Glob(filepath.Join(bin, "crds", "snapshot", "snapshot.storage.k8s.io_*.yaml"))
 	if len(crds) != 3 {
-		t.Fatalf("snapshot CRDs in %s: %v, want 3 (make testbin)", filepath.Join(bin, "crds", "snapshot"), crds)
+		t.Fatalf("snapshot.storage.k8s.io CRDs in %s: %v, want 3 (make testbin)", filepath.Join(bin, "crds", "snapshot"), crds)
 	}
 	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{Paths: crds, ErrorIfPathMissing: true}); err != nil {
 		t.Fatal(err)

@@ -194,10 +194,9 @@ func selectNodes(p *policyv1.StoragePool, nodes []corev1.Node) ([]string, error)
 type poolEndpoints struct {
 	endpoint map[string]*storev1.NVMeoFEndpoint
 	// auth: pools served by a Protocol with DH-HMAC-CHAP (their nodes' agents need target
-	// auth), and the keyGeneration they rotate the hosts' secrets to (the highest, as
-	// controllers/nvmeauth).
-	auth          map[string]bool
-	keyGeneration map[string]int64
+	// auth). Their keyGeneration is controllers/nvmeauth's alone: it reaches the agents through
+	// the key server.
+	auth map[string]bool
 	// from names the Protocol that set each endpoint.
 	from map[string]string
 }
@@ -214,11 +213,10 @@ func endpoints(placements []policyv1.Placement, protocols map[string]*policyv1.P
 // read fills e (emptied first, its maps kept) as endpoints does.
 func (e *poolEndpoints) read(placements []policyv1.Placement, protocols map[string]*policyv1.Protocol) []error {
 	if e.endpoint == nil {
-		*e = poolEndpoints{endpoint: map[string]*storev1.NVMeoFEndpoint{}, auth: map[string]bool{}, keyGeneration: map[string]int64{}, from: map[string]string{}}
+		*e = poolEndpoints{endpoint: map[string]*storev1.NVMeoFEndpoint{}, auth: map[string]bool{}, from: map[string]string{}}
 	}
 	clear(e.endpoint)
 	clear(e.auth)
-	clear(e.keyGeneration)
 	clear(e.from)
 	eps, from := e, e.from
 	var errs []error
@@ -231,7 +229,6 @@ func (e *poolEndpoints) read(placements []policyv1.Placement, protocols map[stri
 		pool := pl.Spec.PoolRef.Name
 		if proto.Spec.NVMeoFTCP.Auth.Enabled() {
 			eps.auth[pool] = true
-			eps.keyGeneration[pool] = max(eps.keyGeneration[pool], proto.Spec.NVMeoFTCP.Auth.KeyGeneration)
 		}
 		ep := &storev1.NVMeoFEndpoint{Port: portOrDefault(proto.Spec.NVMeoFTCP.Port), BindCIDR: proto.Spec.NVMeoFTCP.BindCIDR}
 		if prev, ok := eps.endpoint[pool]; ok && *prev != *ep {
@@ -246,11 +243,11 @@ func (e *poolEndpoints) read(placements []policyv1.Placement, protocols map[stri
 	return errs
 }
 
-// same reports whether pool's endpoint, auth and keyGeneration are the same in e and o.
+// same reports whether pool's endpoint and auth are the same in e and o.
 func (e *poolEndpoints) same(o *poolEndpoints, pool string) bool {
 	a, b := e.endpoint[pool], o.endpoint[pool]
 	return (a == nil) == (b == nil) && (a == nil || *a == *b) &&
-		e.auth[pool] == o.auth[pool] && e.keyGeneration[pool] == o.keyGeneration[pool]
+		e.auth[pool] == o.auth[pool]
 }
 
 // newAgent renders the Agent of node, which serves stores (sorted) of pools (in name order)
@@ -269,7 +266,6 @@ func newAgent(node string, stores, pools []string, ep *storev1.NVMeoFEndpoint, e
 		c := *ep
 		for _, p := range pools {
 			c.Auth = c.Auth || eps.auth[p]
-			c.AuthKeyGeneration = max(c.AuthKeyGeneration, eps.keyGeneration[p])
 		}
 		a.Spec.NVMeoF = &c
 	}
@@ -319,6 +315,13 @@ func storageClass(pl *policyv1.Placement) storagev1.StorageClass {
 	if k := pl.Spec.SpreadAcross; k != "" {
 		// Only when set: classes of placements without it keep the parameters they had.
 		sc.Parameters[policyv1.ParamSpreadAcross] = k
+	}
+	if e := pl.Spec.Encryption; e != nil {
+		// kubelet reads the Secret these name (under the Node authorizer) and hands it to
+		// NodeStage: the node plugin itself holds no Secret permission.
+		ref := policyv1.VolumeKeySecretRef(e, "${pv.name}")
+		sc.Parameters[policyv1.ParamNodeStageSecretName] = ref.Name
+		sc.Parameters[policyv1.ParamNodeStageSecretNamespace] = ref.Namespace
 	}
 	if t.IsDefault {
 		sc.Annotations = map[string]string{defaultClassAnnotation: "true"}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
@@ -231,9 +232,9 @@ func TestStoreNameLong(t *testing.T) {
 }
 
 // A Protocol with DH-HMAC-CHAP marks the Agents of the nodes of its pools: they need target
-// authentication in the kernel, and they get its keyGeneration (the agent reads the hosts'
-// Secrets again when it rises). Another pool's nodes, and Protocols without it (whatever
-// keyGeneration they name), are unmarked.
+// authentication in the kernel. Another pool's nodes, and Protocols without it, are unmarked.
+// The keyGeneration is not rendered: the agents learn a rotation from the key server, and a
+// raised keyGeneration leaves the Agents as they were (no second road to the agent).
 func TestRenderAgentAuth(t *testing.T) {
 	acl := true
 	file := policyv1.Backend{File: &policyv1.FileBackend{Directory: "/d"}}
@@ -257,18 +258,22 @@ func TestRenderAgentAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]bool{}
-	gens := map[string]int64{}
 	for _, a := range out.Agents {
 		if a.Spec.NVMeoF == nil {
 			t.Fatalf("Agent %s has no NVMe-oF endpoint", a.Name)
 		}
 		got[a.Name] = a.Spec.NVMeoF.Auth
-		gens[a.Name] = a.Spec.NVMeoF.AuthKeyGeneration
 	}
 	if !got["s1"] || got["o1"] || len(got) != 2 {
 		t.Errorf("Agents' nvmeof.auth: %v, want s1 true, o1 false", got)
 	}
-	if gens["s1"] != 4 || gens["o1"] != 0 {
-		t.Errorf("Agents' nvmeof.authKeyGeneration: %v, want s1 4, o1 0", gens)
+	protos[0].Spec.NVMeoFTCP.Auth.KeyGeneration = 5
+	raised, err := Render(Input{Pools: pools, Protocols: protos, Placements: placements,
+		Nodes: []corev1.Node{node("s1", map[string]string{"s": "1"}), node("o1", map[string]string{"o": "1"})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(raised.Agents, out.Agents) {
+		t.Errorf("keyGeneration 4 → 5 changed the rendered Agents: %+v, was %+v", raised.Agents, out.Agents)
 	}
 }

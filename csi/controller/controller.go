@@ -2,6 +2,7 @@
 // server — it writes VolumeState and VolumeSnapshotState objects through the volume layer
 // (csi/internal/volume) and waits, on the layer's informer subscription, until the node agent
 // has filled in their status. One file per concern: create.go (CreateVolume, store choice),
+// spread.go (spreadAcross of NVMe-oF volumes),
 // source.go (restores and clones), delete.go, publish.go, expand.go, list.go (validate, list,
 // capacity), snapshot.go, overrides.go (PVC overrides), sizes.go (capacity rounding), modify.go
 // (ControllerModifyVolume: VolumeAttributesClass tiers).
@@ -64,6 +65,8 @@ type Service struct {
 	snapshots *volume.Kind[*storev1.VolumeSnapshotState]
 	events    events.EventRecorder
 	log       logr.Logger
+	// spreadLocks serialises the creates of one workload's spread volumes (spread.go).
+	spreadLocks workloadLocks
 }
 
 // New returns the controller service of cfg.
@@ -146,6 +149,9 @@ func (s *Service) csiVolume(ctx context.Context, vs *storev1.VolumeState) (*csip
 			volume.ContextMkfsOptions:  string(mkfs),
 			volume.ContextMountOptions: string(mnt),
 		},
+	}
+	if e := vs.Spec.Policy.Encryption; e != nil {
+		encryptionContext(v.VolumeContext, e)
 	}
 	if cs := vs.Spec.ContentSource; cs != nil { // CSI: a volume made from a source says so
 		if cs.Snapshot != "" {

@@ -50,11 +50,13 @@ func (s *Service) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReque
 			return s.existingVolume(ctx, req, h, mode)
 		}
 	}
-	vs, err := s.newVolumeState(ctx, req, id, mode, capFS)
+	vs, release, err := s.newVolumeState(ctx, req, id, mode, capFS)
 	if err != nil {
 		return nil, err
 	}
-	if err := h.Create(ctx, vs); err != nil {
+	err = h.Create(ctx, vs)
+	release() // the next create of the workload counts this VolumeState (or its absence)
+	if err != nil {
 		if apierrors.IsAlreadyExists(err) { // another controller replica won the race
 			if err := h.ReadLive(ctx); err != nil {
 				return nil, volume.Errorf(volume.ErrConflict, "VolumeState %s: %w", id, err)
@@ -71,8 +73,16 @@ func (s *Service) CreateVolume(ctx context.Context, req *csipb.CreateVolumeReque
 
 // newVolumeState makes the VolumeState id of a new volume for req: the live policy the
 // StorageClass names frozen into it (with the PVC's overrides), on the store chosen for it
-// (chooseStore, or sourceStore for a restore or clone), at the rounded size.
-func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeRequest, id, mode, capFS string) (*storev1.VolumeState, error) {
+// (chooseStore, or sourceStore for a restore or clone), at the rounded size. For a spread
+// NVMe-oF volume it holds the workload's lock until the caller has created the VolumeState
+// and called release (a no-op otherwise; never nil when err is nil).
+func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeRequest, id, mode, capFS string) (vs *storev1.VolumeState, release func(), err error) {
+	unlock := func() {}
+	defer func() {
+		if err != nil {
+			unlock()
+		}
+	}()
 	params := req.GetParameters()
 	placementName, poolName, protocolName := params[policyv1.ParamPlacement], params[policyv1.ParamPool], params[policyv1.ParamProtocol]
 	var placement policyv1.Placement
@@ -84,13 +94,13 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 	}{{placementName, &placement}, {poolName, &pool}, {protocolName, &protocol}} {
 		if err := s.kube.Get(ctx, client.ObjectKey{Name: g.name}, g.obj); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil, volume.Errorf(volume.ErrInvalid, "%T %q named by the StorageClass does not exist", g.obj, g.name)
+				return nil, nil, volume.Errorf(volume.ErrInvalid, "%T %q named by the StorageClass does not exist", g.obj, g.name)
 			}
-			return nil, volume.Errorf(volume.ErrUnavailable, "read %T %q: %v", g.obj, g.name, err)
+			return nil, nil, volume.Errorf(volume.ErrUnavailable, "read %T %q: %v", g.obj, g.name, err)
 		}
 	}
 	if placement.Spec.PoolRef.Name != poolName || placement.Spec.ProtocolRef.Name != protocolName {
-		return nil, volume.Errorf(volume.ErrInvalid, "Placement %q refers to pool %q and protocol %q, the StorageClass to %q and %q",
+		return nil, nil, volume.Errorf(volume.ErrInvalid, "Placement %q refers to pool %q and protocol %q, the StorageClass to %q and %q",
 			placementName, placement.Spec.PoolRef.Name, placement.Spec.ProtocolRef.Name, poolName, protocolName)
 	}
 	fs := placement.Spec.Filesystem
@@ -104,20 +114,49 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 		fs.FSType = "ext4"
 	}
 	strategy := placement.Spec.Strategy
-	ov, err := s.pvcOverrides(ctx, params, &placement, fs.FSType)
+	pvc, err := s.claimMeta(ctx, params)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	ov, err := s.pvcOverrides(pvc, &placement, fs.FSType)
+	if err != nil {
+		return nil, nil, err
 	}
 	ov.Apply(&fs, &strategy)
 	attrs, err := s.createAttributes(ctx, req.GetMutableParameters(), placementName) // modify.go
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy)
+	// Local volumes are spread by plinth-scheduler (the pod's node is the volume's); a restore
+	// or clone stays on its source's store.
+	var sp *spread
+	if key := params[policyv1.ParamSpreadAcross]; key != "" && protocol.Spec.NVMeoFTCP != nil && req.GetVolumeContentSource() == nil {
+		sp = &spread{key: key, placement: placementName}
+		if pvc != nil { // without --extra-create-metadata every volume is its own workload
+			if sp.workload, err = s.workloadOfClaim(ctx, pvc); err != nil {
+				return nil, nil, err
+			}
+			u, err := s.spreadLocks.lock(ctx, sp.workload.uid)
+			if err != nil {
+				return nil, nil, err
+			}
+			unlock = u
+		}
+	}
+	enc, err := encryptionOf(placement.Spec.Encryption, req.GetName())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	vs := &storev1.VolumeState{
+	store, size, src, err := s.placeVolume(ctx, req, poolName, protocol.Spec.NVMeoFTCP != nil, strategy, sp)
+	if err != nil {
+		return nil, nil, err
+	}
+	if src != nil {
+		if err := sameKey(src, enc); err != nil {
+			return nil, nil, err
+		}
+	}
+	vs = &storev1.VolumeState{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: id,
 			// The agent's finalizer, set here: otherwise the agent's first act on a new
@@ -141,6 +180,7 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 				Backend:      pool.Spec.Backend,
 				ProtocolSpec: protocol.Spec,
 				Filesystem:   fs,
+				Encryption:   enc,
 			},
 		},
 	}
@@ -151,18 +191,27 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 	if src != nil {
 		vs.Spec.ContentSource = &src.spec
 	}
-	return vs, nil
+	if sp != nil && sp.workload.uid != "" {
+		vs.Labels[policyv1.LabelWorkload] = sp.workload.uid
+	}
+	return vs, unlock, nil
 }
 
 // placeVolume chooses the store of a new volume of pool and its size: by chooseStore among the
-// pool's Stores, or, for a volume with a content source, the source's store (sourceStore).
-func (s *Service) placeVolume(ctx context.Context, req *csipb.CreateVolumeRequest, pool string, nvme bool, strategy policyv1.Strategy) (*storev1.Store, int64, *source, error) {
+// pool's Stores (for a spread volume, sp, those of the domains that hold the fewest of its
+// workload's volumes), or, for a volume with a content source, the source's store
+// (sourceStore).
+func (s *Service) placeVolume(ctx context.Context, req *csipb.CreateVolumeRequest, pool string, nvme bool, strategy policyv1.Strategy, sp *spread) (*storev1.Store, int64, *source, error) {
 	var stores storev1.StoreList
 	if err := s.kube.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: storev1.NameLabelValue(pool)}); err != nil {
 		return nil, 0, nil, volume.Errorf(volume.ErrUnavailable, "list Stores: %v", err)
 	}
 	rng := req.GetCapacityRange()
 	cs := req.GetVolumeContentSource()
+	if cs == nil && sp != nil {
+		store, size, err := s.spreadStore(ctx, sp, stores.Items, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
+		return store, size, nil, err
+	}
 	if cs == nil {
 		store, size, err := chooseStore(stores.Items, nvme, strategy, req.GetAccessibilityRequirements(), rng.GetRequiredBytes(), rng.GetLimitBytes())
 		return store, size, nil, err
@@ -218,6 +267,11 @@ func (s *Service) existingVolume(ctx context.Context, req *csipb.CreateVolumeReq
 // where any other code would retry the full node forever).
 func (s *Service) answerCreated(ctx context.Context, h *volume.Handle[*storev1.VolumeState]) (*csipb.CreateVolumeResponse, error) {
 	id := h.ID
+	// the key before the answer: a volume is never handed out without it (also on a retry
+	// after a crash between the VolumeState and the Secret)
+	if err := s.ensureVolumeKey(ctx, h.State); err != nil {
+		return nil, err
+	}
 	var ready *storev1.VolumeState
 	err := h.WaitFrom(ctx, h.State, func(vs *storev1.VolumeState) (bool, error) {
 		ok, err := volume.ReadyOrFailed(vs)

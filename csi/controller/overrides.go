@@ -25,20 +25,18 @@ const (
 // annotations its Placement or the schema refuses (CreateVolume answers INVALID_ARGUMENT).
 const ReasonOverrideRefused = "OverrideRefused"
 
-// pvcOverrides reads the override annotations of the PVC named by params (nothing when the
-// provisioner does not pass --extra-create-metadata, as csi-sanity does not) and judges them
-// against pl for a volume of filesystem fsType: an annotation for a parameter pl does not
-// allow, a value too long or one its schema refuses is INVALID_ARGUMENT naming the PVC, the
-// annotation and the rule, also reported as a Warning event on the PVC.
-func (s *Service) pvcOverrides(ctx context.Context, params map[string]string, pl *policyv1.Placement, fsType string) (*overrides.Set, error) {
+// claimMeta reads the metadata of the PVC named by params, or nil when the provisioner does
+// not pass --extra-create-metadata (as csi-sanity does not). Only metadata counts (the
+// override annotations, the owner and labels that name its workload): it is read from the
+// API server's watch cache (resourceVersion "0": no etcd round trip, the cheapest read of
+// the API server). The provisioner found the PVC in that cache, so it holds it; when it does
+// not (an API server behind the one the provisioner watches), the read goes to etcd before
+// NotFound counts. Errors: ErrInvalid for a PVC that does not exist, ErrUnavailable.
+func (s *Service) claimMeta(ctx context.Context, params map[string]string) (*metav1.PartialObjectMetadata, error) {
 	name, ns := params[ParamPVCName], params[ParamPVCNamespace]
 	if name == "" || ns == "" {
 		return nil, nil
 	}
-	// Only the annotations count: the PVC's metadata, read from the API server's watch cache
-	// (resourceVersion "0": no etcd round trip, the cheapest read of the API server). The
-	// provisioner found the PVC in that cache, so it holds it; when it does not (an API server
-	// behind the one the provisioner watches), the read goes to etcd before NotFound counts.
 	key := client.ObjectKey{Namespace: ns, Name: name}
 	pvc := &metav1.PartialObjectMetadata{}
 	pvc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"))
@@ -52,9 +50,20 @@ func (s *Service) pvcOverrides(ctx context.Context, params map[string]string, pl
 		}
 		return nil, volume.Errorf(volume.ErrUnavailable, "read PVC %s/%s: %v", ns, name, err)
 	}
+	return pvc, nil
+}
+
+// pvcOverrides judges the override annotations of pvc (nil: none) against pl for a volume of
+// filesystem fsType: an annotation for a parameter pl does not allow, a value too long or one
+// its schema refuses is INVALID_ARGUMENT naming the PVC, the annotation and the rule, also
+// reported as a Warning event on the PVC.
+func (s *Service) pvcOverrides(pvc *metav1.PartialObjectMetadata, pl *policyv1.Placement, fsType string) (*overrides.Set, error) {
+	if pvc == nil {
+		return nil, nil
+	}
 	o, err := overrides.Parse(pvc.Annotations, pl, fsType)
 	if err != nil {
-		msg := fmt.Sprintf("PVC %s/%s: %v", ns, name, err)
+		msg := fmt.Sprintf("PVC %s/%s: %v", pvc.Namespace, pvc.Name, err)
 		s.warn(pvc, ReasonOverrideRefused, "CreateVolume", msg)
 		return nil, volume.Errorf(volume.ErrInvalid, "%s", msg)
 	}

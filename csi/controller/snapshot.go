@@ -116,7 +116,7 @@ func (s *Service) newSnapshotState(ctx context.Context, req *csipb.CreateSnapsho
 				policyv1.LabelNode: storev1.NameLabelValue(node),
 			},
 		},
-		Spec: storev1.VolumeSnapshotStateSpec{CSIName: name, SourceVolume: src, StoreName: vs.Spec.StoreName, Pool: vs.Spec.Policy.Pool, AccessibleNode: accessible},
+		Spec: storev1.VolumeSnapshotStateSpec{CSIName: name, SourceVolume: src, Encryption: vs.Spec.Policy.Encryption, StoreName: vs.Spec.StoreName, Pool: vs.Spec.Policy.Pool, AccessibleNode: accessible},
 	}, nil
 }
 

@@ -19,6 +19,8 @@ type source struct {
 	pool      string
 	minBytes  int64 // the source's size: a restore or clone is never smaller
 	what      string
+	// encryption is the source volume's (nil: clear), KeySecret resolved
+	encryption *policyv1.Encryption
 }
 
 // contentSource resolves a CreateVolume content source: NOT_FOUND when the snapshot or volume
@@ -41,7 +43,7 @@ func (s *Service) contentSource(ctx context.Context, cs *csipb.VolumeContentSour
 			return nil, volume.Errorf(volume.ErrUnavailable, "source snapshot %s is not ready to use yet", id)
 		}
 		return &source{spec: storev1.ContentSource{Snapshot: id}, storeName: ss.Spec.StoreName, pool: ss.Spec.Pool,
-			minBytes: ss.Status.SizeBytes, what: "snapshot " + id}, nil
+			minBytes: ss.Status.SizeBytes, what: "snapshot " + id, encryption: ss.Spec.Encryption}, nil
 	}
 	if vol := cs.GetVolume(); vol != nil {
 		id := vol.GetVolumeId()
@@ -62,7 +64,7 @@ func (s *Service) contentSource(ctx context.Context, cs *csipb.VolumeContentSour
 			return nil, volume.Errorf(volume.ErrUnavailable, "source volume %s is not ready yet", id)
 		}
 		return &source{spec: storev1.ContentSource{Volume: id}, storeName: vs.Spec.StoreName, pool: vs.Spec.Policy.Pool,
-			minBytes: max(vs.Spec.CapacityBytes, vs.Status.ActualBytes), what: "volume " + id}, nil
+			minBytes: max(vs.Spec.CapacityBytes, vs.Status.ActualBytes), what: "volume " + id, encryption: vs.Spec.Policy.Encryption}, nil
 	}
 	return nil, volume.Errorf(volume.ErrInvalid, "volume content source names neither a snapshot nor a volume")
 }
@@ -128,4 +130,24 @@ func sameSource(cs *csipb.VolumeContentSource, spec *storev1.ContentSource) bool
 		have = *spec
 	}
 	return want == have
+}
+
+// sameKey refuses a restore or clone whose blocks the new volume could not open, or would hold
+// in clear on an encrypted class: the source's encryption and the new volume's must both be
+// off, or both name the same operator Secret (the blocks carry the source's LUKS2 header,
+// whose keyslot that Secret opens). A per-volume key is the source's alone, which the
+// controller cannot read (it may create Secrets, never read them): such a source is refused.
+func sameKey(src *source, enc *policyv1.Encryption) error {
+	se := src.encryption
+	switch {
+	case se == nil && enc == nil:
+		return nil
+	case se == nil:
+		return volume.Errorf(volume.ErrInvalid, "%s is not encrypted: an encrypted class cannot restore or clone it (its data would stay in clear)", src.what)
+	case enc == nil:
+		return volume.Errorf(volume.ErrInvalid, "%s is encrypted: a class without encryption cannot open it", src.what)
+	case se.KeySecret != nil && enc.KeySecret != nil && *se.KeySecret == *enc.KeySecret:
+		return nil // one operator Secret (per-volume Secrets differ by the PV name in theirs)
+	}
+	return volume.Errorf(volume.ErrInvalid, "%s is encrypted with a key of its own: restoring or cloning a volume with a per-volume key is not supported (use a class Secret, encryption.keySecret)", src.what)
 }

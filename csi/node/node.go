@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/plinth-storage/plinth/csi/crypt"
 	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/nvme"
@@ -64,6 +65,7 @@ type Service struct {
 	stages      stage.Dir
 	mounter     *mount.Mounter
 	initiator   *nvme.Initiator
+	crypt       crypt.LUKS // cryptsetup from PATH
 	kube        client.Client
 	live        client.Reader
 	keys        hostkeys.Source

@@ -9,6 +9,7 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/plinth-storage/plinth/csi/crypt"
 	"github.com/plinth-storage/plinth/csi/internal/volume"
 	"github.com/plinth-storage/plinth/csi/mount"
 	"github.com/plinth-storage/plinth/csi/nvme"
@@ -47,7 +48,7 @@ func (s *Service) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolum
 	rec, err := s.stages.Load(id)
 	switch {
 	case err == nil && rec.StagingPath == staging:
-		if rec.Block {
+		if rec.Block && (rec.Crypt == "" || mount.CheckBlockDevice(rec.Device) == nil) {
 			return &csipb.NodeStageVolumeResponse{}, nil
 		}
 		if src, err := s.mounter.SourceOf(staging); err == nil && src != "" {
@@ -59,6 +60,12 @@ func (s *Service) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolum
 		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
 
+	var key []byte
+	if vc[volume.ContextEncryption] != "" {
+		if key, err = volumeKey(id, vc, req.GetSecrets()); err != nil {
+			return nil, err
+		}
+	}
 	rec = stage.Record{VolumeID: id, StagingPath: staging, Block: block}
 	switch kind {
 	case "local", "":
@@ -77,6 +84,9 @@ func (s *Service) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolum
 	if err := mount.CheckBlockDevice(rec.Device); err != nil {
 		return nil, volume.Errorf(volume.ErrNotFound, "%w", err)
 	}
+	if key != nil {
+		cryptRecord(&rec, id)
+	}
 	if !block {
 		rec.FSType = capability.GetMount().GetFsType()
 		if rec.FSType == "" {
@@ -90,6 +100,11 @@ func (s *Service) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolum
 		return nil, volume.Errorf(volume.ErrInternal, "save stage record: %v", err)
 	}
 	failpoint.Hit(failpoint.CSIStageRecordSaved)
+	if key != nil {
+		if err := s.stageCrypt(ctx, rec, key, vc); err != nil {
+			return nil, err
+		}
+	}
 	if block {
 		return &csipb.NodeStageVolumeResponse{}, nil
 	}
@@ -209,7 +224,11 @@ func (s *Service) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageV
 			return nil, volume.Errorf(volume.ErrInternal, "%s is mounted from %s, which is gone, and no stage record says how it was attached", staging, src)
 		}
 		rec = stage.Record{VolumeID: id, StagingPath: staging, Kind: stage.KindLocal, Device: src}
-		if nqn := s.initiator.SubsystemNQNOfDevice(src); nqn != "" {
+		dev := src
+		if b, ok, err := s.crypt.Backing(ctx, crypt.MapperName(id)); err == nil && ok {
+			dev = b // an encrypted volume: its NVMe-oF namespace is under the mapping
+		}
+		if nqn := s.initiator.SubsystemNQNOfDevice(dev); nqn != "" {
 			rec.Kind, rec.NQN = stage.KindNVMeoFTCP, nqn
 		}
 	} else if err != nil {
@@ -217,6 +236,10 @@ func (s *Service) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageV
 	}
 	if err := s.mounter.Unmount(staging, false); err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "unmount %s: %v", staging, err)
+	}
+	// an encrypted volume's mapping, named from the id: closed also without a record
+	if err := s.crypt.Close(ctx, crypt.MapperName(id)); err != nil {
+		return nil, volume.Errorf(volume.ErrInternal, "close the dm-crypt mapping of %s: %v", id, err)
 	}
 	if rec.Kind == stage.KindNVMeoFTCP {
 		if err := s.initiator.Disconnect(ctx, rec.NQN); err != nil {

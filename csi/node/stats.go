@@ -78,7 +78,12 @@ func (s *Service) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVol
 	} else if err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
-	want := req.GetCapacityRange().GetRequiredBytes()
+	want, header := req.GetCapacityRange().GetRequiredBytes(), int64(0)
+	if rec.Crypt != "" { // the mapping first, then what is inside it
+		if want, header, err = s.growCrypt(ctx, rec, want); err != nil {
+			return nil, err
+		}
+	}
 	if rec.Block || req.GetVolumeCapability().GetBlock() != nil {
 		size, err := mount.DeviceSize(rec.Device)
 		if err != nil {
@@ -87,7 +92,7 @@ func (s *Service) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVol
 		if size < want {
 			return nil, volume.Errorf(volume.ErrUnavailable, "device %s has %d bytes, %d asked: not grown yet", rec.Device, size, want)
 		}
-		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+		return &csipb.NodeExpandVolumeResponse{CapacityBytes: size + header}, nil
 	}
 	mnt := rec.StagingPath
 	if m, _ := s.mounter.IsMounted(mnt); !m {
@@ -100,5 +105,5 @@ func (s *Service) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVol
 	case err != nil:
 		return nil, volume.Errorf(volume.ErrInternal, "grow filesystem on %s: %v", rec.Device, err)
 	}
-	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+	return &csipb.NodeExpandVolumeResponse{CapacityBytes: size + header}, nil
 }

@@ -38,6 +38,11 @@ type Record struct {
 	Block bool `json:"block,omitempty"`
 	// FSType is the filesystem mounted at StagingPath (ext4, xfs) for mount volumes.
 	FSType string `json:"fsType,omitempty"`
+	// Crypt is the dm-crypt mapping name of an encrypted volume (Device is then
+	// /dev/mapper/<Crypt>), and Backing the device it is opened on (the LV, or the NVMe-oF
+	// namespace); both empty for a clear volume.
+	Crypt   string `json:"crypt,omitempty"`
+	Backing string `json:"backing,omitempty"`
 	// Targets are the NodePublishVolume target paths the volume is published at, with
 	// SingleWriter set when one of them was published SINGLE_NODE_SINGLE_WRITER (RWOP: no
 	// second target on the node, CSI spec NodePublishVolume errors).

@@ -85,6 +85,14 @@ const (
 	// VolumeState and computed the new publications; the compare-and-swap
 	// update is not sent yet.
 	CSIPublishBeforeUpdate = "csi.publish.before-update"
+	// CSICreateSpreadQueued: CreateVolume of a spread NVMe-oF volume found its
+	// workload's lock held by another CreateVolume and waits for it; it has
+	// counted nothing and written nothing.
+	CSICreateSpreadQueued = "csi.create.spread-queued"
+	// CSICreateSpreadCounted: CreateVolume of a spread NVMe-oF volume holds its
+	// workload's lock, counted the workload's VolumeStates per domain and chose
+	// a Store; the VolumeState is not created yet.
+	CSICreateSpreadCounted = "csi.create.spread-counted"
 	// CSIStageRecordSaved: NodeStage saved the stage record (device known);
 	// the device is neither formatted nor mounted at the staging path.
 	CSIStageRecordSaved = "csi.stage.record-saved"
@@ -97,6 +105,12 @@ const (
 	// CSIUnstageUnmounted: NodeUnstage unmounted the staging path (and
 	// disconnected NVMe-oF); the stage record is not removed yet.
 	CSIUnstageUnmounted = "csi.unstage.unmounted"
+	// CryptFormatted: NodeStage wrote the LUKS2 header of an encrypted volume on its
+	// blank device; the mapping is not open, nothing is inside.
+	CryptFormatted = "crypt.formatted"
+	// CryptOpened: NodeStage opened the volume's dm-crypt mapping; no filesystem is made
+	// or mounted in it yet.
+	CryptOpened = "crypt.opened"
 )
 
 // Known returns every point name, sorted.
@@ -105,8 +119,9 @@ func Known() []string {
 		AgentMarkSaved, AgentVolumeCreated, AgentVolumeExpanded, AgentExportCreated,
 		AgentDeleteUnexported, AgentDeleteVolumeRemoved, AgentDeleteMarkReleased,
 		FencingMarkTorn, FileCreateSized, FileCreateRenamed, FileExpandTruncated, FileDeleteDetached,
-		NVMetSubsystemCreated, CSIPublishBeforeUpdate,
+		NVMetSubsystemCreated, CSIPublishBeforeUpdate, CSICreateSpreadQueued, CSICreateSpreadCounted,
 		CSIStageRecordSaved, CSIStageMounted, CSINodePublishMounted, CSIUnstageUnmounted,
+		CryptFormatted, CryptOpened,
 	}
 	slices.Sort(k)
 	return k

@@ -135,3 +135,44 @@ func (c *Client) HostKey(ctx context.Context, host, target string) (Key, error) 
 	}
 	return k, nil
 }
+
+// CAConfigMap names the ConfigMap the controller publishes the key server's certificate in
+// (namespace, name, data key) and reads it: the fallback of FileOrAPI.
+type CAConfigMap struct {
+	Namespace, Name, Key string
+	// Get returns the ConfigMap's data (an error when it is absent or unreadable).
+	Get func(ctx context.Context, namespace, name string) (map[string]string, error)
+}
+
+// FileOrAPI returns a Client.CA that reads path and, while that file is absent or holds no
+// PEM certificate, the ConfigMap cm through the API. kubelet fills an optional ConfigMap
+// volume made before its ConfigMap only at a later sync of the Pod (a minute or more: every
+// Pod of a fresh install starts before the controller has published the certificate); the API
+// has it as soon as the controller wrote it. The file wins once kubelet has filled it (a renewed
+// certificate reaches both).
+func FileOrAPI(path string, cm CAConfigMap) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		b, ferr := os.ReadFile(path)
+		if ferr == nil && bytes.Contains(b, []byte("-----BEGIN CERTIFICATE-----")) {
+			return b, nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		defer cancel()
+		data, err := cm.Get(ctx, cm.Namespace, cm.Name)
+		if err != nil {
+			return nil, fmt.Errorf("file %s: %v; ConfigMap %s/%s: %w", path, fileState(b, ferr), cm.Namespace, cm.Name, err)
+		}
+		pem, ok := data[cm.Key]
+		if !ok || pem == "" {
+			return nil, fmt.Errorf("file %s: %v; ConfigMap %s/%s has no %q yet", path, fileState(b, ferr), cm.Namespace, cm.Name, cm.Key)
+		}
+		return []byte(pem), nil
+	}
+}
+
+func fileState(b []byte, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%d bytes, no certificate", len(b))
+}

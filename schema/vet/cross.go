@@ -44,8 +44,8 @@ func (sc *scratch) reset() {
 
 // crossCheck applies the rules that need the whole set, with maps keyed by name (O(n)):
 // unique names per kind, references that resolve, unique StorageClass names, at most one
-// default class, the local protocol only with WaitForFirstConsumer, and spreadAcross only where
-// the scheduler places the volumes (see spreadProblems), to sc.docs. sc.invalid holds the
+// default class, the local protocol only with WaitForFirstConsumer, and spreadAcross of a local
+// Placement only with WaitForFirstConsumer (see spreadProblems), to sc.docs. sc.invalid holds the
 // "Kind/name" of documents that failed their schema: a reference to one of them is not
 // reported again as missing (its own problems say what is wrong).
 func crossCheck(sc *scratch) []Problem {
@@ -164,24 +164,22 @@ func crossCheck(sc *scratch) []Problem {
 	return ps
 }
 
-// spreadProblems checks a Placement that sets spreadAcross. The plinth-scheduler plugin
-// spreads volumes while it schedules their pod, so it needs both a local Protocol (the pod's
-// node is the volume's node; an NVMe-oF volume's storage node is chosen later by CreateVolume,
-// which does not spread) and WaitForFirstConsumer (with Immediate the volume is provisioned
-// before any pod is scheduled). Accepted and ignored would be worse than refused.
+// spreadProblems checks a Placement that sets spreadAcross. For a local Protocol the
+// plinth-scheduler plugin spreads the volumes while it schedules their pod (the pod's node is
+// the volume's), so the class needs WaitForFirstConsumer: with Immediate the volume is
+// provisioned before any pod is scheduled. An NVMe-oF volume is placed on a storage node by
+// CreateVolume, which spreads it with either binding mode (docs/design.md, "Spreading remote
+// volumes"): nothing to refuse.
 func spreadProblems(vd *vetted, pl *policyv1.Placement, proto *vetted, protoFound bool) []Problem {
-	var ps []Problem
-	if pl.Spec.StorageClass.VolumeBindingMode == "Immediate" {
-		ps = append(ps, at(vd.doc, []string{"spec", "spreadAcross"},
-			fmt.Sprintf("spreadAcross %s needs storageClass.volumeBindingMode WaitForFirstConsumer: with Immediate a volume is provisioned before its pod is scheduled, so nothing can spread it",
-				pl.Spec.SpreadAcross)))
-	}
 	if protoFound && proto.obj.(*policyv1.Protocol).Spec.NVMeoFTCP != nil {
-		ps = append(ps, at(vd.doc, []string{"spec", "spreadAcross"},
-			fmt.Sprintf("spreadAcross %s needs a local Protocol: the scheduler spreads volumes on the nodes of their pods, while an NVMe-oF volume of Protocol %q is placed on a storage node by CreateVolume, which does not spread volumes",
-				pl.Spec.SpreadAcross, pl.Spec.ProtocolRef.Name)))
+		return nil
 	}
-	return ps
+	if pl.Spec.StorageClass.VolumeBindingMode == "Immediate" {
+		return []Problem{at(vd.doc, []string{"spec", "spreadAcross"},
+			fmt.Sprintf("spreadAcross %s needs storageClass.volumeBindingMode WaitForFirstConsumer with a local Protocol: with Immediate a volume is provisioned before its pod is scheduled, so nothing can spread it",
+				pl.Spec.SpreadAcross))}
+	}
+	return nil
 }
 
 func at(d *Document, path []string, msg string) Problem {

@@ -410,7 +410,7 @@ func TestPlinthImageContents(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"usr/bin/plinth", "usr/sbin/lvm", "usr/sbin/nvme", "usr/sbin/mkfs.xfs", "usr/sbin/losetup", "usr/sbin/thin_check", "usr/bin/kmod"} {
+	for _, want := range []string{"usr/bin/plinth", "usr/sbin/lvm", "usr/sbin/nvme", "usr/sbin/mkfs.xfs", "usr/sbin/losetup", "usr/sbin/thin_check", "usr/bin/kmod", "usr/sbin/cryptsetup"} {
 		if _, ok := files[want]; !ok {
 			t.Errorf("the plinth image lacks %s", want)
 		}

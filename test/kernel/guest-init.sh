@@ -12,12 +12,13 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /run
-mkdir -p /run/lvm /run/lock
+mkdir -p /run/lvm /run/lock /run/cryptsetup
 # /tmp is large (sparse files of tests cost no memory until written)
 mount -t tmpfs -o size=8g tmpfs /tmp
 echo "PLINTH-GUEST init uptime=$(cut -d' ' -f1 /proc/uptime)s"
 for m in virtio_pci virtio_blk virtio_net 9pnet_virtio 9p dm-mod dm-thin-pool dm-snapshot \
-	configfs nvmet nvmet-tcp nvme-fabrics nvme-tcp nvme loop ext4 xfs bcache; do
+	configfs nvmet nvmet-tcp nvme-fabrics nvme-tcp nvme loop ext4 xfs bcache \
+	dm-crypt xts aesni-intel algif_skcipher; do
 	modprobe "$m" || echo "PLINTH-GUEST modprobe $m failed"
 done
 mount -t configfs none /sys/kernel/config

@@ -18,7 +18,7 @@
 #   2. (stable only) has zfs.sh build (or reuse from its cache) the zfs/spl modules for that
 #      kernel from Debian contrib's zfs-dkms and unpack the ZFS userland;
 #   3. builds the uncompressed initramfs <out>/initramfs.cpio: busybox, kmod, lvm2 + thin
-#      tools, nvme-cli, mkfs.ext4/xfs, blkid, wipefs, losetup, make-bcache and bcache-super-show
+#      tools, nvme-cli, cryptsetup (LUKS2 on dm-crypt), mkfs.ext4/xfs, blkid, wipefs, losetup, make-bcache and bcache-super-show
 #      (bcache-tools), (stable) zpool/zfs/zvol_id, the
 #      needed modules (+ zfs), lvm.conf without udev, /etc/nvme/hostnqn, and
 #      guest-init.sh as /init.
@@ -83,7 +83,7 @@ fi
 [ -n "$pkg" ] || { echo "setup: cannot resolve linux-image-amd64 ($flavor)" >&2; exit 1; }
 kver=${pkg#linux-image-}
 
-TOOLPKGS=(busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs util-linux bcache-tools)
+TOOLPKGS=(busybox-static kmod lvm2 thin-provisioning-tools nvme-cli e2fsprogs xfsprogs util-linux bcache-tools cryptsetup-bin)
 # OpenZFS for the guest: zfs-dkms from Debian contrib, built by zfs.sh for this kernel
 zver=none
 if [ "$ZFS" = 1 ]; then
@@ -174,7 +174,7 @@ copy_bin() { # copy_bin <path> <dest-dir>: the binary and its shared libraries (
 	done
 }
 bin_of() { command -v "$1" || { [ -x "/sbin/$1" ] && echo "/sbin/$1"; } || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || { echo "setup: $1 missing (hack/install-deps.sh)" >&2; exit 1; }; }
-for b in lvm dmsetup nvme mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs pdata_tools blkid wipefs losetup sfdisk partx make-bcache bcache-super-show; do
+for b in cryptsetup lvm dmsetup nvme mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs pdata_tools blkid wipefs losetup sfdisk partx make-bcache bcache-super-show; do
 	copy_bin "$(bin_of "$b")" sbin
 done
 copy_bin "$(bin_of kmod)" sbin
@@ -238,7 +238,8 @@ echo "root:x:0:" > "$ST/etc/group"
 # modules and their dependencies (nvme-auth and nvme-keyring where the kernel has them);
 # signatures stripped and xz-compressed modules (6.12) unpacked: faster load under TCG
 MODS="virtio_pci virtio_blk virtio_net virtio_console dm-mod dm-thin-pool dm-snapshot configfs
-	nvmet nvmet-tcp nvme-tcp nvme-fabrics nvme-core nvme loop ext4 xfs 9p 9pnet_virtio crc32c_intel bcache"
+	nvmet nvmet-tcp nvme-tcp nvme-fabrics nvme-core nvme loop ext4 xfs 9p 9pnet_virtio crc32c_intel bcache
+	dm-crypt xts aesni-intel algif_skcipher"
 mkdir -p "$ST/lib/modules/$kver"
 for m in $MODS; do
 	modprobe -d "$KDIR" -S "$kver" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}'

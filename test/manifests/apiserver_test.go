@@ -329,6 +329,9 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", namespace),
 			// no Secret at all: host keys come from the controller's key server
 			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("get", "", "secrets", "", "default"),
+			// the key server's CA ConfigMap by name (while kubelet has not filled its volume); no other
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-key-server-ca", allowed: true},
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-inventory"}, deny("list", "", "configmaps", "", namespace),
 		},
 		"plinth-csi-controller": {
 			allow("create", sto, "volumestates", "", ""), allow("update", sto, "volumestates", "", ""), allow("delete", sto, "volumestates", "", ""),
@@ -341,6 +344,9 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("patch", sto, "volumestates", "status", ""), deny("patch", sto, "stores", "", ""), deny("update", pol, "placements", "", ""),
 			deny("patch", "", "nodes", "", ""), deny("create", k8s, "csistoragecapacities", "", "default"), deny("get", "", "secrets", "", namespace),
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", "default"),
+			// the key Secrets of encrypted volumes: created in its namespace, never read or changed
+			allow("create", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
+			deny("update", "", "secrets", "", namespace), deny("delete", "", "secrets", "", namespace), deny("create", "", "secrets", "", "default"),
 			// csi-snapshotter carries out VolumeSnapshotContents; VolumeSnapshots are snapshot-controller's.
 			allow("update", snap, "volumesnapshotcontents", "", ""), allow("patch", snap, "volumesnapshotcontents", "status", ""),
 			allow("list", snap, "volumesnapshotclasses", "", ""), allow("get", snap, "volumesnapshots", "", "default"),
@@ -360,6 +366,8 @@ func testRBAC(t *testing.T, c *cluster) {
 			// no Secret at all: its node's keys come from the controller's key server
 			deny("get", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace), deny("watch", "", "secrets", "", namespace),
 			deny("get", "", "secrets", "", "default"),
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-key-server-ca", allowed: true},
+			{verb: "get", resource: "configmaps", ns: namespace, name: "plinth-inventory"}, deny("watch", "", "configmaps", "", namespace),
 		},
 		"plinth-scheduler": {
 			allow("list", sto, "stores", "", ""), allow("watch", pol, "placements", "", ""), allow("list", pol, "protocols", "", ""),

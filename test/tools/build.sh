@@ -9,8 +9,10 @@
 # (test/tools/csi-sanity), flux-controllers (flux-source-controller and
 # flux-kustomize-controller in one go build from test/tools/flux-controllers), flux-crds
 # (their CRDs from the module cache into bin/crds/flux/), snapshot-crds (the
-# snapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue, helm (the helm CLI from
-# test/tools/helm, for test/manifests' install/upgrade/uninstall of charts/plinth), argocd (Argo CD's
+# snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs into bin/crds/snapshot/), cue,
+# helm (the helm CLI from test/tools/helm, for test/manifests' install/upgrade/uninstall of
+# charts/plinth), kustomize (the kustomize CLI from test/tools/kustomize, which Argo CD's
+# repo-server runs), argocd (Argo CD's
 # multi-call binary from its own module source, and its CRDs into bin/crds/argocd/).
 # Versions come from test/tools/versions.env only.
 #
@@ -144,8 +146,10 @@ build_peer() { # NAME
 	if ! (cd "$dir" && go build -ldflags "$ldflags" -o "$tmp/" "${PEER_PKGS[@]}"); then
 		rm -rf "$tmp"; echo "[testbin] go build of ${bins[*]} failed" >&2; exit 1
 	fi
-	# go build -o DIR/ names a binary after its package's last path element.
+	# go build -o DIR/ names a binary after its package's last path element, or the one before
+	# it when that is a major version suffix (sigs.k8s.io/kustomize/kustomize/v5 → kustomize).
 	local first=${PEER_PKG##*/}
+	[[ $first =~ ^v[0-9]+$ ]] && { first=${PEER_PKG%/*}; first=${first##*/}; }
 	[[ $first == "$PEER_NAME" ]] || mv "$tmp/$first" "$tmp/$PEER_NAME"
 	for b in "${bins[@]}"; do
 		mv -f "$tmp/$b" "$BIN/$b"
@@ -247,14 +251,14 @@ flux_crds() {
 }
 
 # snapshot_crds: the CRDs of snapshot.storage.k8s.io (VolumeSnapshot, VolumeSnapshotContent,
-# VolumeSnapshotClass) that snapshot-controller and csi-snapshotter serve, copied from the
+# VolumeSnapshotClass) and of groupsnapshot.storage.k8s.io (VolumeGroupSnapshot and its content
+# and class) that snapshot-controller and csi-snapshotter serve, copied from the
 # external-snapshotter client/v8 module zip at the version test/tools/csi-sidecars' go.mod
-# resolves into bin/crds/snapshot/. The VolumeGroupSnapshot CRDs are left out: Plinth offers no
-# group snapshots, and snapshot-controller turns that feature off when they are absent.
+# resolves into bin/crds/snapshot/.
 snapshot_crds() {
 	local mod=github.com/kubernetes-csi/external-snapshotter/client/v8 ver dir
 	ver=$(cd "$HERE/csi-sidecars" && go list -m -f '{{.Version}}' "$mod")
-	local out=$BIN/crds/snapshot k="snapshot-crds $ver"
+	local out=$BIN/crds/snapshot k="snapshot-crds $ver with-groups"
 	if [[ -f $STAMPS/snapshot-crds && "$(<"$STAMPS/snapshot-crds")" == "$k" && -d $out ]]; then
 		SUMMARY+=("$(printf '%-24s %-10s up to date' snapshot-crds "$ver")")
 		return 0
@@ -262,7 +266,7 @@ snapshot_crds() {
 	dir=$(cd "$HERE/csi-sidecars" && go mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 	mkdir -p "$out"
 	rm -f "$out"/*.yaml
-	cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$out/"
+	cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$dir"/config/crd/groupsnapshot.storage.k8s.io_*.yaml "$out/"
 	chmod 644 "$out"/*.yaml
 	printf '%s\n' "$k" >"$STAMPS/snapshot-crds"
 	SUMMARY+=("$(printf '%-24s %-10s copied from the module cache' snapshot-crds "$ver")")
@@ -341,7 +345,7 @@ targets=("$@")
 # compiled about half of their 1317 packages (stopped there), so roughly 12 CPU-minutes cold,
 # 6-7 min wall on 2 idle cores, less in CI where the other peers' packages are cached; with
 # the packages cached, 30 CPU-seconds (the two links).
-((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds helm argocd)
+((${#targets[@]})) || targets=(kubernetes csi-sidecars csi-sanity snapshot-crds cue flux-controllers flux-crds helm kustomize argocd)
 built_groups=()
 for t in "${targets[@]}"; do
 	case $t in

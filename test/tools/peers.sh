@@ -11,6 +11,7 @@ PEERS=(
 	"flux-source-controller github.com/fluxcd/source-controller FLUX_SOURCE_CONTROLLER_VERSION github.com/fluxcd/source-controller"
 	"flux-kustomize-controller github.com/fluxcd/kustomize-controller FLUX_KUSTOMIZE_CONTROLLER_VERSION github.com/fluxcd/kustomize-controller"
 	"helm helm.sh/helm/v4 HELM_VERSION helm.sh/helm/v4/cmd/helm"
+	"kustomize sigs.k8s.io/kustomize/kustomize/v5 KUSTOMIZE_VERSION sigs.k8s.io/kustomize/kustomize/v5"
 )
 
 # Groups: peers whose pins are a patch apart share ONE module under test/tools/<group>/ and
@@ -24,6 +25,7 @@ PEER_GROUPS=(csi-sidecars flux-controllers)
 # internal/version.version in `helm version`, and its default is only "v4.3" without it).
 declare -A PEER_VERSION_VARS=(
 	[helm]=helm.sh/helm/v4/internal/version.version
+	[kustomize]=sigs.k8s.io/kustomize/api/provenance.version
 )
 GROUP_csi_sidecars=(csi-provisioner csi-attacher csi-resizer csi-snapshotter)
 GROUP_flux_controllers=(flux-source-controller flux-kustomize-controller)

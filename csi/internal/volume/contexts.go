@@ -10,6 +10,13 @@ const (
 	// ContextMkfsOptions and ContextMountOptions are JSON lists of strings from the placement.
 	ContextMkfsOptions  = "plinth.dev/mkfs-options"
 	ContextMountOptions = "plinth.dev/mount-options"
+	// ContextEncryption is "LUKS2" for an encrypted volume (absent: clear); ContextCipher and
+	// ContextKeySize (bits) are its format parameters, ContextKeySecret the "namespace/name"
+	// of the Secret kubelet hands to NodeStage (named in errors; never the key itself).
+	ContextEncryption = "plinth.dev/encryption"
+	ContextCipher     = "plinth.dev/cipher"
+	ContextKeySize    = "plinth.dev/key-size"
+	ContextKeySecret  = "plinth.dev/key-secret"
 	// PublishDevicePath is the local block device (local volumes).
 	PublishDevicePath = "devicePath"
 	// PublishNQN, PublishAddress and PublishPort locate an NVMe-oF/TCP export.

@@ -10,6 +10,8 @@ const (
 	DefaultVolumeBindingMode   = "WaitForFirstConsumer"
 	DefaultFSType              = "ext4"
 	DefaultPartitioning        = PartitioningGPT
+	DefaultCipher              = "aes-xts-plain64"
+	DefaultKeySize             = 512
 )
 
 // Default fills the unset fields of a StoragePool with their defaults.
@@ -55,6 +57,11 @@ func (in *Placement) Default() {
 	}
 	if in.Spec.Filesystem.FSType == "" {
 		in.Spec.Filesystem.FSType = DefaultFSType
+	}
+	if e := in.Spec.Encryption; e != nil {
+		if e.KeySize == 0 {
+			e.KeySize = DefaultKeySize
+		}
 	}
 	if in.Spec.Strategy == "" {
 		in.Spec.Strategy = StrategyBinpack

@@ -71,6 +71,11 @@ var fieldReaders = map[string]fieldReader{
 	"Placement.spec.filesystem.mountOptions":            {"controllers/render/render.go", "pl.Spec.Filesystem.MountOptions"},
 	"Placement.spec.strategy":                           {"csi/controller/create.go", "placement.Spec.Strategy"},
 	"Placement.spec.spreadAcross":                       {"controllers/render/render.go", "pl.Spec.SpreadAcross"},
+	"Placement.spec.encryption.provider":                {"csi/controller/key.go", "e.Provider"},
+	"Placement.spec.encryption.cipher":                  {"csi/controller/key.go", "e.Cipher"},
+	"Placement.spec.encryption.keySize":                 {"csi/controller/key.go", "e.KeySize"},
+	"Placement.spec.encryption.keySecret.name":          {"csi/controller/key.go", "e.KeySecret.Name"},
+	"Placement.spec.encryption.keySecret.namespace":     {"csi/controller/key.go", "e.KeySecret.Namespace"},
 }
 
 // policyFields lists the YAML paths of the leaf fields of t under prefix: structs are walked

@@ -53,12 +53,14 @@ type PlacementSpec struct {
 	// +optional
 	// +kubebuilder:default=Binpack
 	Strategy Strategy `json:"strategy,omitempty"`
-	// SpreadAcross is a node label key, such as topology.kubernetes.io/zone: plinth-scheduler
-	// spreads the volumes of one workload (the pods of one controller, such as a StatefulSet or
-	// ReplicaSet; a pod without one is its own workload) across the label's values, at most one
-	// volume apart, and never places them on a node without the label. Needs a local Protocol
-	// and volumeBindingMode WaitForFirstConsumer. Rendered as the StorageClass parameter
-	// plinth.dev/spread-across, so a change replaces the class (see storageClass.replacement).
+	// SpreadAcross is a node label key, such as topology.kubernetes.io/zone: the volumes of one
+	// workload (the pods of one controller, such as a StatefulSet or ReplicaSet; a pod without
+	// one is its own workload) are spread across the label's values, at most one volume apart,
+	// and never placed on a node without the label. With a local Protocol plinth-scheduler
+	// spreads them (volumeBindingMode must be WaitForFirstConsumer); with NVMe-oF CreateVolume
+	// spreads them across the storage nodes (either binding mode). Rendered as the StorageClass
+	// parameter plinth.dev/spread-across, so a change replaces the class (see
+	// storageClass.replacement).
 	// +optional
 	// +kubebuilder:validation:MaxLength=316
 	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`
@@ -83,6 +85,56 @@ type PlacementSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=32
 	AttributesClasses []AttributesClassTemplate `json:"attributesClasses,omitempty"`
+	// Encryption, when set, encrypts every new volume of the placement with LUKS2 (dm-crypt)
+	// opened on the node that consumes it, so an NVMe-oF volume is ciphertext on the storage
+	// node and on the wire (docs/design.md#volume-encryption). It is frozen into each volume at
+	// creation: removing it later leaves existing volumes encrypted.
+	// +optional
+	Encryption *Encryption `json:"encryption,omitempty"`
+}
+
+// EncryptionProvider is the on-disk format of encrypted volumes.
+// +kubebuilder:validation:Enum=LUKS2
+type EncryptionProvider string
+
+// EncryptionLUKS2 is LUKS2 through cryptsetup(8) (luksFormat --type luks2) on dm-crypt.
+const EncryptionLUKS2 EncryptionProvider = "LUKS2"
+
+// Encryption is how a Placement's volumes are encrypted.
+type Encryption struct {
+	// Provider is LUKS2 (the only one; empty means LUKS2).
+	// +optional
+	Provider EncryptionProvider `json:"provider,omitempty"`
+	// Cipher is the dm-crypt cipher: aes-xts-plain64 (the only one; empty means it).
+	// +optional
+	// +kubebuilder:validation:Enum=aes-xts-plain64
+	Cipher string `json:"cipher,omitempty"`
+	// KeySize is the volume key's size in bits: 512 (default; AES-256 in XTS mode) or 256
+	// (AES-128).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == 256 || self == 512",message="keySize: 256 or 512 (bits)"
+	// +kubebuilder:default=512
+	KeySize int32 `json:"keySize,omitempty"`
+	// KeySecret names the operator's Secret (data key "key", at least 32 bytes) whose value
+	// unlocks every volume of the class. Absent (default): the CSI controller generates one
+	// Secret per volume at CreateVolume (64 random bytes) in Plinth's namespace. Either way
+	// kubelet hands the Secret to NodeStage (the StorageClass's node-stage secret).
+	// +optional
+	KeySecret *SecretReference `json:"keySecret,omitempty"`
+}
+
+// SecretReference names a Secret.
+type SecretReference struct {
+	// Name of the Secret (DNS-1123 subdomain).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+	// Namespace of the Secret (DNS-1123 label).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
 }
 
 // AttributesClassTemplate is one tier of a Placement: a VolumeAttributesClass and the limits it

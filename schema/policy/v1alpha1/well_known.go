@@ -10,6 +10,10 @@ const (
 	LabelProtocol = "plinth.dev/protocol"
 	// LabelNode names the Node (on Stores, Agents and VolumeStates).
 	LabelNode = "plinth.dev/node"
+	// LabelWorkload holds, on the VolumeStates of a Placement with spreadAcross and an
+	// NVMe-oF Protocol, the UID of the claim's workload (its StatefulSet, its pod's controller,
+	// or the claim itself; see csi/controller spread.go): CreateVolume counts them per domain.
+	LabelWorkload = "plinth.dev/workload"
 	// LabelManagedBy is app.kubernetes.io/managed-by, set to "plinth".
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 )
@@ -22,10 +26,42 @@ const (
 	// ParamFSType is the parameter external-provisioner passes as the volume's fsType.
 	ParamFSType = "csi.storage.k8s.io/fstype"
 	// ParamSpreadAcross is the Placement's spreadAcross (a node label key), present only when
-	// set. The scheduler plugin reads it to spread the volumes of one workload across the
-	// label's values; being a parameter, it is immutable for the class's lifetime.
+	// set. The scheduler plugin (local volumes) and CreateVolume (NVMe-oF volumes, from the
+	// Placement itself) spread the volumes of one workload across the label's values; being a
+	// parameter, it is immutable for the class's lifetime.
 	ParamSpreadAcross = "plinth.dev/spread-across"
+	// ParamNodeStageSecretName and ParamNodeStageSecretNamespace name the Secret kubelet
+	// hands to NodeStage (CSI's node-stage secret, resolved by external-provisioner into
+	// the PV's nodeStageSecretRef): the key of an encrypted volume. external-provisioner
+	// strips them before CreateVolume.
+	ParamNodeStageSecretName      = "csi.storage.k8s.io/node-stage-secret-name"
+	ParamNodeStageSecretNamespace = "csi.storage.k8s.io/node-stage-secret-namespace"
 )
+
+// Volume keys of encrypted Placements (docs/design.md#volume-encryption).
+const (
+	// VolumeKeyNamespace is the namespace of the per-volume key Secrets: Plinth's own (the
+	// shipped manifests' and the chart's, which does not follow the release namespace).
+	VolumeKeyNamespace = "plinth-system"
+	// VolumeKeyPrefix starts the name of a per-volume key Secret; the PV name follows.
+	VolumeKeyPrefix = "plinth-luks-"
+	// VolumeKeyData is the Secret data key that holds the passphrase: printable (hex), since
+	// kubelet hands Secret values to the CSI driver as protobuf strings, which are UTF-8.
+	VolumeKeyData = "key"
+	// VolumeKeyMinBytes is the shortest passphrase the node plugin accepts.
+	VolumeKeyMinBytes = 32
+)
+
+// VolumeKeySecretRef returns the Secret that holds the key of the volume named pvName (the
+// CSI name: the PV's name) under encryption e: the operator's (e.KeySecret) or the volume's
+// own, VolumeKeyPrefix+pvName in VolumeKeyNamespace. Render passes "${pv.name}", the
+// external-provisioner template of that name.
+func VolumeKeySecretRef(e *Encryption, pvName string) SecretReference {
+	if e.KeySecret != nil {
+		return *e.KeySecret
+	}
+	return SecretReference{Name: VolumeKeyPrefix + pvName, Namespace: VolumeKeyNamespace}
+}
 
 const (
 	// DriverName is the CSI driver name and StorageClass provisioner.

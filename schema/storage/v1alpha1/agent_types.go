@@ -27,12 +27,8 @@ type NVMeoFEndpoint struct {
 	// without it).
 	// +optional
 	Auth bool `json:"auth,omitempty"`
-	// AuthKeyGeneration is the keyGeneration of those Protocols (spec.nvmeofTcp.auth): when it
-	// rises, the agent reads its hosts' Secrets again and writes the new host secrets into
-	// nvmet's host entries as soon as the controller has made them (status.hostKeys reports
-	// each).
-	// +optional
-	AuthKeyGeneration int64 `json:"authKeyGeneration,omitempty"`
+	// A rotation (Protocol keyGeneration) is not here: the agent learns it from the keys the
+	// key server serves (docs/design.md#key-distribution).
 }
 
 // HostKey names the DH-HMAC-CHAP secrets an agent last wrote into nvmet's host entry of one

@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	policyv1alpha1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
 // SnapshotPhase is the lifecycle phase of a snapshot.
@@ -44,6 +46,10 @@ type VolumeSnapshotStateSpec struct {
 	CSIName string `json:"csiName"`
 	// SourceVolume is the VolumeState name (CSI volume id) the snapshot is taken of.
 	SourceVolume string `json:"sourceVolume"`
+	// Encryption is the source volume's (nil: clear), frozen at CreateSnapshot: the snapshot's
+	// blocks carry its LUKS2 header, so a restore opens with the source's key only.
+	// +optional
+	Encryption *policyv1alpha1.Encryption `json:"encryption,omitempty"`
 	// StoreName is the Store that holds the source volume, and so the snapshot.
 	StoreName string `json:"storeName"`
 	// Pool is the StoragePool of that Store: a restore must be asked for in the same pool.
@@ -53,6 +59,16 @@ type VolumeSnapshotStateSpec struct {
 	// (a restore is made on the storage node and exported to any initiator).
 	// +optional
 	AccessibleNode string `json:"accessibleNode,omitempty"`
+	// Group is the CSI group snapshot id (GroupSnapshotID) this snapshot is a member of;
+	// empty for a snapshot taken on its own. The object then carries the label LabelGroup.
+	// +optional
+	Group string `json:"group,omitempty"`
+	// GroupMembers are the ids of every member snapshot of Group, this one included, sorted.
+	// All are on this snapshot's Store: the agent takes them in one crash-consistent
+	// operation once every member object exists, and never some without the others.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	GroupMembers []string `json:"groupMembers,omitempty"`
 }
 
 // VolumeSnapshotStateStatus is written by the node agent from what the kernel reports.
@@ -115,6 +131,32 @@ func (in *VolumeSnapshotState) GetConditions() []metav1.Condition { return in.St
 
 // SetConditions replaces the status conditions.
 func (in *VolumeSnapshotState) SetConditions(c []metav1.Condition) { in.Status.Conditions = c }
+
+// LabelGroup on a VolumeSnapshotState holds its Spec.Group: the members of one group snapshot
+// are listed by it.
+const LabelGroup = "storage.plinth.dev/group"
+
+// GroupSnapshotIDPrefix starts every CSI group snapshot id.
+const GroupSnapshotIDPrefix = "group-"
+
+// GroupSnapshotID returns the CSI group snapshot id of a CreateVolumeGroupSnapshot name:
+// "group-" and the first 40 hex digits of sha256(name), like SnapshotID.
+func GroupSnapshotID(csiName string) string {
+	return GroupSnapshotIDPrefix + VolumeID(csiName)[len(VolumeIDPrefix):]
+}
+
+// IsGroupSnapshotID reports whether id has the shape GroupSnapshotID returns.
+func IsGroupSnapshotID(id string) bool {
+	if len(id) != len(GroupSnapshotIDPrefix)+40 || id[:len(GroupSnapshotIDPrefix)] != GroupSnapshotIDPrefix {
+		return false
+	}
+	return IsVolumeID(VolumeIDPrefix + id[len(GroupSnapshotIDPrefix):])
+}
+
+// GroupMemberSnapshotID returns the snapshot id of the member of group snapshot groupID taken
+// of volume volID: SnapshotID of "<groupID>/<volID>", so a retried CreateVolumeGroupSnapshot
+// finds the members it made.
+func GroupMemberSnapshotID(groupID, volID string) string { return SnapshotID(groupID + "/" + volID) }
 
 // SnapshotIDPrefix starts every CSI snapshot id.
 const SnapshotIDPrefix = "snap-"

@@ -39,6 +39,10 @@ type FrozenPolicy struct {
 	// Filesystem is the placement's filesystem at creation.
 	// +optional
 	Filesystem policyv1alpha1.Filesystem `json:"filesystem,omitempty"`
+	// Encryption is the placement's encryption at creation (nil: a clear volume), KeySecret
+	// always set: the volume's own key Secret or the operator's.
+	// +optional
+	Encryption *policyv1alpha1.Encryption `json:"encryption,omitempty"`
 	// Overrides holds the PVC annotations (name → value) that changed the placement's
 	// parameters for this volume; the fields above already include their effect.
 	// +optional

@@ -29,6 +29,9 @@ import (
 const (
 	// BinArgoCD is Argo CD's multi-call binary in the test bin folder.
 	BinArgoCD = "argocd"
+	// BinKustomize is the kustomize CLI in the test bin folder (KUSTOMIZE_VERSION), which
+	// repo-server runs to render a kustomization.
+	BinKustomize = "kustomize"
 	// BinRedisServer is Debian's redis-server (hack/install-deps.sh).
 	BinRedisServer = "/usr/bin/redis-server"
 	// ArgoCDNamespace is the namespace kustomize/argocd puts its Applications and argocd-cm in.
@@ -50,6 +53,15 @@ type ArgoCDSummary struct {
 	// Resources is the number of resources the Application tracks after the first sync;
 	// PolicyObjects the number of policy objects in the repository then.
 	Resources, PolicyObjects int
+	// PlinthSynced is the controllers' start → the plinth Application (wave 0) Synced and
+	// Healthy; PlinthResources the objects it tracks (those of the dev overlay).
+	PlinthSynced    time.Duration
+	PlinthResources int
+	// PlinthSpecChanges counts the workloads whose spec Argo CD's first sync changed without
+	// changing the pod template (reported in the step's lines; a changed template fails it).
+	PlinthSpecChanges int
+	// SelfHealed is a Plinth object deleted by hand → created again by Argo CD.
+	SelfHealed time.Duration
 }
 
 // argoApplication reads an Application of ArgoCDNamespace.
@@ -109,23 +121,28 @@ func argoFiles(set policySet) map[string][]byte {
 	return files
 }
 
-// waitArgoApp waits until the Application has compared the repository's head and is sync (Synced
-// or OutOfSync) with health, and returns its resources.
+// waitArgoApp waits until the policy Application has compared the repository's head and is sync
+// (Synced or OutOfSync) with health, and returns its resources.
 func (e *Walk) waitArgoApp(ctx context.Context, timeout time.Duration, wantSync, wantHealth string) ([]argoResource, error) {
+	return e.waitArgoAppNamed(ctx, ArgoCDPolicyApp, timeout, wantSync, wantHealth)
+}
+
+// waitArgoAppNamed is waitArgoApp for the Application name of ArgoCDNamespace.
+func (e *Walk) waitArgoAppNamed(ctx context.Context, name string, timeout time.Duration, wantSync, wantHealth string) ([]argoResource, error) {
 	head, err := e.argoHead()
 	if err != nil {
 		return nil, err
 	}
 	var res []argoResource
 	err = poll(ctx, timeout, func() error {
-		app, err := e.argoApplication(ctx, ArgoCDPolicyApp)
+		app, err := e.argoApplication(ctx, name)
 		if err != nil {
 			return err
 		}
 		s, rev, h, ph := argoState(app)
 		res = argoResources(app)
 		if rev != head || s != wantSync || h != wantHealth {
-			return fmt.Errorf("Application %s: sync %q at %q (head %s), health %q, operation %q, resources %v", ArgoCDPolicyApp, s, rev, head, h, ph, res)
+			return fmt.Errorf("Application %s: sync %q at %q (head %s), health %q, operation %q, resources %v", name, s, rev, head, h, ph, res)
 		}
 		return nil
 	})
@@ -142,10 +159,12 @@ func (e *Walk) waitArgoApp(ctx context.Context, timeout time.Duration, wantSync,
 // pruned and Healthy; a placement removed from Git while a PVC uses its class → pruned by Argo CD,
 // kept by Plinth's finalizer and reported in use, gone with the PVC.
 //
-// Not done here: the plinth Application (sync wave 0) is removed from what is applied, because
-// Plinth already runs from the dev overlay (test/framework/deploy) on this cluster and its path
-// (kustomize/default) is a kustomization, which repo-server renders with the kustomize CLI that
-// testbin does not provide.
+// Plinth's own Application (sync wave 0) points at a copy of kustomize/ in the same repository,
+// path kustomize/overlays/dev (the overlay test/framework/deploy applied here; users point it at
+// kustomize/default or their overlay); repo-server renders it with the kustomize CLI of testbin.
+// Argo CD takes the running Plinth over without a rollout (every workload's generation and pod
+// kept), reports it Healthy by its own health of Deployments and DaemonSets, and restores a
+// Plinth object deleted by hand (self-heal).
 func (e *Walk) ArgoCD(ctx context.Context) (*ArgoCDSummary, error) {
 	sum := &ArgoCDSummary{}
 	if e.delivered == nil {
@@ -153,6 +172,11 @@ func (e *Walk) ArgoCD(ctx context.Context) (*ArgoCDSummary, error) {
 	}
 	if err := e.step("Argo CD: Flux suspended; CRDs, redis-server, repo-server and application-controller; kustomize/argocd applied", []string{"argocd-application-controller", "argocd-repo-server"}, func() (string, error) {
 		return e.startArgoCD(ctx, sum)
+	}); err != nil {
+		return sum, e.fail(err)
+	}
+	if err := e.step("Argo CD: a Plinth object deleted by hand → restored by self-heal", []string{"argocd-application-controller"}, func() (string, error) {
+		return e.argoSelfHeal(ctx, sum)
 	}); err != nil {
 		return sum, e.fail(err)
 	}
@@ -252,7 +276,15 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	if e.argoGit, err = newGitRepo(filepath.Join(e.Dir, "argocd")); err != nil {
 		return "", err
 	}
-	if err := e.argoGit.commit("policy for Argo CD", argoFiles(e.delivered)); err != nil {
+	files := argoFiles(e.delivered)
+	plinthFiles, err := argoPlinthFiles(e.Root)
+	if err != nil {
+		return "", err
+	}
+	for p, data := range plinthFiles {
+		files[p] = data
+	}
+	if err := e.argoGit.commit("Plinth's kustomize tree and the policy, for Argo CD", files); err != nil {
 		return "", err
 	}
 
@@ -270,7 +302,11 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 		if o.GetKind() == "Application" {
 			switch o.GetName() {
 			case ArgoCDPlinthApp:
-				continue // see ArgoCD: Plinth already runs here
+				// Plinth's own kustomize tree in the same repository; the overlay this
+				// cluster runs, so Argo CD takes the running Plinth over.
+				_ = unstructured.SetNestedField(o.Object, e.argoGit.url, "spec", "source", "repoURL")
+				_ = unstructured.SetNestedField(o.Object, "main", "spec", "source", "targetRevision")
+				_ = unstructured.SetNestedField(o.Object, argoPlinthRoot+"/"+DevOverlay, "spec", "source", "path")
 			case ArgoCDPolicyApp:
 				_ = unstructured.SetNestedField(o.Object, e.argoGit.url, "spec", "source", "repoURL")
 				_ = unstructured.SetNestedField(o.Object, "main", "spec", "source", "targetRevision")
@@ -285,7 +321,7 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 		applied = append(applied, o.GetKind()+"/"+o.GetName())
 	}
 	sort.Strings(applied)
-	if want := []string{"Application/" + ArgoCDPolicyApp, "ConfigMap/argocd-cm", "Role/plinth-controller-read-applications", "RoleBinding/plinth-controller-read-applications"}; strings.Join(applied, " ") != strings.Join(want, " ") {
+	if want := []string{"Application/" + ArgoCDPlinthApp, "Application/" + ArgoCDPolicyApp, "ConfigMap/argocd-cm", "Role/plinth-controller-read-applications", "RoleBinding/plinth-controller-read-applications"}; strings.Join(applied, " ") != strings.Join(want, " ") {
 		return "", fmt.Errorf("kustomize/argocd applied %v, want %v", applied, want)
 	}
 	// argocd-cm's health checks are the shipped file's, key for key.
@@ -310,11 +346,15 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	if healthKeys != 3 || len(cm.Data) != len(want) {
 		return "", fmt.Errorf("argocd-cm: %d health keys, %d keys live, %d shipped; want 3 health keys, live = shipped", healthKeys, len(cm.Data), len(want))
 	}
-	lines = append(lines, fmt.Sprintf("applied kustomize/argocd: %s (Application %s → %s, path %s); argocd-cm = the shipped file (%d health checks)",
-		strings.Join(applied, ", "), ArgoCDPolicyApp, e.argoGit.url, fluxRepoPath, healthKeys))
+	lines = append(lines, fmt.Sprintf("applied kustomize/argocd: %s (Application %s → %s, path %s; Application %s, path %s/%s); argocd-cm = the shipped file (%d health checks)",
+		strings.Join(applied, ", "), ArgoCDPolicyApp, e.argoGit.url, fluxRepoPath, ArgoCDPlinthApp, argoPlinthRoot, DevOverlay, healthKeys))
 
+	before, err := e.plinthWorkloads(ctx)
+	if err != nil {
+		return "", err
+	}
 	start := time.Now()
-	procs, err := e.startArgoProcesses(ctx)
+	procs, err := e.startArgoProcesses(ctx, bin)
 	if err != nil {
 		return "", err
 	}
@@ -340,11 +380,20 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 		lines = append(lines, fmt.Sprintf("  %s/%s Synced, Healthy: %s", r.Kind, r.Name, r.Message))
 	}
 	lines = append(lines, fmt.Sprintf("Application %s Synced and Healthy %.1fs after the controllers started (%d resources)", ArgoCDPolicyApp, sum.Synced.Seconds(), len(res)))
+	plinth, err := e.argoPlinthSynced(ctx, before, sum, start)
+	if err != nil {
+		return "", err
+	}
+	lines = append(lines, plinth)
 	return strings.Join(lines, "\n"), nil
 }
 
 // startArgoProcesses starts redis-server on loopback, repo-server and application-controller.
-func (e *Walk) startArgoProcesses(ctx context.Context) (string, error) {
+// repo-server runs the kustomize CLI of bin (BinKustomize) for the plinth Application.
+func (e *Walk) startArgoProcesses(ctx context.Context, bin string) (string, error) {
+	if _, err := os.Stat(filepath.Join(bin, BinKustomize)); err != nil {
+		return "", fmt.Errorf("the kustomize CLI repo-server runs: %w (run `make testbin`)", err)
+	}
 	var ports [5]int
 	var err error
 	for i := range ports {
@@ -380,7 +429,8 @@ func (e *Walk) startArgoProcesses(ctx context.Context) (string, error) {
 			"--metrics-address", "127.0.0.1", "--metrics-port", fmt.Sprint(ports[2]), "--redis", redisAddr,
 			// A commit is seen at the next resync, not up to 3 minutes later (the default).
 			"--revision-cache-expiration", "1s", "--loglevel", "info"},
-		Env:   append([]string{"ARGOCD_BINARY_NAME=argocd-repo-server"}, env...),
+		// kustomize from testbin first in PATH: repo-server runs `kustomize build`.
+		Env:   append([]string{"ARGOCD_BINARY_NAME=argocd-repo-server", "PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH")}, env...),
 		Ready: controlplane.HTTPReady(fmt.Sprintf("http://127.0.0.1:%d/healthz?full=true", ports[2]), nil),
 	})
 	if err != nil {

@@ -59,12 +59,19 @@ spec:
 `
 	// workloadScript writes 4 MiB of random data and its checksum once (the
 	// first start on a fresh volume), then checks the checksum on every
-	// start: a container whose volume lost data does not start.
+	// start: a container whose volume lost data does not start. It is Ready
+	// (workloadReady) only once this start is logged: without the probe a
+	// container counted Ready the moment it started, and a check could read
+	// starts.log before the first line was written.
 	workloadScript = `cd /data || exit 1
 if [ ! -f data.bin ]; then dd if=/dev/urandom of=data.bin bs=1M count=4 2>/dev/null && sha256sum data.bin > data.sha256 && sync; fi
 sha256sum -c data.sha256 || exit 1
 echo "$(hostname) started" >> starts.log
+touch /tmp/started
 exec sleep 86400`
+	// workloadReady is the container's readiness: this container's start was
+	// logged (/tmp is the container's own, gone with it).
+	workloadReady = "test -f /tmp/started"
 )
 
 // WorkloadSummary holds the figures of the StatefulSet case.
@@ -111,7 +118,9 @@ func workloadObjects() (*corev1.Service, *appsv1.StatefulSet) {
 					SchedulerName:                 SchedulerProfile,
 					TerminationGracePeriodSeconds: ptr(int64(1)),
 					Containers: []corev1.Container{{Name: "app", Image: BusyboxImage, Command: []string{"sh", "-c", workloadScript},
-						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
+						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", workloadReady}}},
+							PeriodSeconds: 1}}},
 				},
 			},
 			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{

@@ -14,9 +14,9 @@ import (
 
 // NodePackages are the Debian packages of the plinth image's node layer: the tools the agent
 // and the CSI node plugin run (LVM and thin pools, make-bcache for the LVM cache, NVMe-oF,
-// ext4/xfs, mount/losetup/blkid/wipefs/blockdev, modprobe for the agent's init container).
-// Their dependency closure comes along.
-var NodePackages = []string{"bcache-tools", "e2fsprogs", "kmod", "lvm2", "mount", "nvme-cli", "thin-provisioning-tools", "util-linux", "xfsprogs"}
+// ext4/xfs, mount/losetup/blkid/wipefs/blockdev, modprobe for the agent's init container,
+// cryptsetup for encrypted volumes). Their dependency closure comes along.
+var NodePackages = []string{"bcache-tools", "cryptsetup-bin", "e2fsprogs", "kmod", "lvm2", "mount", "nvme-cli", "thin-provisioning-tools", "util-linux", "xfsprogs"}
 
 // NodeExcluded are packages of the closure left out of the node layer, with why; the library
 // check of the layer proves nothing kept needs them.

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -240,8 +239,8 @@ func (s *suite) hostEntry(t *testing.T, nqn string) map[string]string {
 // Expected: raising keyGeneration in the Protocol (a Git change) while v (bidirectional auth)
 // and plain (no auth, but A presents its key: the shared host entry asks for it) are staged on
 // worker A: the controller's reconciler replaces the host secret in A's Secret (new key id,
-// keyGeneration 1; the controller secret stays); once the Agent's spec carries the generation
-// (as the policy controller renders it), the storage node's agent writes the new secret into
+// keyGeneration 1; the controller secret stays); the storage node's agent, told by nothing but
+// the key server (its Agent's spec does not change), writes the new secret into
 // A's host entry (read back from configfs) and reports the new key id for A in
 // status.hostKeys; only then A's node plugin hands the new secret to both live controllers
 // (read back from sysfs) and the kernel re-authenticates them ("re-authenticating controller"
@@ -291,17 +290,13 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 		t.Fatalf("Secret after keyGeneration 1: new host secret %v, controller secret kept %v, key id %q (was %q), annotations %v, same Secret %v",
 			newKey != oldKey, newCtrlKey == oldCtrlKey, keyID, sec0.Annotations[dhchap.AnnotationKeyID], sec.Annotations, sec.UID == sec0.UID)
 	}
-	// The policy controller renders the generation into the storage node's Agent.
+	// Nothing else tells the storage node's agent: it learns the rotation from the key server
+	// (a new key id for A at its next report), as A's node plugin does.
 	var a storev1.Agent
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error { // the agent patches its status meanwhile
-		if err := s.c.Get(ctx, client.ObjectKey{Name: storageNode}, &a); err != nil {
-			return err
-		}
-		a.Spec.NVMeoF.AuthKeyGeneration = 1
-		return s.c.Update(ctx, &a)
-	}); err != nil {
+	if err := s.c.Get(ctx, client.ObjectKey{Name: storageNode}, &a); err != nil {
 		t.Fatal(err)
 	}
+	agentGen := a.Generation
 
 	// The target first: A's host entry holds the new secrets, and the agent says so.
 	controlplane.Eventually(t, 3*time.Minute, time.Second, "the storage node's host entry of A holds the new secrets", func() error {
@@ -320,6 +315,9 @@ func (s *suite) testKeyRotation(t *testing.T, r *nvmeauth.Reconciler, v, plain *
 		return fmt.Errorf("Agent status.hostKeys %v, want %s with key id %s", a.Status.HostKeys, hostNQNA, keyID)
 	})
 	targetAt := time.Since(t0)
+	if a.Generation != agentGen {
+		t.Errorf("the storage node's Agent spec changed during the rotation (generation %d → %d): the rotation has one road, the key server", agentGen, a.Generation)
+	}
 	for _, k := range a.Status.HostKeys {
 		if strings.Contains(k.KeyID, "DHHC-1") {
 			t.Errorf("Agent status.hostKeys carries a secret")

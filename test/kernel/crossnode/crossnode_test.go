@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -244,6 +245,17 @@ func start(t *testing.T) *suite {
 		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-patient"},
 		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
 	}})
+	// the first class, encrypted (LUKS2 on the consumer, a key Secret per volume in Plinth's
+	// namespace): EncryptedOnTheWire
+	create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: pool + "-luks"}, Spec: policyv1.PlacementSpec{
+		PoolRef: policyv1.LocalObjectReference{Name: pool}, ProtocolRef: policyv1.LocalObjectReference{Name: pool + "-nvme"},
+		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-luks"},
+		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+		Encryption:   &policyv1.Encryption{},
+	}})
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: policyv1.VolumeKeyNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	store := storev1.StoreName(pool, storageNode)
 	create(t, c, &storev1.Agent{ObjectMeta: metav1.ObjectMeta{Name: storageNode, Labels: map[string]string{policyv1.LabelNode: storev1.NameLabelValue(storageNode)}},
 		Spec: storev1.AgentSpec{NodeName: storageNode, Stores: []string{store}, NVMeoF: &storev1.NVMeoFEndpoint{Port: nvmePort, BindCIDR: netCIDR}}})

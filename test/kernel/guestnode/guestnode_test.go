@@ -18,8 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/plinth-storage/plinth/csi"
 	"github.com/plinth-storage/plinth/test/framework/cluster"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
 	"github.com/plinth-storage/plinth/test/framework/registry"
@@ -57,21 +59,24 @@ const (
 	// guestRegistryPort is where the guest reaches the host's registry (its end of a second
 	// API mux, on 127.0.0.1).
 	guestRegistryPort = 5000
-	// keyServerPort is the key server's Service port, as the shipped --key-server URL names it:
-	// the guest's end of a third API mux listens there on 127.0.0.1, and the guest's /etc/hosts
-	// (which kubelet gives hostNetwork pods) maps keyServerHost to 127.0.0.1. The guests have no
-	// cluster DNS.
+	// keyServerPort is the key server's Service port, as the shipped --key-server URL names it.
+	// The guests have no cluster DNS: their /etc/hosts (which kubelet gives hostNetwork pods)
+	// maps keyServerHost to 127.0.0.1, where svcforward carries connections to the Service's
+	// ClusterIP once the chart made it (startServiceForward).
 	keyServerPort = 8443
 	keyServerHost = "plinth-key-server.plinth-system.svc"
 )
 
-// registryMirror, appended to the node's containerd config, makes the host's registry the
-// mirror of ghcr.io, where the shipped manifests name Plinth's images: the nodes pull
-// ghcr.io/plinth-storage/plinth:<tag> from it with the manifests unchanged (`make push` keeps
-// the repository path and tag; test/framework/registry.Target).
-var registryMirror = fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."ghcr.io"]
-  endpoint = ["http://127.0.0.1:%d"]
-`, guestRegistryPort)
+// guestRegistry is the host's registry as the guests reach it: the chart's production values
+// name every image there (repository 127.0.0.1:5000/plinth-storage/plinth..., the path and tag
+// `make push` gives it, test/framework/registry.Target).
+var guestRegistry = fmt.Sprintf("127.0.0.1:%d", guestRegistryPort)
+
+// registryMirror, appended to the node's containerd config, lets containerd pull from that
+// registry over plain HTTP (it is on the node's loopback, as a registry mirror would be).
+var registryMirror = fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[1]s"]
+  endpoint = ["http://%[1]s"]
+`, guestRegistry)
 
 // node is one booted guest and its node.
 type node struct {
@@ -129,8 +134,9 @@ func copyShare(t testing.TB, g *guest.Guest, name, src string) {
 // guest holds the host's address (apiHost, what the API server advertises as the `kubernetes`
 // Service's endpoint) on its loopback device: kubelet and kube-proxy reach 127.0.0.1:<port>,
 // pods reach the Service, which kube-proxy sends to apiHost:<port> — both end at the mux, the
-// guest's only way to the host.
-func joinScript(n *node, apiHost string, apiPort int) string {
+// guest's only way to the host. Pods reach the other node's pods through a route to its pod
+// subnet via its address on the private network (what a host-gateway CNI sets up).
+func joinScript(n *node, other nodeSpec, apiHost string, apiPort int) string {
 	return fmt.Sprintf(`set -e
 S=%[1]s
 plinth-node-up %[2]s
@@ -138,11 +144,13 @@ ip addr add %[11]s/32 dev lo
 cp $S/apimux /usr/bin/apimux
 (apimux -listen 0.0.0.0:%[3]d -upstream %[4]s:6443 >/var/log/apimux.log 2>&1 &)
 (apimux -listen 127.0.0.1:%[13]d -upstream %[4]s:%[13]d >/var/log/apimux-registry.log 2>&1 &)
-(apimux -listen 127.0.0.1:%[14]d -upstream %[4]s:%[14]d >/var/log/apimux-keyserver.log 2>&1 &)
+cp $S/svcforward /usr/bin/svcforward
 echo "127.0.0.1 %[15]s" >> /etc/hosts
 for i in /sys/class/net/*; do [ "$(cat $i/address)" = %[5]s ] && dev=${i##*/}; done
 [ -n "$dev" ] || { echo "no NIC with MAC %[5]s"; exit 1; }
 ip addr add %[6]s/24 dev $dev && ip link set $dev up
+ip route add %[16]s via %[17]s dev $dev
+sysctl -qw net.ipv4.ip_forward=1
 cp $S/containerd.toml /etc/containerd/config.toml
 cp $S/10-plinth-bridge.conflist %[7]s/
 cp $S/ca.crt %[8]s
@@ -163,7 +171,8 @@ echo "images imported $(cut -d' ' -f1 /proc/uptime)"
 i=0; until wget -q -O /dev/null http://127.0.0.1:%[10]d/healthz 2>/dev/null; do i=$((i+1)); [ $i -lt 240 ] || { tail -30 /var/log/kubelet.log; exit 1; }; sleep 0.5; done
 echo "kubelet healthy $(cut -d' ' -f1 /proc/uptime)"`,
 		guest.SharePath, n.name, apiPort, guest.GuestForwardAddr, n.mac, n.addr, cniConfDir, caFile,
-		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR, guestRegistryPort, keyServerPort, keyServerHost)
+		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR, guestRegistryPort, keyServerPort, keyServerHost,
+		other.podSubnet, other.addr)
 }
 
 func goBuild(t *testing.T, root, out, pkg string) {
@@ -188,10 +197,10 @@ func TestGuestKubelet(t *testing.T) {
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager,
 		controlplane.BinPlinthScheduler)
 	ctrllog.SetLogger(testr.New(t))
-	// pause and busybox are imported from their archives; Plinth's image is pulled from the
-	// registry (see registryMirror)
+	// pause and busybox are imported from their archives; every image the chart names is
+	// pulled from the registry (see guestRegistry)
 	images := controlplane.ImageArchives(t, "pause", "busybox")
-	plinthArchive := controlplane.ImageArchives(t, "plinth")[0]
+	chartArchives := controlplane.ImageArchives(t, "plinth", "plinth-scheduler", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter")
 	t0 := time.Now()
 	work := t.TempDir()
 	egress, err := StartEgress(filepath.Join(work, "egress.sock"))
@@ -215,6 +224,7 @@ func TestGuestKubelet(t *testing.T) {
 		t.Fatal(err)
 	}
 	goBuild(t, root, filepath.Join(work, "apimux"), "./test/kernel/cmd/apimux")
+	goBuild(t, root, filepath.Join(work, "svcforward"), "./test/kernel/guestnode/cmd/svcforward")
 	apiURL, err := url.Parse(cp.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -238,8 +248,8 @@ func TestGuestKubelet(t *testing.T) {
 	}
 	t.Logf("TIMING control plane + build %s", time.Since(t0).Round(time.Millisecond))
 
-	// Debian's docker-registry on the host's loopback, with Plinth's image pushed as `make push`
-	// pushes it; each guest reaches it through its own API-mux pair on guestRegistryPort.
+	// Debian's docker-registry on the host's loopback, with the chart's images pushed as `make
+	// push` pushes them; each guest reaches it through its own API-mux pair on guestRegistryPort.
 	regDir := filepath.Join(work, "registry")
 	if err := os.MkdirAll(regDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -249,19 +259,19 @@ func TestGuestKubelet(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Stop() }) //nolint:errcheck
-	pushed, err := registry.Push(t.Context(), reg.Addr, false, plinthArchive)
+	pushStart := time.Now()
+	pushed, err := registry.Push(t.Context(), reg.Addr, false, chartArchives...)
 	if err != nil {
-		t.Fatalf("push %s: %v", plinthArchive, err)
+		t.Fatalf("push %v: %v", chartArchives, err)
 	}
-	t.Logf("pushed %s as %s (%s)", pushed[0].Source, pushed[0].Target, pushed[0].Digest)
+	if len(pushed) != len(chartArchives) {
+		t.Fatalf("pushed %d images of %d archives", len(pushed), len(chartArchives))
+	}
+	for _, p := range pushed {
+		t.Logf("pushed %s as %s (%s)", p.Source, p.Target, p.Digest)
+	}
+	t.Logf("TIMING %d images pushed in %s", len(pushed), time.Since(pushStart).Round(time.Millisecond))
 	regDemux := apimux.StartForTest(t, "http://"+reg.Addr)
-	// the controller's key server listens on keyServerAddr once the volume scenario starts it
-	keyPort, err := controlplane.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyServerAddr := fmt.Sprintf("127.0.0.1:%d", keyPort)
-	keyDemux := apimux.StartForTest(t, "https://"+keyServerAddr)
 
 	relay, err := netrelay.Start(nodeSpecs[0].mac, nodeSpecs[1].mac)
 	if err != nil {
@@ -293,10 +303,9 @@ func TestGuestKubelet(t *testing.T) {
 			}
 			n.g, errs[i] = guest.Boot(t.Context(), guest.Options{Flavor: guest.FlavorNode, MemoryMiB: 2560, DiskBytes: disks,
 				Timeout: 40 * time.Minute, BootTimeout: 5 * time.Minute,
-				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, {HostPort: regDemux.Port(), GuestPort: guestRegistryPort},
-					{HostPort: keyDemux.Port(), GuestPort: keyServerPort}},
-				HostForwards: []guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}},
-				ExtraArgs:    n.side(relay).NetdevArgs("p0")})
+				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, {HostPort: regDemux.Port(), GuestPort: guestRegistryPort}},
+				HostForwards:  []guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}},
+				ExtraArgs:     n.side(relay).NetdevArgs("p0")})
 		}()
 	}
 	wg.Wait()
@@ -339,6 +348,7 @@ func TestGuestKubelet(t *testing.T) {
 			// user-network address, the Node reports the private one
 			Address: "0.0.0.0", Port: kubeletPort, HealthzPort: kubeletHealthz})), 0o644)
 		copyShare(t, n.g, "apimux", filepath.Join(work, "apimux"))
+		copyShare(t, n.g, "svcforward", filepath.Join(work, "svcforward"))
 		if err := os.MkdirAll(filepath.Join(n.g.ShareDir(), "images"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -353,7 +363,7 @@ func TestGuestKubelet(t *testing.T) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
-			res, err := n.g.Run(ctx, joinScript(n, cp.NodeIP, apiPort), nil)
+			res, err := n.g.Run(ctx, joinScript(n, nodes[1-i].nodeSpec, cp.NodeIP, apiPort), nil)
 			if err == nil && res.ExitCode != 0 {
 				err = fmt.Errorf("exit %d", res.ExitCode)
 			}
@@ -461,8 +471,31 @@ func TestGuestKubelet(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	if !t.Run("ProductionNodeDaemonSets", func(t *testing.T) { testProductionNodes(t, cs, cp, root, nodes) }) {
-		return
+	c, err := client.New(cp.Admin.Config, client.Options{Scheme: csi.Scheme()})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Run("NVMeoFVolumeOnWorker", func(t *testing.T) { testNVMeVolume(t, cs, cp, nodes, keyServerAddr) })
+	s := &scene{cs: cs, c: c, cp: cp, root: root, work: work, nodes: nodes, relay: relay, reg: reg.Addr}
+	// Every step needs the release and the writer's volume: a failure of the first two ends the
+	// test; the others run on after a failure of one of them.
+	for i, step := range []struct {
+		name string
+		run  func(*testing.T, *scene)
+	}{
+		{"HelmInstall", testHelmInstall},
+		{"NVMeoFVolumeOnWorker", testNVMeVolume},
+		{"ShortLinkCutPausesIO", testShortCut},
+		{"LongLinkCutFailsIOThenRestartRecovers", testLongCut},
+		{"HelmUpgradeUnderMounts", testHelmUpgrade},
+		{"HelmUninstallKeepsDataReinstallAdopts", testReinstall},
+		{"PodMovedRevokesTheOldHostFirst", testMove},
+		{"LocalVolumeGrownOnline", testLocalGrow},
+	} {
+		stepStart := time.Now()
+		ok := t.Run(step.name, func(t *testing.T) { step.run(t, s) })
+		t.Logf("TIMING step %s %s", step.name, time.Since(stepStart).Round(time.Millisecond))
+		if !ok && i < 2 {
+			return
+		}
+	}
 }

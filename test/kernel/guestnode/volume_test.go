@@ -1,15 +1,13 @@
 package guestnode
 
 import (
-	"context"
 	"fmt"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,11 +15,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/plinth-storage/plinth/controllers/policy"
-	"github.com/plinth-storage/plinth/csi"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
-	"github.com/plinth-storage/plinth/test/framework/controlplane"
 )
 
 // The NVMe-oF/TCP class on the storage guest's thin pool: the relay's private network, where
@@ -31,101 +26,36 @@ const (
 	nvmePort    = 4420
 	netCIDR     = "192.168.77.0/24"
 	volumeNS    = "default"
+	// ctrlLossTmo / reconnectDelay: the worker's kernel keeps reconnecting a lost controller
+	// for 12 s, every 2 s; a shorter cut pauses I/O, a longer one fails it.
+	ctrlLossTmo    = 12
+	reconnectDelay = 2
 )
-
-// startControlSide runs, as host processes against the same API server, what the shipped
-// controller Deployments run (those Deployments are not installed here yet): the policy
-// controller (with the DH-HMAC-CHAP key server on keyServerAddr, which the guests reach under
-// its Service name) and the CSI controller service in this process, csi-provisioner and
-// csi-attacher from the test bin folder on its socket.
-func startControlSide(t *testing.T, cp *controlplane.ControlPlane, keyServerAddr string) {
-	t.Helper()
-	controlplane.RequireBinaries(t, controlplane.BinCSIProvisioner, controlplane.BinCSIAttacher)
-	ctx, cancel := context.WithCancel(context.Background())
-	mgr, _, err := policy.NewManager(ctx, policy.Options{Config: cp.Admin.Config, MetricsAddr: "0", HealthAddr: "0",
-		Namespace: "plinth-system", KeyServerAddr: keyServerAddr, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 0}), SkipNameValidation: true})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	mgrDone := make(chan error, 1)
-	go func() { mgrDone <- mgr.Start(ctx) }()
-	sock := filepath.Join(t.TempDir(), "csi.sock")
-	d, err := csi.New(csi.Options{Mode: csi.ModeController, Endpoint: "unix://" + sock, Config: cp.Admin.Config,
-		WaitTimeout: 3 * time.Minute, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	csiDone := make(chan error, 1)
-	go func() { csiDone <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-mgrDone; err != nil {
-			t.Errorf("policy controller: %v", err)
-		}
-		if err := <-csiDone; err != nil {
-			t.Errorf("csi controller: %v", err)
-		}
-	})
-	select {
-	case <-d.Serving():
-	case err := <-csiDone:
-		t.Fatalf("csi controller stopped at start: %v", err)
-	}
-	for _, sc := range []struct {
-		bin  string
-		args []string
-	}{
-		{controlplane.BinCSIProvisioner, []string{"--feature-gates=Topology=true", "--extra-create-metadata"}},
-		{controlplane.BinCSIAttacher, nil},
-	} {
-		args := append([]string{"--kubeconfig=" + cp.Admin.Kubeconfig, "--leader-election=false", "--v=3",
-			"--kube-api-qps=50", "--kube-api-burst=100", "--csi-address=" + sock, "--timeout=60s"}, sc.args...)
-		p, err := cp.StartProcess(t.Context(), controlplane.ProcessSpec{Name: sc.bin + "-guestnode", Binary: sc.bin, Args: args})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("--- %s log, last lines:\n%s", p.Name, p.Tail(40))
-			}
-			p.Stop() //nolint:errcheck
-		})
-	}
-}
 
 var sumLine = regexp.MustCompile(`(?m)([0-9a-f]{64})  /data/blob$`)
 
-// testNVMeVolume: Expected: with the policy (a StoragePool on the storage guest's thin pool, a
-// Protocol nvme-tcp on the relay's network with bidirectional DH-HMAC-CHAP, a Placement with an
-// Immediate class) rendered by the policy controller, a PVC of that class is provisioned
-// (csi-provisioner → CreateVolume → the agent's thin LV) and Bound; a pod on the worker guest
-// gets it through its own kubelet: the attach-detach controller's VolumeAttachment is
-// attached by csi-attacher (ControllerPublish: the worker's host NQN allowed on the storage
-// node's target), the shipped node plugin stages it (nvme connect from its container on the
-// host network, mkfs, mount) and publishes it into the pod. The pod mounts an NVMe namespace
-// at /data, writes 8 MiB and its sha256; the log read through the API server has the sum of the
-// data read back after the write, equal to the sum at write time, and the worker guest's kernel
-// holds one NVMe/TCP controller to the storage guest's address; with the worker guest's page
-// cache dropped, the file read through kubelet's mount of the volume has the same sum.
-func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.ControlPlane, nodes []*node, keyServerAddr string) {
-	storage, worker := nodes[0], nodes[1]
-	c, err := client.New(cp.Admin.Config, client.Options{Scheme: csi.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+// testNVMeVolume: Expected: with the policy (a Protocol nvme-tcp on the relay's network with
+// bidirectional DH-HMAC-CHAP, a Placement with an Immediate ext4 class on the storage guest's
+// pool) rendered by the chart's controller, a StatefulSet's claim of that class is provisioned
+// by the chart's CSI controller (csi-provisioner → CreateVolume → the agent's thin LV) and
+// Bound; its pod, scheduled onto the worker guest (a nodeSelector, no nodeName), gets the
+// volume through the worker's kubelet: the attach-detach controller's VolumeAttachment is
+// attached by the chart's csi-attacher at the first try (ControllerPublish: the worker's host
+// NQN allowed on the storage node's target, its DH-HMAC-CHAP key from the key server; no
+// FailedAttachVolume event), the node plugin stages it (nvme connect from its container on the
+// host network, authenticated both ways, mkfs, mount) and publishes it into the pod. The pod
+// mounts an NVMe namespace at /data, writes 8 MiB and its sha256; the log read through the API
+// server has the sum of the data read back after the write, equal to the sum at write time,
+// and the worker guest's kernel holds one NVMe/TCP controller to the storage guest's address;
+// with the worker guest's page cache dropped, the file read through kubelet's mount of the
+// volume has the same sum.
+func testNVMeVolume(t *testing.T, s *scene) {
+	cs, c, nodes, storage, worker := s.cs, s.c, s.nodes, s.storage(), s.worker()
 	t0 := time.Now()
-	// The same backend as the Store of the DaemonSet scenario: the controller takes it over
-	// (server-side apply, forced) and adds the NVMe-oF endpoint to the storage node's Agent.
-	backend := policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: agentVG, Devices: []string{"/dev/vda"},
-		ThinPool: &policyv1.ThinPool{Name: "pool", SizePercent: 80}}}
 	for _, o := range []client.Object{
-		&policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: agentPool}, Spec: policyv1.StoragePoolSpec{
-			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelHostname: storage.name}},
-			Backend:      backend, Reserve: "5%", OvercommitPercent: ptr.To[int32](400)}},
 		&policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: volumeClass}, Spec: policyv1.ProtocolSpec{
 			NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: nvmePort, BindCIDR: netCIDR, ACL: ptr.To(true),
+				CtrlLossTmo: ptr.To[int32](ctrlLossTmo), ReconnectDelay: reconnectDelay,
 				Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP, Hash: "sha256", DHGroup: "ffdhe2048", Bidirectional: true}}}},
 		&policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: volumeClass}, Spec: policyv1.PlacementSpec{
 			PoolRef: policyv1.LocalObjectReference{Name: agentPool}, ProtocolRef: policyv1.LocalObjectReference{Name: volumeClass},
@@ -136,7 +66,6 @@ func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.Con
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
-	startControlSide(t, cp, keyServerAddr)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, n := range nodes {
@@ -145,7 +74,7 @@ func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.Con
 			}
 		}
 	})
-	controlplane.Eventually(t, 3*time.Minute, time.Second, "StorageClass "+volumeClass+" rendered and the Agent's NVMe-oF endpoint", func() error {
+	poll(t, 3*time.Minute, time.Second, "StorageClass "+volumeClass+" rendered and the Agent's NVMe-oF endpoint", func() error {
 		if _, err := cs.StorageV1().StorageClasses().Get(t.Context(), volumeClass, metav1.GetOptions{}); err != nil {
 			return err
 		}
@@ -161,37 +90,13 @@ func testNVMeVolume(t *testing.T, cs *kubernetes.Clientset, cp *controlplane.Con
 	t.Logf("TIMING policy rendered %s", time.Since(t0).Round(time.Millisecond))
 
 	pvcStart := time.Now()
-	class := volumeClass
-	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: volumeNS},
-		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: &class,
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}}}}
-	if _, err := cs.CoreV1().PersistentVolumeClaims(volumeNS).Create(t.Context(), pvc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	const script = `set -e
-grep ' /data ' /proc/mounts
-dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null
-sha256sum /data/blob > /data/blob.sha256
-sync
-echo "written $(cat /data/blob.sha256)"
-sha256sum /data/blob
-echo done
-exec sleep 3600`
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvme-writer", Namespace: volumeNS},
-		Spec: corev1.PodSpec{NodeName: worker.name, RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{Name: "writer", Image: busyboxImage, ImagePullPolicy: corev1.PullNever,
-				Command:      []string{"sh", "-c", script},
-				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
-			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}},
-			TerminationGracePeriodSeconds: ptr.To[int64](1)}}
-	if _, err := cs.CoreV1().Pods(volumeNS).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+	sts := writerSet(worker.name)
+	if _, err := cs.AppsV1().StatefulSets(volumeNS).Create(t.Context(), sts, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var bound time.Duration
-	controlplane.Eventually(t, 5*time.Minute, time.Second, "PVC data Bound", func() error {
-		p, err := cs.CoreV1().PersistentVolumeClaims(volumeNS).Get(t.Context(), "data", metav1.GetOptions{})
+	poll(t, 5*time.Minute, time.Second, "PVC "+writerClaim+" Bound", func() error {
+		p, err := cs.CoreV1().PersistentVolumeClaims(volumeNS).Get(t.Context(), writerClaim, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -201,60 +106,52 @@ exec sleep 3600`
 		bound = time.Since(pvcStart)
 		return nil
 	})
-	t.Logf("TIMING PVC created → Bound %s", bound.Round(time.Millisecond))
-	controlplane.Eventually(t, 8*time.Minute, time.Second, "pod nvme-writer Running", func() error {
-		p, err := cs.CoreV1().Pods(volumeNS).Get(t.Context(), pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
+	t.Logf("TIMING StatefulSet created → PVC Bound %s", bound.Round(time.Millisecond))
+	waitRunning(t, cs, writerPod)
+	t.Logf("TIMING StatefulSet created → pod Running on %s %s", worker.name, time.Since(pvcStart).Round(time.Millisecond))
+	p, err := cs.CoreV1().Pods(volumeNS).Get(t.Context(), writerPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.NodeName != worker.name {
+		t.Errorf("pod %s scheduled on %s, want %s", writerPod, p.Spec.NodeName, worker.name)
+	}
+	// The first ControllerPublish with authentication attaches: no attach outlived
+	// csi-attacher's timeout (an attach that failed at once because csi-attacher's informer had
+	// not seen the new PV yet is retried at once and is not the data path's doing).
+	evs, err := cs.CoreV1().Events(volumeNS).List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + writerPod + ",reason=FailedAttachVolume"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timedOut := 0
+	for _, e := range evs.Items {
+		t.Logf("FailedAttachVolume (x%d): %s", max(e.Count, 1), e.Message)
+		if strings.Contains(e.Message, "DeadlineExceeded") || strings.Contains(e.Message, "deadline exceeded") || strings.Contains(e.Message, "timed out") {
+			timedOut++
 		}
-		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
-			logs, _ := cs.CoreV1().Pods(volumeNS).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(t.Context())
-			t.Fatalf("pod %s ended %s: %+v\n%s", pod.Name, p.Status.Phase, p.Status.ContainerStatuses, logs)
-		}
-		if p.Status.Phase != corev1.PodRunning {
-			evs, _ := cs.CoreV1().Events(volumeNS).List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod.Name})
-			var last string
-			if evs != nil && len(evs.Items) > 0 {
-				e := evs.Items[len(evs.Items)-1]
-				last = e.Reason + ": " + e.Message
-			}
-			return fmt.Errorf("phase %s; last event %s", p.Status.Phase, last)
-		}
-		return nil
-	})
-	t.Logf("TIMING PVC created → pod Running on %s %s", worker.name, time.Since(pvcStart).Round(time.Millisecond))
+	}
+	if timedOut != 0 {
+		t.Errorf("%d FailedAttachVolume events of %s for a timeout, want the first ControllerPublish to attach in time", timedOut, writerPod)
+	}
 
-	var logs string
-	controlplane.Eventually(t, 2*time.Minute, time.Second, "the writer's log", func() error {
-		b, err := cs.CoreV1().Pods(volumeNS).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(t.Context())
-		if err != nil {
-			return err
-		}
-		if logs = string(b); !strings.Contains(logs, "\ndone") {
-			return fmt.Errorf("log so far %q", logs)
-		}
-		return nil
-	})
-	t.Logf("log of %s:\n%s", pod.Name, logs)
+	logs := writerLog(t, cs, writerPod)
+	t.Logf("log of %s:\n%s", writerPod, logs)
 	lines := strings.Split(strings.TrimSpace(logs), "\n")
 	if !strings.HasPrefix(lines[0], "/dev/nvme") || !strings.Contains(lines[0], " /data ext4 ") {
 		t.Errorf("mount of /data in the pod %q, want an NVMe namespace with ext4", lines[0])
 	}
 	sums := sumLine.FindAllStringSubmatch(logs, -1)
 	if len(sums) != 2 || sums[0][1] != sums[1][1] {
-		t.Errorf("sha256 lines %v, want two equal: the written and the read-back sum", sums)
+		t.Fatalf("sha256 lines %v, want two equal: the written and the read-back sum", sums)
 	}
-	pv, err := cs.CoreV1().PersistentVolumeClaims(volumeNS).Get(t.Context(), "data", metav1.GetOptions{})
+	s.sum = sums[0][1]
+	pvc, err := cs.CoreV1().PersistentVolumeClaims(volumeNS).Get(t.Context(), writerClaim, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The data from the storage node: the worker guest's page cache dropped, the file read
 	// through kubelet's mount of the volume for the pod.
-	p, err := cs.CoreV1().Pods(volumeNS).Get(t.Context(), pod.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob := fmt.Sprintf("/var/lib/kubelet/pods/%s/volumes/kubernetes.io~csi/%s/mount/blob", p.UID, pv.Spec.VolumeName)
+	blob := fmt.Sprintf("/var/lib/kubelet/pods/%s/volumes/kubernetes.io~csi/%s/mount/blob", p.UID, pvc.Spec.VolumeName)
 	reread := strings.Fields(worker.sh(t, 2*time.Minute, "sync && echo 3 > /proc/sys/vm/drop_caches && sha256sum "+blob))
 	if len(sums) == 0 || len(reread) == 0 || reread[0] != sums[0][1] {
 		t.Errorf("sha256 of %s read in the worker guest after dropping its caches: %v, want the pod's %v", blob, reread, sums)
@@ -265,12 +162,12 @@ exec sleep 3600`
 	}
 	var attached []string
 	for _, va := range vas.Items {
-		if pvName := va.Spec.Source.PersistentVolumeName; pvName != nil && *pvName == pv.Spec.VolumeName && va.Status.Attached {
+		if pvName := va.Spec.Source.PersistentVolumeName; pvName != nil && *pvName == pvc.Spec.VolumeName && va.Status.Attached {
 			attached = append(attached, va.Spec.NodeName)
 		}
 	}
 	if len(attached) != 1 || attached[0] != worker.name {
-		t.Errorf("VolumeAttachments of %s attached to %v, want [%s]", pv.Spec.VolumeName, attached, worker.name)
+		t.Errorf("VolumeAttachments of %s attached to %v, want [%s]", pvc.Spec.VolumeName, attached, worker.name)
 	}
 	out := worker.sh(t, time.Minute, "for c in /sys/class/nvme/nvme*; do echo \"$(cat $c/transport) $(cat $c/address)\"; done")
 	if n := strings.Count(out, "tcp traddr="+storage.addr+","); n != 1 {
@@ -282,4 +179,96 @@ exec sleep 3600`
 	if len(secrets) != 2 || !strings.HasPrefix(secrets[0], "DHHC-1:") || !strings.HasPrefix(secrets[1], "DHHC-1:") {
 		t.Errorf("the worker's NVMe controller: %d DH-HMAC-CHAP secrets (want a host and a controller secret, DHHC-1)", len(secrets))
 	}
+}
+
+// The writer StatefulSet, its pod and its claim (from the claim template "data").
+const (
+	writerSetName = "nvme-writer"
+	writerPod     = writerSetName + "-0"
+	writerClaim   = "data-" + writerPod
+)
+
+// writerScript writes 8 MiB and its sha256 on a fresh volume; on a volume that has them it only
+// reads the data back. Either way it prints the mount of /data, the sum of the data now and
+// "done"; then, every half second, it writes one 4 KiB block with O_DIRECT and fsync and prints
+// "tick <start> <end> ok" or "tick <start> <end> err <message>" (the guest's uptime in
+// seconds): how long each write took is the pod's view of the data path (parseTicks).
+const writerScript = `set -e
+grep ' /data ' /proc/mounts
+if [ ! -f /data/blob.sha256 ]; then
+  dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null
+  sha256sum /data/blob > /data/blob.sha256
+  sync
+  echo "written $(cat /data/blob.sha256)"
+fi
+sha256sum /data/blob
+echo done
+set +e
+while :; do
+  s=$(cut -d' ' -f1 /proc/uptime)
+  if dd if=/dev/zero of=/data/tick bs=4k count=1 oflag=direct conv=notrunc,fsync 2>/tmp/e; then r=ok; else r="err $(tr '\n' ' ' </tmp/e)"; fi
+  echo "tick $s $(cut -d' ' -f1 /proc/uptime) $r"
+  sleep 0.5
+done`
+
+// writerSet is a StatefulSet of one busybox pod with a claim of volumeClass at /data, its pod
+// scheduled onto the node named by a nodeSelector on the hostname label.
+func writerSet(nodeName string) *appsv1.StatefulSet {
+	labels := map[string]string{"app": writerSetName}
+	class := volumeClass
+	return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: writerSetName, Namespace: volumeNS},
+		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](1), ServiceName: writerSetName,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{NodeSelector: map[string]string{corev1.LabelHostname: nodeName},
+					Containers: []corev1.Container{{Name: "writer", Image: busyboxImage, ImagePullPolicy: corev1.PullNever,
+						Command:      []string{"sh", "-c", writerScript},
+						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
+					TerminationGracePeriodSeconds: ptr.To[int64](1)}},
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"},
+				Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					StorageClassName: &class,
+					Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}}}}}}}
+}
+
+// waitRunning waits for pod name (in volumeNS) to run; its end or a failure fails t.
+func waitRunning(t *testing.T, cs *kubernetes.Clientset, name string) {
+	t.Helper()
+	poll(t, 8*time.Minute, time.Second, "pod "+name+" Running", func() error {
+		p, err := cs.CoreV1().Pods(volumeNS).Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			logs, _ := cs.CoreV1().Pods(volumeNS).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(t.Context())
+			t.Fatalf("pod %s ended %s: %+v\n%s", name, p.Status.Phase, p.Status.ContainerStatuses, logs)
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			evs, _ := cs.CoreV1().Events(volumeNS).List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+			var last string
+			if evs != nil && len(evs.Items) > 0 {
+				e := evs.Items[len(evs.Items)-1]
+				last = e.Reason + ": " + e.Message
+			}
+			return fmt.Errorf("phase %s; last event %s", p.Status.Phase, last)
+		}
+		return nil
+	})
+}
+
+// writerLog waits for the writer pod's log to reach "done" and returns it.
+func writerLog(t *testing.T, cs *kubernetes.Clientset, name string) string {
+	t.Helper()
+	var logs string
+	poll(t, 2*time.Minute, time.Second, "the log of "+name, func() error {
+		b, err := cs.CoreV1().Pods(volumeNS).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(t.Context())
+		if err != nil {
+			return err
+		}
+		if logs = string(b); !strings.Contains(logs, "\ndone") {
+			return fmt.Errorf("log so far %q", logs)
+		}
+		return nil
+	})
+	return logs
 }

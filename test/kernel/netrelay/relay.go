@@ -16,6 +16,7 @@
 package netrelay
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -72,6 +73,8 @@ type Relay struct {
 	fwd  [2]atomic.Int64
 	drop [2]atomic.Int64
 	lost [2]atomic.Int64
+
+	scan atomic.Pointer[scan] // Scan's pattern and count, nil when nobody scans
 
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -176,12 +179,34 @@ func (r *Relay) forward(dir int, from, to *Side) {
 			r.drop[dir].Add(1)
 			continue
 		}
+		if sc := r.scan.Load(); sc != nil && bytes.Contains(buf[:n], sc.pattern) {
+			sc.hits.Add(1)
+		}
 		f := frame{at: time.Now(), data: append([]byte(nil), buf[:n]...)}
 		select {
 		case q <- f:
 		default:
 			r.drop[dir].Add(1) // queue full: a congested link drops
 		}
+	}
+}
+
+type scan struct {
+	pattern []byte
+	hits    atomic.Int64
+}
+
+// Scan counts, from now on, the frames the relay reads in either direction (before any cut or
+// delay decides their fate) whose bytes contain pattern, as a capture on the wire and a grep
+// would; the returned function stops the scan and returns the count. One scan at a time: a
+// second Scan replaces the first. A pattern shorter than a frame's payload and repeated in
+// what is written is found in clear traffic whatever the segmentation.
+func (r *Relay) Scan(pattern []byte) (stop func() int64) {
+	sc := &scan{pattern: append([]byte(nil), pattern...)}
+	r.scan.Store(sc)
+	return func() int64 {
+		r.scan.CompareAndSwap(sc, nil)
+		return sc.hits.Load()
 	}
 }
 

@@ -114,3 +114,35 @@ func TestNetdevArgs(t *testing.T) {
 		t.Error("Start with a bad MAC succeeded")
 	}
 }
+
+// Scan counts the frames, in either direction, that hold the pattern somewhere in their bytes,
+// and only while it runs.
+func TestRelayScan(t *testing.T) {
+	r, err := Start("52:54:00:00:00:01", "52:54:00:00:00:02")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a, b := bindSide(t, r.A), bindSide(t, r.B)
+	pattern := []byte("PLINTH-PLAINTEXT-0123")
+	stop := r.Scan(pattern)
+	frames := [][]byte{
+		append(append([]byte("header-bytes "), pattern...), " trailer"...), // A→B, holds it
+		[]byte("PLINTH-PLAIN" + "TEXT-012"),                                // B→A, one byte short
+		append([]byte("xx"), pattern...),                                   // B→A, holds it
+	}
+	a.send(t, frames[0])
+	b.recv(t)
+	for _, f := range frames[1:] {
+		b.send(t, f)
+		a.recv(t)
+	}
+	if n := stop(); n != 2 {
+		t.Errorf("Scan counted %d frames, want 2", n)
+	}
+	a.send(t, frames[0]) // after stop: not counted
+	b.recv(t)
+	if n := stop(); n != 2 {
+		t.Errorf("after stop: %d frames, want still 2", n)
+	}
+}
