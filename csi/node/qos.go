@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -131,13 +132,13 @@ func (l *Limits) Round(ctx context.Context) {
 }
 
 // apply writes the limits of volume id into the cgroups of its consumers on this node and
-// reports the outcome. A volume busy with another operation is left to the next round.
+// reports the outcome. It takes no per-volume lock: the RPCs hold that lock and answer ABORTED
+// to a second operation, so a round holding it every interval would make kubelet's stage and
+// publish calls, and in --mode all the controller's, fail at random. The stage record is
+// replaced atomically (csi/stage); a failure while a stage, publish or unpublish changed the
+// record is not reported (the next round acts on the new record), so a consumer leaving is
+// never reported as a limit that cannot be applied.
 func (l *Limits) apply(ctx context.Context, id string) {
-	release, err := l.s.locks.Acquire(id)
-	if err != nil {
-		return
-	}
-	defer release()
 	rec, err := l.s.stages.Load(id)
 	if err != nil {
 		return // unstaged meanwhile
@@ -153,6 +154,9 @@ func (l *Limits) apply(ctx context.Context, id string) {
 		lim = limitsOf(a)
 	}
 	if err := l.enforce(rec, lim); err != nil {
+		if now, lerr := l.s.stages.Load(id); lerr != nil || !reflect.DeepEqual(now, rec) {
+			return
+		}
 		want.Message = err.Error()
 	}
 	if cur := appliedOf(&vs, l.s.nodeName); cur == nil || !equality.Semantic.DeepEqual(*cur, want) {
