@@ -90,6 +90,11 @@ type Options struct {
 	// VolumeHealthInterval is the period of the node plugin's check of its staged volumes
 	// (volumehealth.go; default DefaultVolumeHealthInterval, negative disables).
 	VolumeHealthInterval time.Duration
+	// LimitsInterval is the period of the node plugin's round over the I/O limits of its
+	// staged volumes (node.Limits; default DefaultLimitsInterval, negative disables the limits).
+	LimitsInterval time.Duration
+	// CgroupRoot is the cgroup mount the limits are written under (default /sys/fs/cgroup).
+	CgroupRoot string
 	// Initiator and Mounter override the node's kernel access (tests); nil means the real ones.
 	Initiator *nvme.Initiator
 	Mounter   *mount.Mounter
@@ -168,6 +173,12 @@ func New(opts Options) (*Driver, error) {
 	}
 	if opts.ProbeTimeout == 0 {
 		opts.ProbeTimeout = time.Second
+	}
+	if opts.LimitsInterval == 0 {
+		opts.LimitsInterval = DefaultLimitsInterval
+	}
+	if opts.CgroupRoot == "" {
+		opts.CgroupRoot = "/sys/fs/cgroup"
 	}
 	if opts.VolumeHealthInterval == 0 {
 		opts.VolumeHealthInterval = DefaultVolumeHealthInterval
@@ -268,6 +279,11 @@ func (d *Driver) Run(ctx context.Context) error {
 		}
 		if err := d.followFreezes(ctx); err != nil {
 			return err
+		}
+		if d.opts.LimitsInterval > 0 && d.opts.Config != nil {
+			if err := d.startLimits(ctx); err != nil {
+				return err
+			}
 		}
 		if d.opts.VolumeHealthInterval > 0 {
 			// the volume health monitor, and the key rotation follower on the same period: both

@@ -318,7 +318,9 @@ func shareGuestFiles(t *testing.T, cp *controlplane.ControlPlane, gg *guest.Gues
 	wholeData, _ := yaml.Marshal(p.rawParams["gwhole"])
 	zfsData, _ := yaml.Marshal(p.zfsParams)
 	luksData, _ := yaml.Marshal(p.luksParams)
-	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "luks-params.yaml": luksData, "raw-params.yaml": gptData, "whole-params.yaml": wholeData, "zfs-params.yaml": zfsData}
+	mutData, _ := yaml.Marshal(sanityMutableParams(p.params[policyv1.ParamPlacement]))
+	rawMutData, _ := yaml.Marshal(sanityMutableParams("graw"))
+	files := map[string][]byte{"kubeconfig": kc, "params.yaml": pdata, "mutable-params.yaml": mutData, "raw-mutable-params.yaml": rawMutData, "luks-params.yaml": luksData, "raw-params.yaml": gptData, "whole-params.yaml": wholeData, "zfs-params.yaml": zfsData}
 	for _, f := range binaries {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -358,8 +360,9 @@ func createGuestPolicy(t *testing.T, c client.Client) guestPolicy {
 		NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: 4420, BindCIDR: "127.0.0.0/8"}}})
 	create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: pool + "-nvme"}, Spec: policyv1.PlacementSpec{
 		PoolRef: policyv1.LocalObjectReference{Name: pool}, ProtocolRef: policyv1.LocalObjectReference{Name: pool + "-nvme"},
-		StorageClass: policyv1.StorageClassTemplate{Name: pool + "-nvme", AllowVolumeExpansion: true},
-		Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+		StorageClass:      policyv1.StorageClassTemplate{Name: pool + "-nvme", AllowVolumeExpansion: true},
+		Filesystem:        policyv1.Filesystem{FSType: "ext4"},
+		AttributesClasses: []policyv1.AttributesClassTemplate{sanityTier(pool + "-nvme")},
 	}})
 	// The same pool and protocol, encrypted (LUKS2, a key Secret per volume in Plinth's
 	// namespace): TestInGuestEncryptedNVMeoF.
@@ -384,8 +387,9 @@ func createGuestPolicy(t *testing.T, c client.Client) guestPolicy {
 		create(t, c, &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: policyv1.StoragePoolSpec{Backend: b}})
 		create(t, c, &policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: policyv1.PlacementSpec{
 			PoolRef: policyv1.LocalObjectReference{Name: name}, ProtocolRef: policyv1.LocalObjectReference{Name: "graw-local"},
-			StorageClass: policyv1.StorageClassTemplate{Name: name, AllowVolumeExpansion: true, VolumeBindingMode: "WaitForFirstConsumer"},
-			Filesystem:   policyv1.Filesystem{FSType: "ext4"},
+			StorageClass:      policyv1.StorageClassTemplate{Name: name, AllowVolumeExpansion: true, VolumeBindingMode: "WaitForFirstConsumer"},
+			Filesystem:        policyv1.Filesystem{FSType: "ext4"},
+			AttributesClasses: []policyv1.AttributesClassTemplate{sanityTier(name)},
 		}})
 		st := storev1.StoreName(name, csiGuestNode)
 		rawStores = append(rawStores, st)
@@ -457,8 +461,9 @@ func guestSanity(t *testing.T, gg *guest.Guest, share string) {
 	g := csiGuest{t, gg}
 	start := time.Now()
 	out, code := g.try(40*time.Minute, fmt.Sprintf("mkdir -p /tmp/sanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/params.yaml "+
+		"--csi.testvolumemutableparameters=%s/mutable-params.yaml "+
 		"--csi.mountdir=/tmp/sanity/mount --csi.stagingdir=/tmp/sanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
-		"--ginkgo.no-color --ginkgo.timeout=35m %s 2>&1", guestSocket, share, 64<<20, 128<<20, csisanity.ReportFlag(share+"/sanity-report.json")))
+		"--ginkgo.no-color --ginkgo.timeout=35m %s 2>&1", guestSocket, share, share, 64<<20, 128<<20, csisanity.ReportFlag(share+"/sanity-report.json")))
 	t.Logf("TIMING csi-sanity in the guest %s", time.Since(start).Round(time.Second))
 	m := sanitySummary.FindStringSubmatch(out)
 	if code != 0 || m == nil {
@@ -510,8 +515,9 @@ func guestRawSanity(t *testing.T, gg *guest.Guest, share string) {
 	g := csiGuest{t, gg}
 	start := time.Now()
 	out, code := g.try(40*time.Minute, fmt.Sprintf("mkdir -p /tmp/rsanity && cd /tmp && /tmp/csi-sanity --csi.endpoint=%s --csi.testvolumeparameters=%s/raw-params.yaml "+
+		"--csi.testvolumemutableparameters=%s/raw-mutable-params.yaml "+
 		"--csi.mountdir=/tmp/rsanity/mount --csi.stagingdir=/tmp/rsanity/staging --csi.testvolumesize=%d --csi.testvolumeexpandsize=%d "+
-		"--ginkgo.no-color --ginkgo.timeout=35m --ginkgo.skip='%s' %s 2>&1", guestSocket, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/raw-sanity-report.json")))
+		"--ginkgo.no-color --ginkgo.timeout=35m --ginkgo.skip='%s' %s 2>&1", guestSocket, share, share, 64<<20, 128<<20, rawSanitySkip, csisanity.ReportFlag(share+"/raw-sanity-report.json")))
 	t.Logf("TIMING csi-sanity raw in the guest %s", time.Since(start).Round(time.Second))
 	m := sanitySummary.FindStringSubmatch(out)
 	if code != 0 || m == nil {

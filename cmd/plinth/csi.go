@@ -120,6 +120,8 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 	f.StringVar(&metricsAddr, "metrics-address", "", "serve Prometheus metrics on this address (e.g. :8080); empty disables")
 	f.StringVar(&healthAddr, "health-address", ":9474", "serve the liveness check /healthz on this address (may equal --metrics-address); empty disables")
 	f.DurationVar(&opts.VolumeHealthInterval, "volume-health-interval", csi.DefaultVolumeHealthInterval, "period of the node plugin's check of its staged volumes (device gone, mount dead: event + metric); negative disables")
+	f.DurationVar(&opts.LimitsInterval, "limits-interval", csi.DefaultLimitsInterval, "period of the node plugin's round over the I/O limits of VolumeAttributesClass tiers (also re-applied on every VolumeState change); negative disables")
+	f.StringVar(&opts.CgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup mount the node plugin writes I/O limits under (v2 when it is the unified hierarchy, else v1 blkio)")
 	f.DurationVar(&opts.ProbeTimeout, "probe-timeout", time.Second, "bound of each call /healthz makes (CSI Probe, registration GetInfo)")
 	f.StringVar(&opts.RegistrationDir, "registration-dir", csi.DefaultRegistrationDir, "kubelet's plugin registration folder, where node and all modes register the driver; empty disables")
 	f.StringVar(&opts.KubeletRegistrationPath, "kubelet-registration-path", csi.DefaultKubeletRegistrationPath, "the CSI socket path as kubelet on the host sees it (announced by the registration)")

@@ -46,7 +46,7 @@ func TestDiffOffline(t *testing.T) {
 			Prune int `json:"prune"`
 		} `json:"counts"`
 	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 1 || rep.Mode != "offline" || rep.Counts.Prune != 1 {
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 1 || rep.Mode != "offline" || rep.Counts.Prune != 2 { // the StorageClass and the tier of Placement scratch
 		t.Errorf("-o json: exit %d, %+v, %v\n%s", code, rep, err, out)
 	}
 }

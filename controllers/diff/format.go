@@ -206,7 +206,7 @@ func text(r *Report) string {
 		}
 	}
 	s := r.Storage
-	if len(s.Classes)+len(s.SnapshotClasses)+len(s.StoresAdded)+len(s.StoresRemoved)+len(s.Pools) > 0 {
+	if len(s.Classes)+len(s.SnapshotClasses)+len(s.AttributesClasses)+len(s.StoresAdded)+len(s.StoresRemoved)+len(s.Pools) > 0 {
 		b.WriteString("\nStorage impact:\n")
 	}
 	for _, c := range s.Classes {
@@ -218,6 +218,13 @@ func text(r *Report) string {
 	}
 	for _, sc := range s.SnapshotClasses {
 		head, details := snapshotClassLines(sc)
+		b.WriteString("  " + head + "\n")
+		for _, d := range details {
+			b.WriteString("    " + d + "\n")
+		}
+	}
+	for _, ac := range s.AttributesClasses {
+		head, details := attributesClassLines(ac)
 		b.WriteString("  " + head + "\n")
 		for _, d := range details {
 			b.WriteString("    " + d + "\n")
@@ -323,7 +330,7 @@ func markdown(r *Report) string {
 		}
 	}
 	s := r.Storage
-	if len(s.Classes)+len(s.SnapshotClasses)+len(s.StoresAdded)+len(s.StoresRemoved) > 0 {
+	if len(s.Classes)+len(s.SnapshotClasses)+len(s.AttributesClasses)+len(s.StoresAdded)+len(s.StoresRemoved) > 0 {
 		b.WriteString("\n#### Storage impact\n\n")
 		for _, c := range s.Classes {
 			head, details := classLines(c)
@@ -334,6 +341,13 @@ func markdown(r *Report) string {
 		}
 		for _, sc := range s.SnapshotClasses {
 			head, details := snapshotClassLines(sc)
+			b.WriteString("- " + cell(head) + "\n")
+			for _, d := range details {
+				b.WriteString("  - " + d + "\n")
+			}
+		}
+		for _, ac := range s.AttributesClasses {
+			head, details := attributesClassLines(ac)
 			b.WriteString("- " + cell(head) + "\n")
 			for _, d := range details {
 				b.WriteString("  - " + d + "\n")
@@ -436,4 +450,21 @@ func movePoolRows(m *move.Result) [][]string {
 			fmt.Sprint(p.MovesIn), fmt.Sprint(p.MovesOut), FormatBytes(p.Left)})
 	}
 	return rows
+}
+
+// attributesClassLines is a tier's head line and its details: the outcome, then its claims.
+func attributesClassLines(c AttributesClassImpact) (head string, details []string) {
+	switch c.Action {
+	case ActionChange:
+		head = fmt.Sprintf("VolumeAttributesClass %s changes (%s)", c.Name, strings.Join(c.Fields, ", "))
+	case ActionKeep:
+		head = fmt.Sprintf("VolumeAttributesClass %s leaves the policy, kept in use", c.Name)
+	default:
+		head = fmt.Sprintf("VolumeAttributesClass %s leaves the policy", c.Name)
+	}
+	details = append(details, c.Outcome)
+	for _, cl := range c.Claims {
+		details = append(details, "PVC "+cl)
+	}
+	return head, details
 }

@@ -137,6 +137,10 @@ type cluster struct {
 	claims  map[string][]corev1.PersistentVolumeClaim
 	pvs     map[string][]corev1.PersistentVolume
 	pvByID  map[string]*corev1.PersistentVolume
+	// attrClaims are the claims by each VolumeAttributesClass they name
+	// (policyv1.ClaimAttributesClasses); attrPVs count the PVs by theirs.
+	attrClaims map[string][]corev1.PersistentVolumeClaim
+	attrPVs    map[string]int
 	// snapshots are the VolumeSnapshots by spec.volumeSnapshotClassName.
 	snapshots map[string][]Snapshot
 	// snapshotsOf are the VolumeSnapshotState names by source volume id; attachedTo the nodes
@@ -225,7 +229,8 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 	pol, _ := policy.VetObjects(v, lp, lr, ll)
 	cl := &cluster{nodes: nodes.Items, policy: pol, stores: map[string]*storev1.Store{},
 		volumes: map[string][]storev1.VolumeState{}, claims: map[string][]corev1.PersistentVolumeClaim{},
-		pvs: map[string][]corev1.PersistentVolume{}, pvByID: map[string]*corev1.PersistentVolume{}}
+		pvs: map[string][]corev1.PersistentVolume{}, pvByID: map[string]*corev1.PersistentVolume{},
+		attrClaims: map[string][]corev1.PersistentVolumeClaim{}, attrPVs: map[string]int{}}
 	if cl.snapshots, err = readSnapshots(ctx, c); err != nil {
 		return nil, err
 	}
@@ -246,11 +251,21 @@ func readCluster(ctx context.Context, c client.Client) (*cluster, error) {
 		if p.Spec.StorageClassName != nil && *p.Spec.StorageClassName != "" {
 			cl.claims[*p.Spec.StorageClassName] = append(cl.claims[*p.Spec.StorageClassName], p)
 		}
+		var target string
+		if m := p.Status.ModifyVolumeStatus; m != nil {
+			target = m.TargetVolumeAttributesClassName
+		}
+		for _, vac := range policyv1.ClaimAttributesClasses(p.Spec.VolumeAttributesClassName, p.Status.CurrentVolumeAttributesClassName, target) {
+			cl.attrClaims[vac] = append(cl.attrClaims[vac], p)
+		}
 	}
 	for i := range pvs.Items {
 		p := &pvs.Items[i]
 		if p.Spec.StorageClassName != "" {
 			cl.pvs[p.Spec.StorageClassName] = append(cl.pvs[p.Spec.StorageClassName], *p)
+		}
+		if c := p.Spec.VolumeAttributesClassName; c != nil && *c != "" {
+			cl.attrPVs[*c]++
 		}
 		if p.Spec.CSI != nil && p.Spec.CSI.Driver == policyv1.DriverName {
 			cl.pvByID[p.Spec.CSI.VolumeHandle] = p
@@ -268,6 +283,11 @@ func (cl *cluster) ClassUsage(_ context.Context, name string) (plan.Usage, error
 		}
 	}
 	return u, nil
+}
+
+// AttributesClassUsage implements plan.Counter from the lists read once.
+func (cl *cluster) AttributesClassUsage(_ context.Context, name string) (plan.Usage, error) {
+	return plan.Usage{PVCs: len(cl.attrClaims[name]), PVs: cl.attrPVs[name], Known: true}, nil
 }
 
 // StoreUsage implements plan.Counter from the lists read once.
@@ -315,6 +335,9 @@ func (b *builder) object(o *plan.Object) {
 	switch o.Action {
 	case plan.Rejected:
 		b.rejected(o)
+		if u.GetKind() == render.AttributesClassKind {
+			b.attributesClass(u, ActionChange, nil)
+		}
 		return
 	case plan.Create:
 		oc.Action = ActionCreate
@@ -325,6 +348,9 @@ func (b *builder) object(o *plan.Object) {
 		oc.Action, oc.Fields = ActionChange, o.Fields
 		if u.GetKind() == policyv1.SnapshotClassKind {
 			b.snapshotClass(u, ActionChange, o.Fields)
+		}
+		if u.GetKind() == render.AttributesClassKind {
+			b.attributesClass(u, ActionChange, o.Fields)
 		}
 	case plan.Drift:
 		oc.Action, oc.Fields, oc.Reason = ActionDrift, o.Fields, "edited outside Plinth"
@@ -467,8 +493,21 @@ func (b *builder) stale(pr *plan.Prune) {
 	case plan.PruneKeepOptedOut:
 		oc.Action, oc.Reason = ActionKeep, "pruning disabled on the object: dropped from Plinth's inventory, never deleted"
 	case plan.PruneKeepInUse:
+		if live.GetKind() == render.AttributesClassKind {
+			oc.Action, oc.Reason = ActionKeep, fmt.Sprintf("named by %d PVCs and %d PVs: kept", pr.Usage.PVCs, pr.Usage.PVs)
+			oc.Ongoing = b.attributesClass(live, ActionKeep, nil)
+			if oc.Ongoing {
+				oc.Reason += " already"
+			}
+			return
+		}
 		b.keptInUse(live, &oc, ci, pr.Usage.PVCs)
 	case plan.PruneDeleteInUse:
+		if live.GetKind() == render.AttributesClassKind {
+			oc.Reason = fmt.Sprintf("named by %d PVCs; deleted by the %s=%s override", pr.Usage.PVCs, plan.AnnotationPrune, plan.PruneValueForce)
+			b.attributesClass(live, ActionPrune, nil)
+			return
+		}
 		ci.Outcome = fmt.Sprintf("deleted although %d PVCs use it (%s=%s on the live class): existing PVs keep working, expansion of its PVCs will fail and its %d Pending PVCs will not be provisioned",
 			pr.Usage.PVCs, plan.AnnotationPrune, plan.PruneValueForce, pr.Usage.Pending)
 		oc.Reason = fmt.Sprintf("in use by %d PVCs; deleted by the %s=%s override", pr.Usage.PVCs, plan.AnnotationPrune, plan.PruneValueForce)
@@ -491,6 +530,40 @@ func (b *builder) stale(pr *plan.Prune) {
 			b.snapshotClass(live, ActionPrune, nil)
 		}
 	}
+}
+
+// attributesClass records a tier (VolumeAttributesClass) that changes, is pruned or kept in
+// use, with the claims that name it; a tier that leaves the policy while claims name it is a
+// violation on its Placement, unless the tier had left before this change (keptAlready).
+func (b *builder) attributesClass(u *unstructured.Unstructured, action string, fields []string) (keptAlready bool) {
+	ai := AttributesClassImpact{Name: u.GetName(), Placement: u.GetLabels()[policyv1.LabelPlacement], Action: action, Fields: fields}
+	if b.cl != nil {
+		for _, c := range b.cl.attrClaims[ai.Name] {
+			ai.Claims = append(ai.Claims, c.Namespace+"/"+c.Name)
+		}
+		sort.Strings(ai.Claims)
+	}
+	n := fmt.Sprintf("%d PVCs name it", len(ai.Claims))
+	if b.cl == nil {
+		n = "its claims are not known offline"
+	}
+	switch action {
+	case ActionChange:
+		ai.Outcome = n + ": a VolumeAttributesClass's parameters are immutable, so the class keeps its limits and so do its claims; declare a tier of another name and move the claims to it"
+	case ActionKeep:
+		ai.Outcome = n + ": the class is kept, but no Placement declares the tier any more; move them to a declared tier"
+		if bp := b.before.places[ai.Placement]; b.cl != nil && (bp == nil || bp.Spec.AttributesClass(ai.Name) == nil) {
+			keptAlready = true // the tier left before this change
+			break
+		}
+		b.violation(RuleAttributesClassInUse, "Placement", ai.Placement, "spec.attributesClasses", fmt.Sprintf(
+			"VolumeAttributesClass %s leaves the policy while %d PVCs name it (%s): they would be left on a tier no Placement declares",
+			ai.Name, len(ai.Claims), strings.Join(first(ai.Claims, 3), ", ")))
+	default:
+		ai.Outcome = n + ": deleted; they keep the limits in force until their next modification, which names a class that is gone"
+	}
+	b.rep.Storage.AttributesClasses = append(b.rep.Storage.AttributesClasses, ai)
+	return keptAlready
 }
 
 // snapshotClass records a VolumeSnapshotClass that changes or is pruned, with the

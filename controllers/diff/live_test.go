@@ -93,6 +93,15 @@ func TestLive(t *testing.T) {
 	volume(t, c, "cache-0", "plinth-scratch", "scratch", "local", "fast.node-a", 20*gi, false)
 	volume(t, c, "db-1", "plinth-fast", "fast", "local", "fast.node-b", 40*gi, false)
 	volume(t, c, "shared-0", "plinth-shared", "shared", "nvme", "thin.node-c", 150*gi, true)
+	// cache-0 on the scratch Placement's tier, as csi-resizer leaves a claim it moved there.
+	eventually(t, "VolumeAttributesClass scratch-gold", func() error {
+		return c.Get(ctx, types.NamespacedName{Name: "scratch-gold"}, &storagev1.VolumeAttributesClass{})
+	})
+	var cache0 corev1.PersistentVolumeClaim
+	must(t, c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "cache-0"}, &cache0))
+	gold := "scratch-gold"
+	cache0.Spec.VolumeAttributesClassName = &gold
+	must(t, c.Update(ctx, &cache0))
 
 	// db-0's pod runs on node-a (standing in for csi-attacher: the attached VolumeAttachment),
 	// and shared-0 has a snapshot (standing in for the CSI controller).
@@ -176,8 +185,15 @@ func TestLive(t *testing.T) {
 				}
 			}}},
 		{"removed", want{exit: diff.ExitViolations,
-			objects:    []string{"keep StorageClass/plinth-scratch"},
-			violations: []string{"PrunedClassInUse Placement/scratch  testdata/live/removed:0"}}},
+			objects: []string{"keep StorageClass/plinth-scratch", "keep VolumeAttributesClass/scratch-gold"},
+			violations: []string{"PrunedClassInUse Placement/scratch  testdata/live/removed:0",
+				"AttributesClassInUse Placement/scratch spec.attributesClasses testdata/live/removed:0"},
+			check: func(t *testing.T, r *diff.Report) {
+				a := r.Storage.AttributesClasses
+				if len(a) != 1 || a[0].Name != "scratch-gold" || a[0].Action != diff.ActionKeep || len(a[0].Claims) != 1 || a[0].Claims[0] != "default/cache-0" {
+					t.Errorf("attributes classes %+v, want scratch-gold kept for default/cache-0", a)
+				}
+			}}},
 		{"protocol", want{exit: diff.ExitViolations,
 			objects:    []string{"change Agent/node-c"},
 			violations: []string{"ProtocolChangeWithExports Protocol/nvme spec.nvmeofTcp.port testdata/live/protocol/protocols.yaml:14"}}},
@@ -211,7 +227,7 @@ func TestLive(t *testing.T) {
 			violations: []string{"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12",
 				"DryRunRejected StoragePool/fast spec.backend.lvm.volumeGroup testdata/live/base/pools.yaml:12"}}},
 		{"overrides", want{exit: diff.ExitViolations,
-			violations: []string{"OverrideRefused Placement/shared spec.overrides.allowed testdata/live/overrides/placements.yaml:38"},
+			violations: []string{"OverrideRefused Placement/shared spec.overrides.allowed testdata/live/overrides/placements.yaml:41"},
 			check: func(t *testing.T, r *diff.Report) {
 				if m := r.Violations[0].Message; !strings.Contains(m, "1 Pending PVCs (default/pending-0)") || !strings.Contains(m, "plinth.dev/mount-options") {
 					t.Errorf("message %q does not name the PVC and its annotation", m)
@@ -319,6 +335,13 @@ func TestLive(t *testing.T) {
 					sc.Annotations = map[string]string{policy.AnnotationPrune: policy.PruneValueForce}
 				} else {
 					delete(sc.Annotations, policy.AnnotationPrune)
+				}
+			})
+			update(t, c, &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "scratch-gold"}}, func(vac *storagev1.VolumeAttributesClass) {
+				if on {
+					vac.Annotations = map[string]string{policy.AnnotationPrune: policy.PruneValueForce}
+				} else {
+					delete(vac.Annotations, policy.AnnotationPrune)
 				}
 			})
 		}

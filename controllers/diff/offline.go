@@ -113,4 +113,8 @@ func (o oldRender) DryRun(_ context.Context, objs []*unstructured.Unstructured) 
 
 func (oldRender) ClassUsage(context.Context, string) (plan.Usage, error) { return plan.Usage{}, nil }
 
+func (oldRender) AttributesClassUsage(context.Context, string) (plan.Usage, error) {
+	return plan.Usage{}, nil
+}
+
 func (oldRender) StoreUsage(context.Context, string) (plan.Usage, error) { return plan.Usage{}, nil }

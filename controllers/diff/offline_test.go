@@ -48,7 +48,7 @@ func TestOffline(t *testing.T) {
 					t.Errorf("replacement fields %v, reason %q", o.Fields, o.Reason)
 				}
 			}},
-		{tree: "removed", exit: diff.ExitChanges, objects: []string{"prune StorageClass/plinth-scratch"},
+		{tree: "removed", exit: diff.ExitChanges, objects: []string{"prune StorageClass/plinth-scratch", "prune VolumeAttributesClass/scratch-gold"},
 			check: func(t *testing.T, r *diff.Report) {
 				if len(r.Policy) != 1 || r.Policy[0].Action != "delete" || r.Policy[0].File != "testdata/live/base/placements.yaml" || r.Policy[0].Line == 0 {
 					t.Errorf("a deleted policy object is located in the old tree: %+v", r.Policy)

@@ -68,6 +68,11 @@ const (
 	// (plinth.dev/mkfs-options, ...) that the proposed Placement refuses, so its provisioning
 	// would fail. Bound PVCs keep the overrides frozen into their volumes and are not listed.
 	RuleOverrideRefused = "OverrideRefused"
+	// RuleAttributesClassInUse: a Placement's tier (VolumeAttributesClass) leaves the policy
+	// while PVCs or PVs name it. The controller keeps the class, but the claims are left on a
+	// tier no Placement declares: a modification to it is refused, and it must not read as
+	// "no limits".
+	RuleAttributesClassInUse = "AttributesClassInUse"
 	// RuleAuthUnsupported: a Protocol asks for DH-HMAC-CHAP and a storage node of a pool it
 	// serves reports (Agent status.capabilities.nvmeAuth) no NVMe target authentication in its
 	// kernel: that node would export none of the class's volumes (Agent Stalled,
@@ -168,6 +173,26 @@ type StorageImpact struct {
 	// no volume is to move. Blocked moves are violations too. Not carried out yet: see
 	// docs/design.md#data-mobility.
 	Moves *move.Result `json:"moves,omitempty"`
+	// AttributesClasses are the tiers (VolumeAttributesClasses) the change alters or removes,
+	// with the claims whose attributes that touches (live mode).
+	AttributesClasses []AttributesClassImpact `json:"attributesClasses,omitempty"`
+}
+
+// AttributesClassImpact is one VolumeAttributesClass the change affects, with the claims that
+// name it (spec.volumeAttributesClassName, status.currentVolumeAttributesClassName or the
+// target of a modification under way).
+type AttributesClassImpact struct {
+	Name      string `json:"name"`
+	Placement string `json:"placement,omitempty"`
+	// Action is ActionChange (its limits change), ActionPrune or ActionKeep (left the policy,
+	// kept because claims name it).
+	Action string `json:"action"`
+	// Fields are the dotted paths that change (ActionChange).
+	Fields []string `json:"fields,omitempty"`
+	// Claims are "<namespace>/<name>" of the PVCs that name the class, sorted.
+	Claims []string `json:"claims,omitempty"`
+	// Outcome says in words what happens to those claims.
+	Outcome string `json:"outcome"`
 }
 
 // SnapshotClassImpact is one VolumeSnapshotClass the change affects. Neither a change nor a

@@ -16,10 +16,11 @@ import (
 	"github.com/plinth-storage/plinth/controllers/drift"
 )
 
-// Counter counts what uses a StorageClass or a Store: the controller from its informer
+// Counter counts what uses a StorageClass, a VolumeAttributesClass or a Store: the controller from its informer
 // cache's field indexes, `plinth diff` from lists it read once.
 type Counter interface {
 	ClassUsage(ctx context.Context, name string) (Usage, error)
+	AttributesClassUsage(ctx context.Context, name string) (Usage, error)
 	StoreUsage(ctx context.Context, name string) (Usage, error)
 }
 

@@ -3,6 +3,7 @@ package plan
 import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/plinth-storage/plinth/controllers/render"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 )
 
@@ -92,7 +93,9 @@ func PruneOptedOut(live *unstructured.Unstructured) bool {
 }
 
 // DecidePrune decides for live, a stale inventory object as read from the API server. classUsers
-// is the number of PVCs plus PVs whose storageClassName names a StorageClass — a PV outlives
+// is the number of PVCs plus PVs that name a VolumeAttributesClass (a claim left without its
+// tier is never silently unlimited: the class stays until no claim names it), or whose
+// storageClassName names a StorageClass — a PV outlives
 // its claim (reclaim policy Retain, or a claim deleted first) and still needs its class to
 // expand or be re-bound —, volumes the number of VolumeStates on a Store (both ignored for
 // other kinds); keptNodes holds the nodes whose Stores were kept draining, so Stores must be
@@ -103,7 +106,7 @@ func DecidePrune(live *unstructured.Unstructured, classUsers, volumes int, keptN
 		return PruneKeepOptedOut
 	}
 	switch live.GetKind() {
-	case "StorageClass":
+	case "StorageClass", render.AttributesClassKind:
 		if classUsers > 0 {
 			if live.GetAnnotations()[AnnotationPrune] == PruneValueForce {
 				return PruneDeleteInUse

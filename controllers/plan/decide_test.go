@@ -79,6 +79,9 @@ func TestDecidePrune(t *testing.T) {
 		{"class in use, forced", obj("StorageClass", "a", force, nil, nil), 2, 0, nil, PruneDeleteInUse},
 		// PVs only (claims deleted, volumes Retained): still in use
 		{"class used by PVs only", obj("StorageClass", "a", nil, nil, nil), 1, 0, nil, PruneKeepInUse},
+		// a claim that asks for, holds or is moving to a tier keeps its VolumeAttributesClass
+		{"attributes class named by a claim", obj("VolumeAttributesClass", "gold", nil, nil, nil), 1, 0, nil, PruneKeepInUse},
+		{"unused attributes class", obj("VolumeAttributesClass", "gold", nil, nil, nil), 0, 0, nil, PruneDelete},
 		{"unused class, forced", obj("StorageClass", "a", force, nil, nil), 0, 0, nil, PruneDelete},
 		{"opted out by annotation", obj("StorageClass", "a", map[string]string{AnnotationPrune: PruneValueDisabled}, nil, nil), 2, 0, nil, PruneKeepOptedOut},
 		{"opted out by Flux's label", obj("Store", "p.n", nil, map[string]string{"kustomize.toolkit.fluxcd.io/prune": "disabled"}, nil), 0, 3, nil, PruneKeepOptedOut},

@@ -70,6 +70,9 @@ type Source interface {
 	DryRun(ctx context.Context, objs []*unstructured.Unstructured) ([]DryRun, error)
 	// ClassUsage counts the PVCs and PVs of StorageClass name.
 	ClassUsage(ctx context.Context, name string) (Usage, error)
+	// AttributesClassUsage counts the PVCs and PVs that name VolumeAttributesClass name
+	// (policyv1.ClaimAttributesClasses).
+	AttributesClassUsage(ctx context.Context, name string) (Usage, error)
 	// StoreUsage counts the VolumeStates on Store name.
 	StoreUsage(ctx context.Context, name string) (Usage, error)
 }
@@ -426,7 +429,7 @@ func decide(o *Object, r DryRun, sameDigest bool, in Input) {
 }
 
 // CorrectDrift says whether drift of u is corrected: a StorageClass (and a VolumeSnapshotClass
-// and VolumeGroupSnapshotClass)
+// a VolumeGroupSnapshotClass and a VolumeAttributesClass)
 // follows the driftPolicy of its Placement's pool, a Store its own (the pool's), and Agents are
 // always corrected.
 func CorrectDrift(u *unstructured.Unstructured, places map[string]*policyv1.Placement, pools map[string]*policyv1.StoragePool) bool {
@@ -436,7 +439,7 @@ func CorrectDrift(u *unstructured.Unstructured, places map[string]*policyv1.Plac
 	case "Store":
 		dp, _, _ := unstructured.NestedString(u.Object, "spec", "driftPolicy")
 		return dp == string(policyv1.DriftPolicyCorrect)
-	case "StorageClass", policyv1.SnapshotClassKind, policyv1.GroupSnapshotClassKind:
+	case "StorageClass", policyv1.SnapshotClassKind, policyv1.GroupSnapshotClassKind, render.AttributesClassKind:
 		pl := places[u.GetLabels()[policyv1.LabelPlacement]]
 		if pl == nil {
 			return false
@@ -464,6 +467,8 @@ func (p *Plan) prune(ctx context.Context, in Input, src Source) error {
 		switch e.Kind {
 		case "StorageClass":
 			pr.Usage, err = src.ClassUsage(ctx, e.Name)
+		case render.AttributesClassKind:
+			pr.Usage, err = src.AttributesClassUsage(ctx, e.Name)
 		case "Store":
 			pr.Usage, err = src.StoreUsage(ctx, e.Name)
 		}

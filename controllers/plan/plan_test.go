@@ -27,6 +27,7 @@ type fakeSource struct {
 	dryRun  map[string]DryRun
 	cached  map[string]CacheState
 	classes map[string]Usage
+	attrs   map[string]Usage
 	stores  map[string]Usage
 	dryRuns []string
 }
@@ -53,6 +54,13 @@ func (f *fakeSource) DryRun(_ context.Context, objs []*unstructured.Unstructured
 		}
 	}
 	return out, nil
+}
+
+func (f *fakeSource) AttributesClassUsage(_ context.Context, name string) (Usage, error) {
+	if u, ok := f.attrs[name]; ok {
+		return u, nil
+	}
+	return Usage{Known: true}, nil
 }
 
 func (f *fakeSource) ClassUsage(_ context.Context, name string) (Usage, error) {

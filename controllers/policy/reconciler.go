@@ -35,6 +35,10 @@ const (
 	indexPVCClass   = "spec.storageClassName"
 	indexPVClass    = "spec.storageClassName"
 	indexVolumeStor = "spec.storeName"
+	// indexPVCAttrClass and indexPVAttrClass hold every VolumeAttributesClass a claim or PV
+	// names (policyv1.ClaimAttributesClasses).
+	indexPVCAttrClass = "plinth.dev/volumeAttributesClassNames"
+	indexPVAttrClass  = "spec.volumeAttributesClassName"
 )
 
 // Reconciler reconciles the policy set. Build it with New.

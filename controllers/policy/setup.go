@@ -21,7 +21,7 @@ import (
 )
 
 // IndexFields registers the cache indexes the reconciler lists by: PVCs and PVs by
-// storageClassName, VolumeStates by storeName.
+// storageClassName and by the VolumeAttributesClasses they name, VolumeStates by storeName.
 func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 	fi := mgr.GetFieldIndexer()
 	if err := fi.IndexField(ctx, &corev1.PersistentVolumeClaim{}, indexPVCClass, func(o client.Object) []string {
@@ -35,6 +35,19 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 	if err := fi.IndexField(ctx, &corev1.PersistentVolume{}, indexPVClass, func(o client.Object) []string {
 		if c := o.(*corev1.PersistentVolume).Spec.StorageClassName; c != "" {
 			return []string{c}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := fi.IndexField(ctx, &corev1.PersistentVolumeClaim{}, indexPVCAttrClass, func(o client.Object) []string {
+		return claimAttributesClasses(o.(*corev1.PersistentVolumeClaim))
+	}); err != nil {
+		return err
+	}
+	if err := fi.IndexField(ctx, &corev1.PersistentVolume{}, indexPVAttrClass, func(o client.Object) []string {
+		if c := o.(*corev1.PersistentVolume).Spec.VolumeAttributesClassName; c != nil && *c != "" {
+			return []string{*c}
 		}
 		return nil
 	}); err != nil {
@@ -59,6 +72,7 @@ func IndexFields(ctx context.Context, mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups=groupsnapshot.storage.k8s.io,resources=volumegroupsnapshotclasses,verbs=get;list;watch;create;patch;update;delete
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattributesclasses,verbs=get;list;watch;create;patch;update;delete
 // +kubebuilder:rbac:groups="",resources=nodes;persistentvolumeclaims;persistentvolumes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=plinth-system,resources=configmaps,verbs=get;create;patch;update
 // +kubebuilder:rbac:groups="",namespace=plinth-system,resources=secrets,verbs=get;list;watch;create;update;delete
@@ -94,6 +108,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		Watches(&policyv1.Placement{}, one, policyChanged).
 		Watches(&corev1.Node{}, one, builder.WithPredicates(predicate.Or(predicate.LabelChangedPredicate{}, createDeleteOnly()))).
 		Watches(&storagev1.StorageClass{}, one, owned).
+		Watches(&storagev1.VolumeAttributesClass{}, one, owned).
 		Watches(&storev1.Agent{}, one, builder.WithPredicates(managedByPlinth{}, predicate.GenerationChangedPredicate{})).
 		Watches(&storev1.Store{}, one, owned).
 		Watches(&corev1.PersistentVolumeClaim{}, one, createDelete).
@@ -140,4 +155,14 @@ func (finalizersChanged) Update(e event.UpdateEvent) bool {
 		}
 	}
 	return false
+}
+
+// claimAttributesClasses are the VolumeAttributesClasses claim c names
+// (policyv1.ClaimAttributesClasses).
+func claimAttributesClasses(c *corev1.PersistentVolumeClaim) []string {
+	var target string
+	if m := c.Status.ModifyVolumeStatus; m != nil {
+		target = m.TargetVolumeAttributesClassName
+	}
+	return policyv1.ClaimAttributesClasses(c.Spec.VolumeAttributesClassName, c.Status.CurrentVolumeAttributesClassName, target)
 }

@@ -128,6 +128,8 @@ func (r *Reconciler) render(_ context.Context, s *scope) (bool, error) {
 			ref.APIVersion = policyv1.SnapshotClassAPIVersion
 		case policyv1.GroupSnapshotClassKind:
 			ref.APIVersion = policyv1.GroupSnapshotClassAPIVersion
+		case render.AttributesClassKind:
+			ref.APIVersion = "storage.k8s.io/v1"
 		}
 		s.each(srcs, func(p *policyObject) { p.out.produced = append(p.out.produced, ref) })
 	}
@@ -467,6 +469,20 @@ func (ic indexedCounter) ClassUsage(ctx context.Context, name string) (plan.Usag
 		}
 	}
 	return u, nil
+}
+
+// AttributesClassUsage implements plan.Counter: the PVCs that name VolumeAttributesClass
+// name (asked for, in force or the target of a modification) and the PVs that name it.
+func (ic indexedCounter) AttributesClassUsage(ctx context.Context, name string) (plan.Usage, error) {
+	var claims corev1.PersistentVolumeClaimList
+	if err := ic.c.List(ctx, &claims, client.MatchingFields{indexPVCAttrClass: name}); err != nil {
+		return plan.Usage{}, fmt.Errorf("list PVCs of VolumeAttributesClass %s: %w", name, err)
+	}
+	var vols corev1.PersistentVolumeList
+	if err := ic.c.List(ctx, &vols, client.MatchingFields{indexPVAttrClass: name}); err != nil {
+		return plan.Usage{}, fmt.Errorf("list PVs of VolumeAttributesClass %s: %w", name, err)
+	}
+	return plan.Usage{PVCs: len(claims.Items), PVs: len(vols.Items), Known: true}, nil
 }
 
 // StoreUsage implements plan.Counter.

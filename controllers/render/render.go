@@ -43,8 +43,11 @@ type Output struct {
 	// VolumeGroupSnapshotClasses are the group classes of the Placements whose
 	// spec.snapshotClass asks for one (group), groupsnapshot.storage.k8s.io/v1, sorted by name.
 	VolumeGroupSnapshotClasses []unstructured.Unstructured
-	Agents                     []storev1.Agent
-	Stores                     []storev1.Store
+	// VolumeAttributesClasses are the tiers of the Placements (spec.attributesClasses,
+	// attributesclass.go).
+	VolumeAttributesClasses []storagev1.VolumeAttributesClass
+	Agents                  []storev1.Agent
+	Stores                  []storev1.Store
 	// Sources maps "<Kind>/<name>" of each produced object to the policy objects that produced
 	// it, as "<Kind>/<name>" strings, sorted.
 	Sources map[string][]string
@@ -111,6 +114,10 @@ func Render(in Input) (*Output, error) {
 				out.Sources[policyv1.GroupSnapshotClassKind+"/"+gc.GetName()] = []string{"Placement/" + pl.Name}
 			}
 		}
+		for _, vac := range attributesClasses(pl) {
+			out.VolumeAttributesClasses = append(out.VolumeAttributesClasses, vac)
+			out.Sources[AttributesClassKind+"/"+vac.Name] = []string{"Placement/" + pl.Name}
+		}
 	}
 
 	// Stores and Agents.
@@ -160,6 +167,9 @@ func Render(in Input) (*Output, error) {
 	})
 	sort.Slice(out.VolumeSnapshotClasses, func(i, j int) bool {
 		return out.VolumeSnapshotClasses[i].GetName() < out.VolumeSnapshotClasses[j].GetName()
+	})
+	sort.Slice(out.VolumeAttributesClasses, func(i, j int) bool {
+		return out.VolumeAttributesClasses[i].Name < out.VolumeAttributesClasses[j].Name
 	})
 	sort.Slice(out.Stores, func(i, j int) bool { return out.Stores[i].Name < out.Stores[j].Name })
 	if len(errs) > 0 {

@@ -65,6 +65,7 @@ type keptPlacement struct {
 	sc   storagev1.StorageClass
 	vsc  *unstructured.Unstructured
 	vgsc *unstructured.Unstructured
+	vacs []storagev1.VolumeAttributesClass
 	pass uint64
 }
 
@@ -92,7 +93,7 @@ func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, erro
 	if r.conv == nil {
 		r.conv = map[string]map[string]*unstructured.Unstructured{}
 	}
-	objs := make([]*unstructured.Unstructured, 0, len(out.StorageClasses)+len(out.VolumeSnapshotClasses)+len(out.Agents)+len(out.Stores))
+	objs := make([]*unstructured.Unstructured, 0, len(out.StorageClasses)+len(out.VolumeSnapshotClasses)+len(out.VolumeAttributesClasses)+len(out.Agents)+len(out.Stores))
 	var err error
 	add := func(kind, name string, obj runtime.Object) {
 		if err != nil {
@@ -120,6 +121,9 @@ func (r *Renderer) Unstructured(out *Output) ([]*unstructured.Unstructured, erro
 	}
 	for i := range out.VolumeGroupSnapshotClasses {
 		add(policyv1.GroupSnapshotClassKind, out.VolumeGroupSnapshotClasses[i].GetName(), &out.VolumeGroupSnapshotClasses[i])
+	}
+	for i := range out.VolumeAttributesClasses {
+		add(AttributesClassKind, out.VolumeAttributesClasses[i].Name, &out.VolumeAttributesClasses[i])
 	}
 	for i := range out.Agents {
 		add("Agent", out.Agents[i].Name, &out.Agents[i])
@@ -248,9 +252,10 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	}
 
 	// Placements: StorageClasses and VolumeSnapshotClasses.
-	var dropClasses, dropSnapClasses, dropGroupClasses []string
+	var dropClasses, dropSnapClasses, dropGroupClasses, dropAttrClasses []string
 	var addClasses []storagev1.StorageClass
 	var addSnapClasses, addGroupClasses []unstructured.Unstructured
+	var addAttrClasses []storagev1.VolumeAttributesClass
 	gone := func(kp *keptPlacement) {
 		dropClasses = append(dropClasses, kp.sc.Name)
 		if kp.vsc != nil {
@@ -258,6 +263,9 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 		}
 		if kp.vgsc != nil {
 			dropGroupClasses = append(dropGroupClasses, kp.vgsc.GetName())
+		}
+		for i := range kp.vacs {
+			dropAttrClasses = append(dropAttrClasses, kp.vacs[i].Name)
 		}
 	}
 	for i := range in.Placements {
@@ -286,6 +294,8 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 				addGroupClasses = append(addGroupClasses, gc)
 			}
 		}
+		kp.vacs = attributesClasses(pl)
+		addAttrClasses = append(addAttrClasses, kp.vacs...)
 		r.places[pl.Name] = kp
 	}
 	for name, kp := range r.places {
@@ -306,6 +316,9 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	for _, n := range dropGroupClasses {
 		delete(src, policyv1.GroupSnapshotClassKind+"/"+n)
 	}
+	for _, n := range dropAttrClasses {
+		delete(src, AttributesClassKind+"/"+n)
+	}
 	for _, n := range dropStores {
 		delete(src, "Store/"+n)
 	}
@@ -318,6 +331,7 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	r.forget("StorageClass", dropClasses...)
 	r.forget(policyv1.SnapshotClassKind, dropSnapClasses...)
 	r.forget(policyv1.GroupSnapshotClassKind, dropGroupClasses...)
+	r.forget(AttributesClassKind, dropAttrClasses...)
 	r.forget("Store", dropStores...)
 	r.forget("Agent", dropAgents...)
 	for i := range addClasses {
@@ -332,6 +346,9 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	for i := range addGroupClasses {
 		gc := &addGroupClasses[i]
 		src[policyv1.GroupSnapshotClassKind+"/"+gc.GetName()] = []string{"Placement/" + gc.GetLabels()[policyv1.LabelPlacement]}
+	}
+	for i := range addAttrClasses {
+		src[AttributesClassKind+"/"+addAttrClasses[i].Name] = []string{"Placement/" + addAttrClasses[i].Labels[policyv1.LabelPlacement]}
 	}
 	for i := range addStores {
 		src["Store/"+addStores[i].Name] = []string{"StoragePool/" + addStores[i].Spec.Pool}
@@ -349,6 +366,7 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 		return nil, false
 	}
 	r.out.VolumeGroupSnapshotClasses, ok = patchSorted(r.out.VolumeGroupSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() }, dropGroupClasses, addGroupClasses)
+	r.out.VolumeAttributesClasses, ok = patchSorted(r.out.VolumeAttributesClasses, func(v *storagev1.VolumeAttributesClass) string { return v.Name }, dropAttrClasses, addAttrClasses)
 	if !ok {
 		return nil, false
 	}

@@ -309,6 +309,9 @@ type noUsage struct{}
 func (noUsage) ClassUsage(context.Context, string) (plan.Usage, error) {
 	return plan.Usage{Known: true}, nil
 }
+func (noUsage) AttributesClassUsage(context.Context, string) (plan.Usage, error) {
+	return plan.Usage{Known: true}, nil
+}
 func (noUsage) StoreUsage(context.Context, string) (plan.Usage, error) {
 	return plan.Usage{Known: true}, nil
 }

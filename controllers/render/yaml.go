@@ -10,9 +10,9 @@ import (
 )
 
 // Objects returns every rendered object in apply order: StorageClasses, VolumeSnapshotClasses,
-// Agents, Stores, each sorted by name.
+// VolumeAttributesClasses, Agents, Stores, each sorted by name.
 func (o *Output) Objects() []runtime.Object {
-	objs := make([]runtime.Object, 0, len(o.StorageClasses)+len(o.VolumeSnapshotClasses)+len(o.Agents)+len(o.Stores))
+	objs := make([]runtime.Object, 0, len(o.StorageClasses)+len(o.VolumeSnapshotClasses)+len(o.VolumeAttributesClasses)+len(o.Agents)+len(o.Stores))
 	for i := range o.StorageClasses {
 		objs = append(objs, &o.StorageClasses[i])
 	}
@@ -21,6 +21,9 @@ func (o *Output) Objects() []runtime.Object {
 	}
 	for i := range o.VolumeGroupSnapshotClasses {
 		objs = append(objs, &o.VolumeGroupSnapshotClasses[i])
+	}
+	for i := range o.VolumeAttributesClasses {
+		objs = append(objs, &o.VolumeAttributesClasses[i])
 	}
 	for i := range o.Agents {
 		objs = append(objs, &o.Agents[i])

@@ -4,7 +4,8 @@
 // has filled in their status. One file per concern: create.go (CreateVolume, store choice),
 // spread.go (spreadAcross of NVMe-oF volumes),
 // source.go (restores and clones), delete.go, publish.go, expand.go, list.go (validate, list,
-// capacity), snapshot.go, overrides.go (PVC overrides), sizes.go (capacity rounding).
+// capacity), snapshot.go, overrides.go (PVC overrides), sizes.go (capacity rounding), modify.go
+// (ControllerModifyVolume: VolumeAttributesClass tiers).
 package controller
 
 import (
@@ -90,6 +91,7 @@ func (s *Service) ControllerGetCapabilities(context.Context, *csipb.ControllerGe
 		csipb.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csipb.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 		csipb.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 		// snapshot.go
 		csipb.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,

@@ -124,6 +124,10 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 		return nil, nil, err
 	}
 	ov.Apply(&fs, &strategy)
+	attrs, err := s.createAttributes(ctx, req.GetMutableParameters(), placementName) // modify.go
+	if err != nil {
+		return nil, nil, err
+	}
 	// Local volumes are spread by plinth-scheduler (the pod's node is the volume's); a restore
 	// or clone stays on its source's store.
 	var sp *spread
@@ -180,6 +184,7 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 			},
 		},
 	}
+	vs.Spec.Attributes = attrs
 	if ov != nil {
 		vs.Spec.Policy.Overrides = ov.Annotations
 	}

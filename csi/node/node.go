@@ -2,7 +2,8 @@
 // or uses local devices, formats blank devices, mounts, and keeps atomic stage records so
 // unstage works after restarts (package csi/stage). stage.go (stage, unstage), publish.go,
 // stats.go (stats, expand), health.go (volume health and its monitor), auth.go (DH-HMAC-CHAP
-// keys), rotate.go (key rotation); node.go registers the node's host NQN.
+// keys), rotate.go (key rotation), qos.go (I/O limits of VolumeAttributesClass tiers); node.go
+// registers the node's host NQN.
 package node
 
 import (
@@ -74,6 +75,7 @@ type Service struct {
 	locks       *volume.Locks
 	log         logr.Logger
 	freeze      freezer // the group snapshots' consumer freezes (freeze.go)
+	limits      *Limits // qos.go; nil until NewLimits
 }
 
 // New returns the node service of cfg; Init prepares it before it serves.

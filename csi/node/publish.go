@@ -76,9 +76,13 @@ func (s *Service) NodePublishVolume(ctx context.Context, req *csipb.NodePublishV
 		rec.Targets = append(rec.Targets, target)
 	}
 	rec.SingleWriter = rec.SingleWriter || single
+	if uid := req.GetVolumeContext()[PodUIDContext]; uid != "" { // qos.go
+		rec.PodUIDs = mapsWith(rec.PodUIDs, target, uid)
+	}
 	if err := s.stages.Save(rec); err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "save stage record: %v", err)
 	}
+	s.limits.Nudge()
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
 
@@ -101,6 +105,7 @@ func (s *Service) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubl
 	}
 	if rec, err := s.stages.Load(id); err == nil && slices.Contains(rec.Targets, target) {
 		rec.Targets = slices.DeleteFunc(rec.Targets, func(p string) bool { return p == target })
+		delete(rec.PodUIDs, target)
 		if len(rec.Targets) == 0 {
 			rec.SingleWriter = false
 		}

@@ -48,6 +48,9 @@ type Record struct {
 	// second target on the node, CSI spec NodePublishVolume errors).
 	Targets      []string `json:"targets,omitempty"`
 	SingleWriter bool     `json:"singleWriter,omitempty"`
+	// PodUIDs maps each target to the UID of the pod it was published for (kubelet's volume
+	// context with podInfoOnMount), whose cgroup gets the volume's I/O limits.
+	PodUIDs map[string]string `json:"podUIDs,omitempty"`
 }
 
 // Dir is a folder of records, one file <volume id>.json each.

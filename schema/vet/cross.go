@@ -14,12 +14,21 @@ type scratch struct {
 	invalid              map[string]bool // "Kind/name" of policy documents that failed their schema
 	byKind               map[string]map[string]*vetted
 	classes, snapClasses map[string]*vetted
+	// attrClasses holds each VolumeAttributesClass name with its Placement and list index.
+	attrClasses map[string]attrClassAt
+}
+
+// attrClassAt is where a VolumeAttributesClass name was first declared.
+type attrClassAt struct {
+	vd    *vetted
+	index int
 }
 
 // reset empties sc, keeping what it allocated.
 func (sc *scratch) reset() {
 	if sc.byKind == nil {
 		sc.invalid, sc.classes, sc.snapClasses = map[string]bool{}, map[string]*vetted{}, map[string]*vetted{}
+		sc.attrClasses = map[string]attrClassAt{}
 		sc.byKind = map[string]map[string]*vetted{"StoragePool": {}, "Protocol": {}, "Placement": {}}
 	}
 	clear(sc.all[:cap(sc.all)]) // drop the last call's documents and objects
@@ -27,6 +36,7 @@ func (sc *scratch) reset() {
 	clear(sc.invalid)
 	clear(sc.classes)
 	clear(sc.snapClasses)
+	clear(sc.attrClasses)
 	for _, m := range sc.byKind {
 		clear(m)
 	}
@@ -131,6 +141,24 @@ func crossCheck(sc *scratch) []Problem {
 				}
 			}
 		}
+		// A VolumeAttributesClass is cluster-wide: two tiers of one name would render one object
+		// with two sets of limits, and the CSI driver could not tell which Placement allows it.
+		for i := range pl.Spec.AttributesClasses {
+			name := pl.Spec.AttributesClasses[i].Name
+			if first, dup := sc.attrClasses[name]; dup {
+				ps = append(ps, at(vd.doc, []string{"spec", "attributesClasses", fmt.Sprint(i), "name"},
+					fmt.Sprintf("VolumeAttributesClass %q is also declared by Placement %q at %s", name, first.vd.doc.Name,
+						whereField(first.vd.doc, "spec", "attributesClasses", fmt.Sprint(first.index), "name"))))
+				continue
+			}
+			sc.attrClasses[name] = attrClassAt{vd, i}
+			// The CRD's CEL rule on IOLimits says the same: a tier that limits nothing is the
+			// same as no class, and reads as a mistake.
+			if pl.Spec.AttributesClasses[i].Limits.Empty() {
+				ps = append(ps, at(vd.doc, []string{"spec", "attributesClasses", fmt.Sprint(i), "limits"},
+					"set at least one of readIOPS, writeIOPS, readBytesPerSecond, writeBytesPerSecond (a claim without a class is unlimited)"))
+			}
+		}
 		if pl.Spec.StorageClass.IsDefault {
 			if defaultClass != nil {
 				ps = append(ps, at(vd.doc, []string{"spec", "storageClass", "isDefault"},
@@ -172,6 +200,12 @@ func at(d *Document, path []string, msg string) Problem {
 		p.Line, p.Column = l, c
 	}
 	return p
+}
+
+// whereField is "file:line" of the field at path of d.
+func whereField(d *Document, path ...string) string {
+	file, line, _ := d.Position(path...)
+	return fmt.Sprintf("%s:%d", file, line)
 }
 
 func where(d *Document) string {

@@ -362,8 +362,11 @@ func testRBAC(t *testing.T, c *cluster) {
 			// its Node patched (label, host NQN annotation); the Nodes read for a duplicate host NQN
 			allow("patch", "", "nodes", "", ""), allow("get", "", "nodes", "", ""), allow("list", "", "nodes", "", ""),
 			deny("update", "", "nodes", "", ""), deny("delete", "", "nodes", "", ""),
-			// a staged volume's VolumeState read by name (volume health); no listing, no writes
-			allow("get", sto, "volumestates", "", ""), deny("list", sto, "volumestates", "", ""), deny("update", sto, "volumestates", "", ""),
+			// VolumeStates read (volume health) and watched for the I/O limits of their tier
+			// (csi/node/qos.go), which it reports in status; never their spec
+			allow("get", sto, "volumestates", "", ""), allow("list", sto, "volumestates", "", ""), allow("watch", sto, "volumestates", "", ""),
+			allow("update", sto, "volumestates", "status", ""), deny("update", sto, "volumestates", "", ""),
+			deny("patch", sto, "volumestates", "", ""), deny("delete", sto, "volumestates", "", ""),
 			deny("patch", "", "pods", "", namespace),
 			// no Secret at all: its node's keys come from the controller's key server, volume keys
 			// from kubelet (NodeStage's secrets)

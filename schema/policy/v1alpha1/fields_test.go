@@ -62,6 +62,7 @@ var fieldReaders = map[string]fieldReader{
 	"Placement.spec.storageClass.allowVolumeExpansion":  {"controllers/render/render.go", "t.AllowVolumeExpansion"},
 	"Placement.spec.storageClass.isDefault":             {"controllers/render/render.go", "t.IsDefault"},
 	"Placement.spec.overrides.allowed":                  {"internal/overrides/overrides.go", "pl.Spec.Overrides.Allowed"},
+	"Placement.spec.attributesClasses":                  {"controllers/render/attributesclass.go", "pl.Spec.AttributesClasses"},
 	"Placement.spec.snapshotClass.name":                 {"controllers/render/snapshotclass.go", "u.SetName(t.Name)"},
 	"Placement.spec.snapshotClass.deletionPolicy":       {"controllers/render/snapshotclass.go", "t.DeletionPolicy"},
 	"Placement.spec.snapshotClass.isDefault":            {"controllers/render/snapshotclass.go", "t.IsDefault"},

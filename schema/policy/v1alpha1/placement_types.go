@@ -95,6 +95,17 @@ type PlacementSpec struct {
 	// annotations (see OverrideAnnotations). Without it, no PVC overrides anything.
 	// +optional
 	Overrides *Overrides `json:"overrides,omitempty"`
+	// AttributesClasses are the tiers the claims of this placement may use: each renders a
+	// VolumeAttributesClass (storage.k8s.io/v1, driverName csi.plinth.dev) of its name, which a
+	// PVC names in spec.volumeAttributesClassName at creation or later (csi-resizer then calls
+	// ControllerModifyVolume: the limits change live, the pod is not restarted). A claim of
+	// another placement naming one of these classes is refused (INVALID_ARGUMENT). A claim
+	// without a class has no limits. At most 32.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	AttributesClasses []AttributesClassTemplate `json:"attributesClasses,omitempty"`
 	// Encryption, when set, encrypts every new volume of the placement with LUKS2 (dm-crypt)
 	// opened on the node that consumes it, so an NVMe-oF volume is ciphertext on the storage
 	// node and on the wire (docs/design.md#volume-encryption). It is frozen into each volume at
@@ -146,6 +157,60 @@ type SecretReference struct {
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	Namespace string `json:"namespace"`
+}
+
+// AttributesClassTemplate is one tier of a Placement: a VolumeAttributesClass and the limits it
+// sets on the volumes of its claims.
+type AttributesClassTemplate struct {
+	// Name of the VolumeAttributesClass (DNS-1123 subdomain, at most 253 bytes), unique among
+	// all Placements' classes.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+	// Limits cap the I/O of the pods that consume a volume of the class, on the node that
+	// runs them (docs/design.md#qos).
+	Limits IOLimits `json:"limits"`
+}
+
+// The bounds of IOLimits' fields: 0 or less is no rate at all (a limit of 0 would stop the
+// volume, and the kernel reads 0 as "no limit"), and nothing beyond these is a rate a block
+// device reaches.
+const (
+	// MaxIOPSLimit bounds readIOPS and writeIOPS (operations per second).
+	MaxIOPSLimit = 100_000_000
+	// MinBytesPerSecondLimit is one 512-byte sector per second.
+	MinBytesPerSecondLimit = 512
+	// MaxBytesPerSecondLimit is 1 PiB per second.
+	MaxBytesPerSecondLimit = 1 << 50
+)
+
+// IOLimits are the rates the node plugin writes into the consuming pod's cgroup for the
+// volume's block device: blkio.throttle.{read,write}_{iops,bps}_device on cgroup v1, io.max
+// (riops, wiops, rbps, wbps) on cgroup v2 (Linux Documentation/admin-guide/cgroup-v1/blkio-
+// controller.rst and cgroup-v2.rst). A field left out is not limited; at least one is set.
+// +kubebuilder:validation:XValidation:rule=`has(self.readIOPS) || has(self.writeIOPS) || has(self.readBytesPerSecond) || has(self.writeBytesPerSecond)`,message="limits: set at least one of readIOPS, writeIOPS, readBytesPerSecond, writeBytesPerSecond (a claim without a class is unlimited)"
+type IOLimits struct {
+	// ReadIOPS is the most read operations per second, 1 to 100000000.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000000
+	ReadIOPS *int64 `json:"readIOPS,omitempty"`
+	// WriteIOPS is the most write operations per second, 1 to 100000000.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000000
+	WriteIOPS *int64 `json:"writeIOPS,omitempty"`
+	// ReadBytesPerSecond is the most bytes read per second, 512 to 2^50.
+	// +optional
+	// +kubebuilder:validation:Minimum=512
+	// +kubebuilder:validation:Maximum=1125899906842624
+	ReadBytesPerSecond *int64 `json:"readBytesPerSecond,omitempty"`
+	// WriteBytesPerSecond is the most bytes written per second, 512 to 2^50.
+	// +optional
+	// +kubebuilder:validation:Minimum=512
+	// +kubebuilder:validation:Maximum=1125899906842624
+	WriteBytesPerSecond *int64 `json:"writeBytesPerSecond,omitempty"`
 }
 
 // OverrideParameter names a placement parameter a PVC may override.

@@ -96,6 +96,37 @@ type VolumeStateSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="keyOrigin is immutable"
 	KeyOrigin *KeyOrigin `json:"keyOrigin,omitempty"`
+	// Attributes are the tier in force: the VolumeAttributesClass the CSI controller last
+	// accepted (CreateVolume's mutable_parameters, ControllerModifyVolume) and its limits,
+	// which the node plugin of every node that stages the volume writes into the consuming
+	// pods' cgroups. Unset: no limits. Unlike Policy it changes over the volume's life.
+	// +optional
+	Attributes *VolumeAttributes `json:"attributes,omitempty"`
+}
+
+// VolumeAttributes is a volume's tier.
+type VolumeAttributes struct {
+	// Class is the VolumeAttributesClass name.
+	Class string `json:"class"`
+	// Limits are its limits (the Placement's attributesClasses[].limits).
+	Limits policyv1alpha1.IOLimits `json:"limits"`
+	// Generation increases with every change of Class or Limits; node plugins report the
+	// generation they applied in status.appliedAttributes.
+	// +kubebuilder:validation:Minimum=1
+	Generation int64 `json:"generation"`
+}
+
+// AppliedAttributes is what the node plugin of one node did with spec.attributes.
+type AppliedAttributes struct {
+	// NodeName is the node that stages the volume.
+	NodeName string `json:"nodeName"`
+	// Generation is the spec.attributes.generation the node acted on (0: no attributes).
+	Generation int64 `json:"generation"`
+	// Message is empty when the limits are in force for every pod that consumes the volume
+	// on the node; otherwise it says why they could not be applied (the block device or the
+	// pod's cgroup is missing, a cgroup write failed).
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // KeyOrigin is the lineage of the LUKS2 header of an encrypted volume or snapshot whose blocks
@@ -157,6 +188,12 @@ type VolumeStateStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// AppliedAttributes are written by the node plugins that stage the volume, one entry per
+	// node (spec.attributes).
+	// +optional
+	// +listType=map
+	// +listMapKey=nodeName
+	AppliedAttributes []AppliedAttributes `json:"appliedAttributes,omitempty"`
 }
 
 // VolumeState is one volume: the CSI controller writes spec, the agent writes status.
