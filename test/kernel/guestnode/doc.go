@@ -16,11 +16,12 @@
 // testbin, joined as a Node to the host's control plane, with the guest's own cgroups (v2),
 // modules and mounts. On them runs Plinth in production shape: the chart installed with the helm
 // CLI (production values: every image from Debian's docker-registry on the host, pushed as `make
-// push` pushes), all of its pods on the guests, and the scenario through kubelet (the steps, in
+// push` pushes), all of its pods on the guests, the policy committed to Git and applied by
+// Flux's controllers (processes on the host), and the scenario through kubelet (the steps, in
 // order): a StatefulSet's NVMe-oF volume with DH-HMAC-CHAP on the worker, a short and a long
 // link cut at the relay under its writes, the storage node rebooted, helm upgrade under mounts,
 // helm uninstall and install again, the pod moved to the storage node (revocation order), a
-// local volume grown online.
+// local volume grown online, the worker without its NVMe/TCP modules (bad input).
 //
 // The guests have no cluster DNS: the key server's Service name maps to 127.0.0.1 in their
 // /etc/hosts, where cmd/svcforward (a stand-in, not part of Plinth) carries connections to the

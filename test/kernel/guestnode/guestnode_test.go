@@ -322,6 +322,8 @@ func TestGuestKubelet(t *testing.T) {
 		if i == 0 {
 			opts[i].DiskBytes = []int64{2 << 30, 2 << 30, 64 << 20}
 			opts[i].WorkDir = t.TempDir()
+		} else { // the worker's /dev/vdb: its disk of the spread pool (SpreadAcrossZones)
+			opts[i].DiskBytes = []int64{64 << 20, 2 << 30}
 		}
 		wg.Add(1)
 		go func() {
@@ -536,6 +538,8 @@ func TestGuestKubelet(t *testing.T) {
 		{"HelmUninstallKeepsDataReinstallAdopts", testReinstall},
 		{"PodMovedRevokesTheOldHostFirst", testMove},
 		{"LocalVolumeGrownOnline", testLocalGrow},
+		{"NodeLacksModules", testNodeLacksModules},
+		{"SpreadAcrossZones", testSpread},
 	} {
 		stepStart := time.Now()
 		ok := t.Run(step.name, func(t *testing.T) { step.run(t, s) })

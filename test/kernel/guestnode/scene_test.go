@@ -40,6 +40,9 @@ type scene struct {
 	// nodes[i]'s booted guest a node.
 	storageOpts guest.Options
 	join        func(t *testing.T, i int) error
+	// policyRepo and policyURL: the policy repository Flux reads (commitPolicy), its folder on
+	// the host and its URL.
+	policyRepo, policyURL string
 }
 
 func (s *scene) storage() *node { return s.nodes[0] }

@@ -18,9 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/kernel/guest"
 )
@@ -478,24 +476,13 @@ func testMove(t *testing.T, s *scene) {
 // The local class: thin LVs on the storage node, used there.
 const localClass = agentPool + "-local"
 
-// testLocalGrow: Expected: a local class (Protocol local, WaitForFirstConsumer, expansion
-// allowed) on the same pool: a pod scheduled by the chart's scheduler onto the storage node gets
+// testLocalGrow: Expected: the local class of the policy Flux applied (Protocol local,
+// WaitForFirstConsumer, expansion allowed; guestPolicy) on the same pool: a pod scheduled by the chart's scheduler onto the storage node gets
 // a thin LV of 64 MiB through its own kubelet; the claim grown to 128 MiB is expanded online
 // (csi-resizer → ControllerExpandVolume → the agent's lvextend; kubelet → NodeExpandVolume →
 // resize2fs) and the running pod's df shows the new size.
 func testLocalGrow(t *testing.T, s *scene) {
 	st := s.storage()
-	for _, o := range []client.Object{
-		&policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: localClass}, Spec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}},
-		&policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: localClass}, Spec: policyv1.PlacementSpec{
-			PoolRef: policyv1.LocalObjectReference{Name: agentPool}, ProtocolRef: policyv1.LocalObjectReference{Name: localClass},
-			StorageClass: policyv1.StorageClassTemplate{Name: localClass, VolumeBindingMode: "WaitForFirstConsumer", AllowVolumeExpansion: true},
-			Filesystem:   policyv1.Filesystem{FSType: "ext4"}}},
-	} {
-		if err := s.c.Create(t.Context(), o); err != nil {
-			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
-		}
-	}
 	poll(t, 3*time.Minute, time.Second, "StorageClass "+localClass, func() error {
 		_, err := s.cs.StorageV1().StorageClasses().Get(t.Context(), localClass, metav1.GetOptions{})
 		return err
