@@ -114,6 +114,10 @@ func commitPolicy(t *testing.T, s *scene, objs []client.Object) {
 		}
 	}
 	storage := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	// source-controller refuses a storage path that does not exist
+	if err := os.MkdirAll(filepath.Join(s.work, "flux-storage"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, spec := range []controlplane.ProcessSpec{
 		{Name: devenv.BinSourceController, Binary: devenv.BinSourceController,
 			Args: []string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[1]), fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[2]),
