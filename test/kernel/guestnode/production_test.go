@@ -215,7 +215,7 @@ func testHelmInstall(t *testing.T, s *scene) {
 		}
 	})
 	var deps, dss int
-	poll(t, 12*time.Minute, 2*time.Second, "the chart rolled out on the guests", func() (err error) {
+	poll(t, 20*time.Minute, 2*time.Second, "the chart rolled out on the guests", func() (err error) {
 		deps, dss, err = rolledOut(t.Context(), cs)
 		return err
 	})
