@@ -507,7 +507,7 @@ func TestGuestKubelet(t *testing.T) {
 	t.Logf("TIMING pods created → logs read on both nodes %s", time.Since(podStart).Round(time.Millisecond))
 
 	for _, n := range nodes {
-		controlplane.Eventually(t, 2*time.Minute, time.Second, n.name+": kube-proxy's rule for the kubernetes Service", func() error {
+		controlplane.Eventually(t, 5*time.Minute, time.Second, n.name+": kube-proxy's rule for the kubernetes Service", func() error {
 			if out := n.sh(t, time.Minute, "iptables-save -t nat | grep -c 'default/kubernetes:https' || true"); strings.TrimSpace(out) == "0" {
 				return fmt.Errorf("none in iptables-save -t nat; kube-proxy's log:\n%s", n.try(time.Minute, "tail -n 20 /var/log/kube-proxy.log"))
 			}
