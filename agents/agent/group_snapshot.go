@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -101,16 +100,7 @@ func (r *snapshotReconciler) takeGroup(ctx context.Context, ss *storev1.VolumeSn
 	how := groupConsistency(store)
 	for i, m := range members {
 		before := m.DeepCopy()
-		m.Status.Phase = storev1.SnapshotReady
-		m.Status.ReadyToUse = true
-		m.Status.SizeBytes = snaps[i].SizeBytes
-		if !snaps[i].CreationTime.IsZero() {
-			t := metav1.NewTime(snaps[i].CreationTime)
-			m.Status.CreationTime = &t
-		}
-		m.Status.ObservedGeneration = m.Generation
-		setCond(&m.Status.Conditions, m.Generation, CondReady, true, ReasonSucceeded,
-			fmt.Sprintf("snapshot %s of %s, %d bytes, member %d of %d of group %s (%s)", snaps[i].Name, m.Spec.SourceVolume, snaps[i].SizeBytes, i+1, len(members), ss.Spec.Group, how))
+		markSnapshotReady(m, snaps[i], fmt.Sprintf(", member %d of %d of group %s (%s)", i+1, len(members), ss.Spec.Group, how))
 		if _, err := r.status(ctx, m, before, ctrl.Result{}); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -196,16 +186,7 @@ func (r *snapshotReconciler) takeFrozen(ctx context.Context, ss *storev1.VolumeS
 	} else if len(fz.Nodes) > 0 {
 		how = fmt.Sprintf("not mounted on %v", fz.Nodes)
 	}
-	ss.Status.Phase = storev1.SnapshotReady
-	ss.Status.ReadyToUse = true
-	ss.Status.SizeBytes = snap.SizeBytes
-	if !snap.CreationTime.IsZero() {
-		t := metav1.NewTime(snap.CreationTime)
-		ss.Status.CreationTime = &t
-	}
-	ss.Status.ObservedGeneration = ss.Generation
-	setCond(&ss.Status.Conditions, ss.Generation, CondReady, true, ReasonSucceeded,
-		fmt.Sprintf("snapshot %s of %s, %d bytes, member of group %s (crash-consistent under the consumers' freeze: %s; the group fails if a freeze ends before every member is taken)",
-			snap.Name, ss.Spec.SourceVolume, snap.SizeBytes, ss.Spec.Group, how))
+	markSnapshotReady(ss, snap, fmt.Sprintf(", member of group %s (crash-consistent under the consumers' freeze: %s; the group fails if a freeze ends before every member is taken)",
+		ss.Spec.Group, how))
 	return r.status(ctx, ss, before, ctrl.Result{})
 }

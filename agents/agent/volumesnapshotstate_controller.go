@@ -119,6 +119,14 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		setCond(&ss.Status.Conditions, ss.Generation, CondReady, false, reason, err.Error())
 		return r.status(ctx, &ss, before, ctrl.Result{RequeueAfter: r.opts.RefreshInterval})
 	}
+	markSnapshotReady(&ss, snap, "")
+	return r.status(ctx, &ss, before, ctrl.Result{})
+}
+
+// markSnapshotReady records a taken snapshot in ss's status: Ready, its size and creation time,
+// and a Ready condition naming it, with more appended to the message (a group member says how
+// it was taken).
+func markSnapshotReady(ss *storev1.VolumeSnapshotState, snap backend.Snapshot, more string) {
 	ss.Status.Phase = storev1.SnapshotReady
 	ss.Status.ReadyToUse = true
 	ss.Status.SizeBytes = snap.SizeBytes
@@ -128,8 +136,7 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 	ss.Status.ObservedGeneration = ss.Generation
 	setCond(&ss.Status.Conditions, ss.Generation, CondReady, true, ReasonSucceeded,
-		fmt.Sprintf("snapshot %s of %s, %d bytes", snap.Name, ss.Spec.SourceVolume, snap.SizeBytes))
-	return r.status(ctx, &ss, before, ctrl.Result{})
+		fmt.Sprintf("snapshot %s of %s, %d bytes%s", snap.Name, ss.Spec.SourceVolume, snap.SizeBytes, more))
 }
 
 func (r *snapshotReconciler) timedSnapshot(f func() (backend.Snapshot, error)) (backend.Snapshot, error) {

@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/plinth-storage/plinth/controllers/adopt"
 	"github.com/plinth-storage/plinth/schema/vet"
@@ -58,20 +55,9 @@ missing volumes, or adoptions not Ready after --confirm, 2 errors.`,
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
-			if kubeconfig != "" {
-				os.Setenv("KUBECONFIG", kubeconfig)
-			}
-			cfg, err := config.GetConfig()
+			c, err := liveClient(kubeconfig, adopt.Scheme)
 			if err != nil {
-				return &exitError{code: exitUsage, err: fmt.Errorf("kubeconfig: %w", err)}
-			}
-			scheme, err := adopt.Scheme()
-			if err != nil {
-				return &exitError{code: exitUsage, err: err}
-			}
-			c, err := client.New(cfg, client.Options{Scheme: scheme})
-			if err != nil {
-				return &exitError{code: exitUsage, err: err}
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()

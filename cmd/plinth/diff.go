@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
@@ -87,20 +88,9 @@ API server, or a policy set that does not vet or render: its problems are printe
 				if nodesFile != "" {
 					return &exitError{code: exitUsage, err: fmt.Errorf("--nodes is for the offline mode (with --against); live mode reads the cluster's Nodes")}
 				}
-				if kubeconfig != "" {
-					os.Setenv("KUBECONFIG", kubeconfig)
-				}
-				cfg, err := config.GetConfig()
+				c, err := liveClient(kubeconfig, policy.Scheme)
 				if err != nil {
-					return &exitError{code: exitUsage, err: fmt.Errorf("kubeconfig: %w", err)}
-				}
-				scheme, err := policy.Scheme()
-				if err != nil {
-					return &exitError{code: exitUsage, err: err}
-				}
-				c, err := client.New(cfg, client.Options{Scheme: scheme})
-				if err != nil {
-					return &exitError{code: exitUsage, err: err}
+					return err
 				}
 				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 				defer cancel()
@@ -129,4 +119,26 @@ API server, or a policy set that does not vet or render: its problems are printe
 	f.DurationVar(&timeout, "timeout", 2*time.Minute, "give up on the API server after this long (live mode)")
 	f.StringVar(&moveRate, "move-rate", "100Mi", "copy rate in bytes per second that volume move estimates assume where no Store reports a measured one (a quantity: 100Mi, 1Gi)")
 	return cmd
+}
+
+// liveClient is the client of the live-cluster commands (diff, adopt): the cluster of
+// kubeconfig (when set, else controller-runtime's lookup: $KUBECONFIG, in-cluster,
+// ~/.kube/config) with the types of scheme. Its errors are usage errors (exit 2).
+func liveClient(kubeconfig string, scheme func() (*runtime.Scheme, error)) (client.Client, error) {
+	if kubeconfig != "" {
+		os.Setenv("KUBECONFIG", kubeconfig)
+	}
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: fmt.Errorf("kubeconfig: %w", err)}
+	}
+	s, err := scheme()
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	return c, nil
 }
