@@ -17,9 +17,10 @@ import (
 
 // orphans returns the drift items of the volumes in vols that no VolumeState of this node
 // names (known). Under driftPolicy Correct an orphan seen for OrphanGracePeriod on this
-// process's refreshes is deleted — unless its identity stamp is unreadable or was written
-// under another Store object (foreignStamp: the volume of a lost control plane) — export first, then the volume, and its fencing mark is
-// released so that a new lifecycle of the same name is admitted —; it is reported until then,
+// process's refreshes is deleted — export first, then the volume, and its fencing mark is
+// released so that a new lifecycle of the same name is admitted —, unless its identity stamp
+// is unreadable or was written under another Store object (foreignStamp: a volume of a lost
+// control plane, kept for `plinth adopt`); it is reported until then,
 // and when the deletion fails. Orphans appear when a VolumeState was deleted while its node
 // was away (the CSI controller releases the finalizer of a deleted Node) or by hand.
 func (r *storeReconciler) orphans(ctx context.Context, s *storev1.Store, rt *storeRuntime, vols []backend.Volume, known map[string]bool) []storev1.DriftItem {
