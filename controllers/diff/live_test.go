@@ -268,7 +268,7 @@ func TestLive(t *testing.T) {
 		// NVMe-oF volume would follow, but it has a snapshot: refused.
 		{"follow", want{exit: diff.ExitViolations,
 			objects:    []string{"replace StorageClass/plinth-shared", "change Agent/node-a", "change Agent/node-b", "change Agent/node-c"},
-			violations: []string{"MoveSnapshots Placement/shared spec.existingVolumes testdata/live/follow/placements.yaml:38"},
+			violations: []string{"MoveSnapshots Placement/shared spec.existingVolumes testdata/live/follow/placements.yaml:41"},
 			check: func(t *testing.T, r *diff.Report) {
 				m := r.Storage.Moves
 				if m == nil || len(m.Moves) != 1 {
