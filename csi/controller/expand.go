@@ -6,6 +6,7 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/internal/volume"
@@ -46,14 +47,8 @@ func (s *Service) ControllerExpandVolume(ctx context.Context, req *csipb.Control
 		} else {
 			return &csipb.ControllerExpandVolumeResponse{CapacityBytes: usableBytes(vs, cur), NodeExpansionRequired: !block}, nil
 		}
-	} else {
-		vs.Spec.CapacityBytes = size
-		if err := h.Update(ctx); err != nil { // resourceVersion CAS
-			if apierrors.IsConflict(err) {
-				return nil, volume.Errorf(volume.ErrConflict, "VolumeState %s changed meanwhile; retry", id)
-			}
-			return nil, volume.Errorf(volume.ErrInternal, "update VolumeState %s: %v", id, err)
-		}
+	} else if err := s.growSpec(ctx, h, size); err != nil {
+		return nil, err
 	}
 	var done *storev1.VolumeState
 	err = h.Wait(ctx, func(vs *storev1.VolumeState) (bool, error) {
@@ -94,4 +89,37 @@ func (s *Service) undoExpansion(ctx context.Context, h *volume.Handle[*storev1.V
 	if err := h.Update(ctx); err != nil {
 		s.log.Error(err, "set the refused expansion's size back", "volume", h.ID)
 	}
+}
+
+// growSpec sets spec.capacityBytes of the volume of h to size with the resourceVersion of what
+// it read. The handle holds the volume's lock, so no other RPC changes the spec meanwhile, but
+// the agent and the node plugins write the status: a conflict is re-read and retried (while
+// the spec still asks for less), never answered ABORTED for a status write.
+func (s *Service) growSpec(ctx context.Context, h *volume.Handle[*storev1.VolumeState], size int64) error {
+	first := true
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !first {
+			if err := h.ReadLive(ctx); err != nil {
+				return err
+			}
+			if !h.Exists() {
+				return volume.Errorf(volume.ErrNotFound, "volume %s was deleted during expansion", h.ID)
+			}
+			if h.State.Spec.CapacityBytes >= size {
+				return nil
+			}
+		}
+		first = false
+		h.State.Spec.CapacityBytes = size
+		return h.Update(ctx) // resourceVersion CAS
+	})
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsConflict(err):
+		return volume.Errorf(volume.ErrConflict, "VolumeState %s changed meanwhile; retry", h.ID)
+	case volume.KindOf(err) != nil:
+		return err
+	}
+	return volume.Errorf(volume.ErrInternal, "update VolumeState %s: %v", h.ID, err)
 }
