@@ -146,7 +146,7 @@ fuzz: $(CUE) ## Fuzz every Fuzz target of the main module for FUZZTIME each (def
 	done; \
 	test -z "$$failed" || { echo "fuzz targets that failed:$$failed" >&2; exit 1; }
 
-test-kernel: test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-guestnode ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server, then the two-guest pair: NVMe-oF with hand-made CSI calls (fencing, crash points, reboot, DH-HMAC-CHAP), then kubelets in the same two guests.
+test-kernel: test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-kernel-guestnode ## Kernel suites in the qemu guest (LVM, ZFS, nvmet, nvme-tcp), then the agent, and the CSI driver with csi-sanity, in the guest against the host's API server, then NVMe-oF across two guests with link faults, then kubelets in the two guests.
 
 test-kernel-guest: kernel-assets skipcheck ## The agents' kernel suites in one qemu guest.
 	test/kernel/run.sh | $(SKIPCHECK) text -phase kernel-guest -dir $(SKIPS)
@@ -157,16 +157,18 @@ test-kernel-agent: kernel-assets testbin skipcheck ## plinth agent in the guest 
 test-kernel-csi: kernel-assets testbin skipcheck ## csi-sanity against plinth csi in the guest (LVM thin + NVMe-oF, raw disks, ZFS snapshots).
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CSI=1 go test -json -count=1 -timeout 45m -run TestGuestCSI ./csi/ | $(SKIPCHECK) json -phase kernel-csi -dir $(SKIPS)
 
-test-kernel-guestnode: kernel-node-assets images skipcheck ## One boot of two backports guests: NVMe-oF with hand-made CSI calls (fencing, agent crash points, storage reboot, DH-HMAC-CHAP and key rotation, LUKS on the wire, snapshots), then kubelets joined to the host's control plane with the chart installed by helm from a registry, and NVMe-oF and local volumes through kubelet (link cuts, helm upgrade/uninstall/install under mounts, a pod move, online growth).
-	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -json -count=1 -timeout 80m ./test/kernel/guestnode/ | $(SKIPCHECK) json -phase kernel-guestnode -dir $(SKIPS)
+test-kernel-guestnode: kernel-node-assets images skipcheck ## Kubelets inside two backports guests joined to the host's control plane: the chart installed there with helm from a registry, then NVMe-oF and local volumes through kubelet (link cuts, helm upgrade/uninstall/install under mounts, a pod move, online growth).
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -json -count=1 -timeout 60m ./test/kernel/guestnode/ | $(SKIPCHECK) json -phase kernel-guestnode -dir $(SKIPS)
+
+test-kernel-crossnode: kernel-assets testbin skipcheck ## NVMe-oF across two guests with link faults.
+	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_CROSSNODE=1 go test -json -count=1 -timeout 30m ./test/kernel/crossnode/ | $(SKIPCHECK) json -phase kernel-crossnode -dir $(SKIPS)
 
 # make test's two lanes. A guest runs on one host core (software emulation, -smp 1), so the
 # single-guest kernel phases run beside the host phases instead of after them; the two-guest
-# phase (guestnode: one boot of the pair), which needs both cores, runs alone afterwards. The
-# main module's race lane ends the host lane, after test-integration rather than beside it
-# (both run the same host-integration packages: loop devices, control planes); the short fuzz
-# of every target and the scheduler module's race lane end the kernel lane, which finishes
-# earlier.
+# crossnode phase, which needs both cores, runs alone afterwards. The main module's race lane
+# ends the host lane, after test-integration rather than beside it (both run the same
+# host-integration packages: loop devices, control planes); the short fuzz of every target and
+# the scheduler module's race lane end the kernel lane, which finishes earlier.
 # Each lane runs its phases one after another (sub-makes), whatever make's -j.
 test-lane-host:
 	$(MAKE) test-integration
@@ -203,10 +205,11 @@ dashboards-png: testbin ## [root] Draw docs/dashboards/*.png: the dashboards' ma
 # take 1 to 10 s per target here.
 CI_FUZZTIME ?= 5000x
 
-test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes: the main module's race lane ends the host one; a short fuzz of every target and the scheduler's race lane end the kernel one); then the two-guest phase (one boot: hand-made NVMe-oF calls, then kubelets in the guests).
+test: lint verify-generate ## [root] Everything CI runs; ends with the count of skipped tests (test-skips). The host and single-guest kernel phases run side by side (two lanes: the main module's race lane ends the host one; a short fuzz of every target and the scheduler's race lane end the kernel one); then the two-guest phases (NVMe-oF with link faults; kubelets in the guests).
 	rm -rf $(SKIPS)
 	$(MAKE) testbin images kernel-assets skipcheck $(CUE)
 	$(MAKE) -j2 --output-sync=line test-lane-host test-lane-kernel
+	$(MAKE) test-kernel-crossnode
 	$(MAKE) test-kernel-guestnode
 	$(MAKE) test-skips
 
@@ -248,4 +251,4 @@ dev-flux: dev ## [root] Alias of dev (Flux is the default).
 clean: ## Remove built binaries and test scratch.
 	rm -rf $(BIN) test/kernel/.work
 
-.PHONY: kernel-node-assets test-kernel-guestnode push test-chaos test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean
+.PHONY: kernel-node-assets test-kernel-guestnode push test-chaos test-race test-race-main test-race-scheduler fuzz test-kernel-guest test-kernel-agent test-kernel-csi test-kernel-crossnode test-lane-host test-lane-kernel dashboards-png skipcheck test-skips testbin-flux dev-flux help build images tools generate manifests verify-generate fmt vet lint testbin kernel-assets test-unit test-integration test-scheduler test-kernel test-e2e test bench vet-policies dev clean

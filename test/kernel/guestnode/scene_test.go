@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
-	"github.com/plinth-storage/plinth/test/kernel/guest"
 	"github.com/plinth-storage/plinth/test/kernel/netrelay"
 )
 
@@ -36,13 +35,6 @@ type scene struct {
 	chart, values string
 	// sum is the sha256 of the data the writer pod wrote on its NVMe-oF volume.
 	sum string
-	// storageOpts boot the storage guest again (its WorkDir: the same disks); join makes
-	// nodes[i]'s booted guest a node.
-	storageOpts guest.Options
-	join        func(t *testing.T, i int) error
-	// policyRepo and policyURL: the policy repository Flux reads (commitPolicy), its folder on
-	// the host and its URL.
-	policyRepo, policyURL string
 }
 
 func (s *scene) storage() *node { return s.nodes[0] }

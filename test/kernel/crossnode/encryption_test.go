@@ -1,4 +1,4 @@
-package guestnode
+package crossnode
 
 import (
 	"crypto/rand"
