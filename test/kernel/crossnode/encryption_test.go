@@ -39,7 +39,7 @@ func testEncryptedOnTheWire(t *testing.T, s *suite) {
 		name, placement string
 		encrypted       bool
 	}{{"clear", pool + "-nvme", false}, {"luks", pool + "-luks", true}} {
-		// 128 MiB: the encrypted one keeps 112 MiB after its 16 MiB LUKS2 header, more than readSeconds reads
+		// 128 MiB usable each (CreateVolume adds the 16 MiB LUKS2 header of the encrypted one), more than readSeconds reads
 		capability := fsCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 		cv, err := s.ctrl.CreateVolume(t.Context(), &csipb.CreateVolumeRequest{Name: "pvc-crossnode-" + c.name, CapacityRange: &csipb.CapacityRange{RequiredBytes: 128 << 20},
 			VolumeCapabilities: []*csipb.VolumeCapability{capability},
