@@ -105,10 +105,10 @@ func (b *builder) moves(out *render.Output, rate int64) error {
 		servesNVMeoF[a.Name] = a.Spec.NVMeoF != nil
 	}
 	parallel := func(pool string) int {
-		if p := b.after.pools[pool]; p != nil {
+		if p := b.after.pools[pool]; p != nil && p.Spec.MaxParallelMovesPerStore > 0 {
 			return int(p.Spec.MaxParallelMovesPerStore)
 		}
-		return 1
+		return int(policyv1.DefaultMaxParallelMovesPerStore)
 	}
 	var stores []move.Store
 	for _, name := range sortedKeys(b.cl.stores, rendered) {

@@ -71,8 +71,9 @@ type PlacementSpec struct {
 	// ExistingVolumes is Stay (default: a change of poolRef applies to new volumes only) or
 	// Move (the existing volumes of this Placement follow a change of poolRef: plinth diff
 	// plans a move of each to a Store of the new pool; not carried out yet).
+	// Unset is Stay; no API-server default, so that objects stored before the field existed
+	// read back unchanged after a CRD upgrade.
 	// +optional
-	// +kubebuilder:default=Stay
 	ExistingVolumes ExistingVolumes `json:"existingVolumes,omitempty"`
 	// SpreadAcross is a node label key, such as topology.kubernetes.io/zone: the volumes of one
 	// workload (the pods of one controller, such as a StatefulSet or ReplicaSet; a pod without

@@ -66,7 +66,8 @@ type StoragePoolSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=16
-	// +kubebuilder:default=1
+	// Unset (0) is 1; no API-server default, so that objects stored before the field existed
+	// read back unchanged after a CRD upgrade.
 	MaxParallelMovesPerStore int32 `json:"maxParallelMovesPerStore,omitempty"`
 }
 
