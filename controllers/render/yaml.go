@@ -10,9 +10,9 @@ import (
 )
 
 // Objects returns every rendered object in apply order: StorageClasses, VolumeSnapshotClasses,
-// VolumeAttributesClasses, Agents, Stores, each sorted by name.
+// VolumeGroupSnapshotClasses, VolumeAttributesClasses, Agents, Stores, each sorted by name.
 func (o *Output) Objects() []runtime.Object {
-	objs := make([]runtime.Object, 0, len(o.StorageClasses)+len(o.VolumeSnapshotClasses)+len(o.VolumeAttributesClasses)+len(o.Agents)+len(o.Stores))
+	objs := make([]runtime.Object, 0, len(o.StorageClasses)+len(o.VolumeSnapshotClasses)+len(o.VolumeGroupSnapshotClasses)+len(o.VolumeAttributesClasses)+len(o.Agents)+len(o.Stores))
 	for i := range o.StorageClasses {
 		objs = append(objs, &o.StorageClasses[i])
 	}
