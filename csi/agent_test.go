@@ -1,6 +1,7 @@
 package csi_test
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,19 +10,25 @@ import (
 
 	"github.com/plinth-storage/plinth/csi"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/framework/controlplane"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
 // TestRealAgentLifecycle runs the whole volume lifecycle through the driver (all mode, in this
 // process) with the REAL agent (`plinth agent`) and the file backend on this host: the agent
 // creates a sparse file on a loop device, the node service formats and mounts it, grows it
-// after ControllerExpandVolume, and DeleteVolume waits for the agent to remove it.
+// after ControllerExpandVolume, and DeleteVolume waits for the agent to remove it. The driver's
+// controller's own VolumeState writes are counted at its transport: CreateVolume makes exactly
+// one (the create, finalizer and labels in it; the agent writes the status) and DeleteVolume one
+// (the delete; the agent releases the finalizer).
 func TestRealAgentLifecycle(t *testing.T) {
 	prereq.Root(t, "the file backend and mount")
+	noLeftovers(t)
 	cp := sharedControlPlane(t)
 	plinth := buildPlinth(t, t.TempDir())
 	params := fileBackendNode(t, cp, plinth, "life")
-	conn := startDriver(t, csi.Options{Mode: csi.ModeAll, Config: cp.Admin.Config, NodeName: "life-node", HostNQNFile: filepath.Join(t.TempDir(), "none")})
+	writes := controlplane.NewWriteCounter("volumestates")
+	conn := startDriver(t, csi.Options{Mode: csi.ModeAll, Config: writes.Wrap(cp.Admin.Config), NodeName: "life-node", HostNQNFile: filepath.Join(t.TempDir(), "none")})
 	ctrl, node := csipb.NewControllerClient(conn), csipb.NewNodeClient(conn)
 	ctx := t.Context()
 	xfs := fsCap("", rwo)
@@ -31,6 +38,16 @@ func TestRealAgentLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := resp.GetVolume()
+	if got, want := writes.Of(""), map[string]int{"POST": 1}; !maps.Equal(got, want) {
+		t.Errorf("CreateVolume: VolumeState creates %v, want %v", got, want)
+	}
+	if got := writes.Of(v.GetVolumeId()); len(got) != 0 {
+		t.Errorf("CreateVolume: writes to the new VolumeState %v, want none (the agent writes its status)", got)
+	}
+	root := t.TempDir()
+	staging, target := filepath.Join(root, "staging"), filepath.Join(root, "target")
+	// registered before the first step: a failure half-way still unwinds what was done
+	t.Cleanup(func() { teardown(t, ctrl, node, v.GetVolumeId(), "life-node", staging, target) })
 	var st storev1.Store
 	if err := kubeClient(t, cp.Admin.Config).Get(ctx, clientKey(storev1.StoreName("life", "life-node")), &st); err != nil {
 		t.Fatal(err)
@@ -43,8 +60,6 @@ func TestRealAgentLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := t.TempDir()
-	staging, target := filepath.Join(root, "staging"), filepath.Join(root, "target")
 	if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: v.GetVolumeId(), StagingTargetPath: staging, VolumeCapability: xfs,
 		PublishContext: pub.GetPublishContext(), VolumeContext: v.GetVolumeContext()}); err != nil {
 		t.Fatal(err)
@@ -78,8 +93,16 @@ func TestRealAgentLifecycle(t *testing.T) {
 	if _, err := ctrl.ControllerUnpublishVolume(ctx, &csipb.ControllerUnpublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: "life-node"}); err != nil {
 		t.Fatal(err)
 	}
+	writes.Reset()
 	if _, err := ctrl.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
 		t.Fatal(err)
+	}
+	// the node service of this process reports status.appliedAttributes of the volumes it stages
+	// (and drops its entry after the unstage) on its own rounds; the controller writes no status
+	got := writes.Of(v.GetVolumeId())
+	delete(got, "PUT /status")
+	if want := map[string]int{"DELETE": 1}; !maps.Equal(got, want) {
+		t.Errorf("DeleteVolume: VolumeState writes %v, want %v", got, want)
 	}
 	c := kubeClient(t, cp.Admin.Config)
 	if err := c.Get(ctx, clientKey(v.GetVolumeId()), &storev1.VolumeState{}); err == nil {

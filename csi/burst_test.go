@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,6 +68,9 @@ type burstDriver struct {
 	// pid is the driver's process once started, for its peak RSS; nil: the driver runs in
 	// the benchmark's own process (the floor), whose memory says nothing of a driver.
 	pid func(b *testing.B) int
+	// pprof names the driver's processes serving Go's /debug/pprof (component → host:port),
+	// whose heap profiles are kept while they hold the burst's volumes.
+	pprof map[string]string
 }
 
 // BenchmarkPVCBurst: PLINTH_BENCH_PVCS (default 300) PVCs created at once per driver.
@@ -126,13 +131,15 @@ func burstDrivers(cp *controlplane.ControlPlane, r int) []burstDriver {
 		{row: "plinth", tag: tag, driver: policyv1.DriverName, idle: "plinth-agent-burst" + tag,
 			pid: func(b *testing.B) int { return processPID(b, cp, "plinth-csi-controller") }},
 	}
-	drivers[1].start = func(b *testing.B) string {
-		plinth := buildPlinth(b, "")
-		// the agent as a cluster runs it: its heartbeats and Store refreshes at the default
-		// interval count in the API server's CPU per volume, as they would in production
-		drivers[1].params = fileBackendNodeRefresh(b, cp, plinth, "burst"+tag, agent.DefaultRefreshInterval)
-		burstNodeTopology(b, cp, "burst"+tag+"-node")
-		return startCSIProcess(b, cp, plinth, "controller", "")
+	// start fills in the driver's params and pprof addresses, by index: drivers may move below
+	drivers[1].start = plinthStart(cp, func() *burstDriver { return &drivers[1] }, "", "burst"+tag)
+	// another plinth binary beside this tree's, in the same run and rounds: an A/B of a change
+	if base := os.Getenv("PLINTH_BENCH_BURST_BASE"); base != "" {
+		d := burstDriver{row: "plinth-base", tag: tag, driver: policyv1.DriverName, idle: "plinth-agent-burstbase" + tag}
+		d.pid = func(b *testing.B) int { return processPID(b, cp, "plinth-csi-controller") }
+		i := len(drivers)
+		d.start = plinthStart(cp, func() *burstDriver { return &drivers[i] }, base, "burstbase"+tag)
+		drivers = append(drivers, d)
 	}
 	if cmd := os.Getenv("PLINTH_BENCH_CSI_CMD"); cmd != "" {
 		d := burstDriver{row: "peer", tag: tag, driver: os.Getenv("PLINTH_BENCH_CSI_DRIVER"), params: map[string]string{}}
@@ -145,12 +152,36 @@ func burstDrivers(cp *controlplane.ControlPlane, r int) []burstDriver {
 		d.start = func(b *testing.B) string {
 			sock, p := startDriverCommand(b, cmd)
 			pid = p
+			// a driver with topology (csi-driver-host-path: topology.hostpath.csi/node) gets a
+			// node the provisioner can offer, named as its --nodeid
+			if key := os.Getenv("PLINTH_BENCH_CSI_TOPOLOGY_KEY"); key != "" {
+				nodeTopology(b, cp, os.Getenv("PLINTH_BENCH_CSI_NODE"), d.driver, key)
+			}
 			return sock
 		}
 		d.pid = func(*testing.B) int { return pid }
 		drivers = append(drivers, d)
 	}
 	return drivers
+}
+
+// plinthStart returns the start of Plinth's driver (driver() when it starts): the agent of node <name>-node (at the
+// default refresh interval) and `plinth csi --mode controller`, both serving /debug/pprof, from
+// the binary plinth ("": this tree's).
+func plinthStart(cp *controlplane.ControlPlane, driver func() *burstDriver, plinth, name string) func(b *testing.B) string {
+	return func(b *testing.B) string {
+		d := driver()
+		bin := plinth
+		if bin == "" {
+			bin = buildPlinth(b, "")
+		}
+		d.pprof = map[string]string{"agent": freeAddr(b), "csi": freeAddr(b)}
+		// the agent as a cluster runs it: its heartbeats and Store refreshes at the default
+		// interval count in the API server's CPU per volume, as they would in production
+		d.params = fileBackendNodeRefresh(b, cp, bin, name, agent.DefaultRefreshInterval, "--pprof-bind-address", d.pprof["agent"])
+		burstNodeTopology(b, cp, name+"-node")
+		return startCSIProcess(b, cp, bin, "controller", "", "--pprof-address", d.pprof["csi"])
+	}
 }
 
 // burstProfileSeconds is the length of the API server's CPU profiles from the first create
@@ -237,6 +268,9 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	b.ReportMetric(float64(n)/last.Sub(first).Seconds(), "bound-vol/s")
 	burstReport(b, name, "bound", lat)
 	burstReport(b, name, "createvolume", relay.samples("/csi.v1.Controller/CreateVolume"))
+	for component, addr := range d.pprof {
+		saveHeap(b, name, component, addr)
+	}
 	if d.idle != "" {
 		apiIdle, reqIdle := measureIdle(b, cp, cs, d.idle, api)
 		cpu0 += apiIdle
@@ -271,7 +305,45 @@ func runBurst(b *testing.B, cp *controlplane.ControlPlane, d *burstDriver, n int
 	b.ReportMetric(float64((controlplane.ProcCPU(b, api)-cpu0).Milliseconds())/float64(n), "apiserver-cpu-ms/vol")
 	reportRequests(b, name, req0, apiRequests(b, cs), n)
 	if d.pid != nil {
-		b.ReportMetric(controlplane.ProcStatusMiB(b, d.pid(b), "VmHWM"), "csi-rss-mib")
+		pid := d.pid(b)
+		b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "VmHWM"), "csi-rss-mib")
+		// RssAnon: what the process holds itself (heap, stacks, runtime), without the pages of
+		// its executable, which any other process mapping the same file shares
+		b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "RssAnon"), "csi-rss-anon-mib")
+		b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "RssFile"), "csi-rss-file-mib")
+	}
+}
+
+// freeAddr is a loopback address with a free port, for a process to listen on.
+func freeAddr(b *testing.B) string {
+	port, err := controlplane.FreePort()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
+// saveHeap keeps the heap profile of the process serving /debug/pprof at addr (after a
+// garbage collection) as $PLINTH_BENCH_OUT/burst-<row>-<component>-heap.pprof; without
+// PLINTH_BENCH_OUT it keeps nothing. Read it with `go tool pprof -sample_index=inuse_space`.
+func saveHeap(b *testing.B, row, component, addr string) {
+	out := os.Getenv("PLINTH_BENCH_OUT")
+	if out == "" {
+		return
+	}
+	resp, err := (&http.Client{Timeout: time.Minute}).Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Errorf("heap profile of %s: %v", component, err)
+		return
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Errorf("heap profile of %s: %s %v", component, resp.Status, err)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(out, "burst-"+row+"-"+component+"-heap.pprof"), data, 0o644); err != nil {
+		b.Error(err)
 	}
 }
 
@@ -378,6 +450,8 @@ func measureIdle(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Inte
 	}
 	// memory at scale: the agent holding the n volumes
 	b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "VmHWM"), "agent-rss-mb")
+	b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "RssAnon"), "agent-rss-anon-mib")
+	b.ReportMetric(controlplane.ProcStatusMiB(b, pid, "RssFile"), "agent-rss-file-mib")
 	return apiCPU, reqs
 }
 
@@ -413,9 +487,19 @@ func burstReport(b *testing.B, row, name string, ds []time.Duration) {
 // burstNodeTopology labels the node with Plinth's topology key and registers the CSINode, as
 // kubelet would after NodeGetInfo (see startSidecars).
 func burstNodeTopology(b *testing.B, cp *controlplane.ControlPlane, node string) {
+	nodeTopology(b, cp, node, policyv1.DriverName, policyv1.TopologyKeyNode)
+}
+
+// nodeTopology labels node (made when missing) with the topology key of driver and registers
+// the CSINode naming the driver with that key, as kubelet would after NodeGetInfo; the CSINode
+// goes at the end of b.
+func nodeTopology(b *testing.B, cp *controlplane.ControlPlane, node, driver, key string) {
 	ctx := context.Background()
 	cs, err := kubernetes.NewForConfig(cp.Admin.Config)
 	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}
 	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -425,12 +509,12 @@ func burstNodeTopology(b *testing.B, cp *controlplane.ControlPlane, node string)
 	if n.Labels == nil {
 		n.Labels = map[string]string{}
 	}
-	n.Labels[policyv1.TopologyKeyNode] = node
+	n.Labels[key] = node
 	if _, err := cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := cs.StorageV1().CSINodes().Create(ctx, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: node},
-		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: policyv1.DriverName, NodeID: node, TopologyKeys: []string{policyv1.TopologyKeyNode}}}}},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: driver, NodeID: node, TopologyKeys: []string{key}}}}},
 		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}
@@ -523,7 +607,13 @@ func (noopController) DeleteVolume(context.Context, *csispec.DeleteVolumeRequest
 }
 
 func startNoopController(b *testing.B) string {
-	dir, err := os.MkdirTemp("", "burst-floor-")
+	return serveCSI(b, "burst-floor-", noopController{}, noopController{}, nil)
+}
+
+// serveCSI serves ids and ctrl (and node, when not nil) on a unix socket in a new temp folder
+// whose name starts with prefix, until b ends; it returns the socket's path.
+func serveCSI(b *testing.B, prefix string, ids csispec.IdentityServer, ctrl csispec.ControllerServer, node csispec.NodeServer) string {
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -533,8 +623,11 @@ func startNoopController(b *testing.B) string {
 		b.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	csispec.RegisterIdentityServer(srv, noopController{})
-	csispec.RegisterControllerServer(srv, noopController{})
+	csispec.RegisterIdentityServer(srv, ids)
+	csispec.RegisterControllerServer(srv, ctrl)
+	if node != nil {
+		csispec.RegisterNodeServer(srv, node)
+	}
 	go srv.Serve(l) //nolint:errcheck
 	b.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
 	return sock

@@ -360,6 +360,24 @@ func TestPublishLocal(t *testing.T) {
 	}
 	_, err = e.ctrl.ControllerPublishVolume(ctx, &csipb.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "lpub-b", VolumeCapability: mountCap(rwo)[0]})
 	wantCode(t, "local publish elsewhere", err, codes.FailedPrecondition)
+	// The publication is recorded (no host NQN): the same publish again is OK, a read-only one
+	// to the same node ALREADY_EXISTS, and unpublish removes it.
+	vs := &storev1.VolumeState{}
+	want := storev1.Publication{NodeName: "lpub-a", AccessMode: rwo.String()}
+	if err := e.c.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil || len(vs.Spec.Publications) != 1 || vs.Spec.Publications[0] != want {
+		t.Errorf("publications %+v (%v), want only %+v", vs.Spec.Publications, err, want)
+	}
+	if _, err := e.ctrl.ControllerPublishVolume(ctx, &csipb.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "lpub-a", VolumeCapability: mountCap(rwo)[0]}); err != nil {
+		t.Errorf("local publish again: %v", err)
+	}
+	_, err = e.ctrl.ControllerPublishVolume(ctx, &csipb.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "lpub-a", VolumeCapability: mountCap(rwo)[0], Readonly: true})
+	wantCode(t, "local publish read-only after read-write", err, codes.AlreadyExists)
+	if _, err := e.ctrl.ControllerUnpublishVolume(ctx, &csipb.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "lpub-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Get(ctx, client.ObjectKey{Name: id}, vs); err != nil || len(vs.Spec.Publications) != 0 {
+		t.Errorf("publications after unpublish %+v (%v), want none", vs.Spec.Publications, err)
+	}
 }
 
 func TestCapacityAndList(t *testing.T) {

@@ -87,9 +87,16 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Log receives the gRPC log lines.
 	Log logr.Logger
+	// MaxVolumesPerNode is the most volumes that may be published to this node at once
+	// (NodeGetInfo max_volumes_per_node, the Node's plinth.dev/max-volumes-per-node that
+	// ControllerPublishVolume enforces); 0 means no limit. Node and all modes.
+	MaxVolumesPerNode int64
 	// VolumeHealthInterval is the period of the node plugin's check of its staged volumes
 	// (volumehealth.go; default DefaultVolumeHealthInterval, negative disables).
 	VolumeHealthInterval time.Duration
+	// KeyRotationInterval is the period of the controller's key rotation round
+	// (controller.RotateVolumeKeys; default controller.KeyRotationInterval, negative disables).
+	KeyRotationInterval time.Duration
 	// LimitsInterval is the period of the node plugin's round over the I/O limits of its
 	// staged volumes (node.Limits; default DefaultLimitsInterval, negative disables the limits).
 	LimitsInterval time.Duration
@@ -183,6 +190,9 @@ func New(opts Options) (*Driver, error) {
 	if opts.VolumeHealthInterval == 0 {
 		opts.VolumeHealthInterval = DefaultVolumeHealthInterval
 	}
+	if opts.KeyRotationInterval == 0 {
+		opts.KeyRotationInterval = controller.KeyRotationInterval
+	}
 	d := &Driver{
 		keys:      opts.Keys,
 		opts:      opts,
@@ -271,7 +281,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		return err
 	}
 	if d.nodeMode() {
-		d.node = node.New(node.Config{NodeName: d.opts.NodeName, HostNQNFile: d.opts.HostNQNFile, Stages: d.stages,
+		d.node = node.New(node.Config{NodeName: d.opts.NodeName, HostNQNFile: d.opts.HostNQNFile, MaxVolumes: d.opts.MaxVolumesPerNode, Stages: d.stages,
 			Mounter: d.mounter, Initiator: d.initiator, Kube: d.kube, Live: d.live, Keys: d.keys, Events: d.events,
 			Metrics: d.metrics, Locks: d.locks, Log: d.log})
 		if err := d.node.Init(ctx); err != nil {
@@ -303,6 +313,11 @@ func (d *Driver) Run(ctx context.Context) error {
 			Volumes: d.volumes, Snapshots: d.snapshots, Events: d.events, Log: d.log})
 		csipb.RegisterControllerServer(srv, cs)
 		csipb.RegisterGroupControllerServer(srv, controller.NewGroup(cs))
+		// key rotation by a Git change (Placement encryption.keyGeneration): new keys into
+		// the volumes' key Secrets, the previous key dropped once a node re-wrapped the header
+		if d.opts.KeyRotationInterval > 0 {
+			go every(ctx, d.opts.KeyRotationInterval, cs.RotateVolumeKeys)
+		}
 	}
 	if d.nodeMode() {
 		csipb.RegisterNodeServer(srv, d.node)

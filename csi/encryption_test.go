@@ -26,10 +26,10 @@ import (
 )
 
 // CreateVolume of an encrypted class makes the volume's key Secret before it answers (random,
-// hex, immutable, owned by the VolumeState), names it in the volume context and the frozen
+// hex, mutable for a key rotation, owned by the VolumeState), names it in the volume context and the frozen
 // policy (never the key), keeps a Secret that exists already, refuses a name that makes no
 // Secret name, and refuses clones its key could not open. The capacity asked is the mapping's:
-// the backend is the LUKS2 header larger.
+// the backend is the LUKS2 header larger, and GetCapacity of the class counts the header.
 func TestCreateVolumeEncryptedKeySecret(t *testing.T) {
 	e := controllerEnv(t, "enc", map[string]int64{"enc-node": 100 * gib})
 	ctx := t.Context()
@@ -52,6 +52,21 @@ func TestCreateVolumeEncryptedKeySecret(t *testing.T) {
 		return &s
 	}
 
+	// capacity of the class: each store's bytes less the header, the most a volume there gets
+	// (e.local: the same pool and store, a clear class)
+	for _, tc := range []struct {
+		params map[string]string
+		want   int64
+	}{{luks, 100*gib - 16<<20}, {e.local, 100 * gib}} {
+		c, err := e.ctrl.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: tc.params})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.GetAvailableCapacity() != tc.want || c.GetMaximumVolumeSize().GetValue() != tc.want {
+			t.Errorf("GetCapacity of %s: available %d, maximum %d; want %d", tc.params[policyv1.ParamPlacement], c.GetAvailableCapacity(), c.GetMaximumVolumeSize().GetValue(), tc.want)
+		}
+	}
+
 	resp, err := e.ctrl.CreateVolume(ctx, req("pvc-enc-a", luks))
 	if err != nil {
 		t.Fatal(err)
@@ -70,9 +85,9 @@ func TestCreateVolumeEncryptedKeySecret(t *testing.T) {
 	if err := e.c.Get(ctx, client.ObjectKey{Name: resp.GetVolume().GetVolumeId()}, vs); err != nil {
 		t.Fatal(err)
 	}
-	if len(key) != 128 || strings.Trim(key, "0123456789abcdef") != "" || sec.Immutable == nil || !*sec.Immutable ||
+	if len(key) != 128 || strings.Trim(key, "0123456789abcdef") != "" || sec.Immutable != nil ||
 		len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != vs.UID || sec.Labels["plinth.dev/volume-id"] != vs.Name {
-		t.Errorf("key Secret: %d key characters, immutable %v, owners %v, labels %v", len(key), sec.Immutable, sec.OwnerReferences, sec.Labels)
+		t.Errorf("key Secret: %d key characters, immutable %v (want unset: a rotation updates it), owners %v, labels %v", len(key), sec.Immutable, sec.OwnerReferences, sec.Labels)
 	}
 	if vs.Spec.CapacityBytes != gib+16<<20 {
 		t.Errorf("backend of %d bytes, want %d asked plus the 16 MiB LUKS2 header", vs.Spec.CapacityBytes, gib)

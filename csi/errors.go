@@ -20,6 +20,7 @@ var kindCodes = []struct {
 	{volume.ErrConflict, codes.Aborted},
 	{volume.ErrPrecondition, codes.FailedPrecondition},
 	{volume.ErrInsufficientCapacity, codes.ResourceExhausted},
+	{volume.ErrAttachLimit, codes.ResourceExhausted},
 	{volume.ErrOutOfRange, codes.OutOfRange},
 	{volume.ErrUnavailable, codes.Unavailable},
 	{volume.ErrTimeout, codes.DeadlineExceeded},

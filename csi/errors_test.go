@@ -28,6 +28,7 @@ func TestRPCError(t *testing.T) {
 		{volume.Errorf(volume.ErrPrecondition, "not staged"), codes.FailedPrecondition, "not staged"},
 		{volume.Errorf(volume.ErrInsufficientCapacity, "full"), codes.ResourceExhausted, "full"},
 		{volume.Errorf(volume.ErrOutOfRange, "too big"), codes.OutOfRange, "too big"},
+		{volume.Errorf(volume.ErrAttachLimit, "node n has 3 volumes published"), codes.ResourceExhausted, "node n has 3 volumes published"},
 		{volume.Errorf(volume.ErrUnavailable, "no API"), codes.Unavailable, "no API"},
 		{volume.Errorf(volume.ErrTimeout, "slow"), codes.DeadlineExceeded, "slow"},
 		{volume.Errorf(volume.ErrInternal, "broken"), codes.Internal, "broken"},

@@ -35,6 +35,7 @@ import (
 // filesystem.
 func TestRealAgentGroupSnapshot(t *testing.T) {
 	prereq.Root(t, "the file backend and mount")
+	noLeftovers(t)
 	cp := sharedControlPlane(t)
 	plinth := buildPlinth(t, t.TempDir())
 	params := fileBackendNode(t, cp, plinth, "grp")
@@ -59,14 +60,17 @@ func TestRealAgentGroupSnapshot(t *testing.T) {
 		}
 		v := resp.GetVolume()
 		if params["plinth.dev/pool"] != "grp" {
+			t.Cleanup(func() { teardown(t, ctrl, node, v.GetVolumeId(), "", "", "") })
 			return v.GetVolumeId(), ""
 		}
+		root := t.TempDir()
+		staging, target := filepath.Join(root, "staging"), filepath.Join(root, "target")
+		// registered before the first step: a failure half-way still unwinds what was done
+		t.Cleanup(func() { teardown(t, ctrl, node, v.GetVolumeId(), "grp-node", staging, target) })
 		pub, err := ctrl.ControllerPublishVolume(ctx, &csipb.ControllerPublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: "grp-node", VolumeCapability: xfs, VolumeContext: v.GetVolumeContext()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		root := t.TempDir()
-		staging, target := filepath.Join(root, "staging"), filepath.Join(root, "target")
 		if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: v.GetVolumeId(), StagingTargetPath: staging, VolumeCapability: xfs,
 			PublishContext: pub.GetPublishContext(), VolumeContext: v.GetVolumeContext()}); err != nil {
 			t.Fatal(err)
@@ -75,13 +79,6 @@ func TestRealAgentGroupSnapshot(t *testing.T) {
 			PublishContext: pub.GetPublishContext(), VolumeContext: v.GetVolumeContext()}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() {
-			ctx := context.Background()                                                                                                 // t.Context() is done before cleanups run
-			node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: v.GetVolumeId(), TargetPath: target})             //nolint:errcheck // cleanup
-			node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: v.GetVolumeId(), StagingTargetPath: staging})         //nolint:errcheck // cleanup
-			ctrl.ControllerUnpublishVolume(ctx, &csipb.ControllerUnpublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: "grp-node"}) //nolint:errcheck // cleanup
-			ctrl.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: v.GetVolumeId()})                                               //nolint:errcheck // cleanup
-		})
 		return v.GetVolumeId(), target
 	}
 	a, ta := mounted("grp-a", params, "")
@@ -169,8 +166,12 @@ func TestRealAgentGroupSnapshot(t *testing.T) {
 
 	// A freeze that does not return within the class's timeout (held at csi.freeze.before for
 	// longer): thawed, the group fails UNAVAILABLE and leaves no member, A is writable again.
+	// While the freeze is under way, A's staging path is not unmounted: Linux would unmount
+	// a frozen filesystem and keep it frozen with no mount to thaw it through.
 	held := make(chan struct{})
+	var unstageWhileFreezing error
 	disable := failpoint.Enable(failpoint.CSIFreezeBefore, func() {
+		_, unstageWhileFreezing = node.NodeUnstageVolume(context.Background(), &csipb.NodeUnstageVolumeRequest{VolumeId: a, StagingTargetPath: filepath.Join(filepath.Dir(ta), "staging")})
 		time.Sleep(3 * time.Second)
 		close(held)
 	})
@@ -182,24 +183,11 @@ func TestRealAgentGroupSnapshot(t *testing.T) {
 	}
 	<-held
 	disable()
-	written := make(chan error, 1)
-	go func() { // blocks while A's filesystem is frozen
-		f, err := os.Create(filepath.Join(ta, "after-timeout"))
-		if err == nil {
-			_, err = f.WriteString("written")
-			err = errors.Join(err, f.Sync(), f.Close())
-		}
-		written <- err
-	}()
-	select {
-	case err := <-written:
-		if err != nil {
-			t.Errorf("write to A after the timed-out freeze: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Errorf("a write to A blocks 30s after the timed-out freeze: its filesystem was left frozen")
-		mount.Thaw(ta) //nolint:errcheck // unblock the cleanup
+	wantCode(t, "NodeUnstageVolume of a filesystem being frozen", unstageWhileFreezing, codes.Unavailable)
+	if got := mountsAt(t, filepath.Join(filepath.Dir(ta), "staging")); got != 1 {
+		t.Errorf("A's staging path after the refused unstage: %d mounts, want 1", got)
 	}
+	writableAgain(t, ta, ta, "after-timeout", "the timed-out freeze", "its filesystem was left frozen")
 	if err := wait.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		var list storev1.VolumeSnapshotStateList
 		if err := c.List(ctx, &list, client.MatchingLabels{storev1.LabelGroup: storev1.GroupSnapshotID("grp-hung-freeze")}); err != nil {
@@ -235,4 +223,29 @@ func TestRealAgentGroupSnapshot(t *testing.T) {
 	}
 	_, err = group.GetVolumeGroupSnapshot(ctx, &csipb.GetVolumeGroupSnapshotRequest{GroupSnapshotId: gs.GetGroupSnapshotId()})
 	wantCode(t, "group after its deletion", err, codes.NotFound)
+}
+
+// writableAgain writes and syncs file name in volume A's mount dir, which blocks while A's
+// filesystem is frozen: an error names after, and a write still blocked after 30 s fails the
+// test with why and thaws thawPath so the clean-up can unmount.
+func writableAgain(t *testing.T, dir, thawPath, name, after, why string) {
+	t.Helper()
+	written := make(chan error, 1)
+	go func() {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err == nil {
+			_, err = f.WriteString("written")
+			err = errors.Join(err, f.Sync(), f.Close())
+		}
+		written <- err
+	}()
+	select {
+	case err := <-written:
+		if err != nil {
+			t.Errorf("write to A after %s: %v", after, err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("a write to A blocks 30s after %s: %s", after, why)
+		mount.Thaw(thawPath) //nolint:errcheck // unblock the cleanup
+	}
 }

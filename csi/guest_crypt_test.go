@@ -5,23 +5,22 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -29,6 +28,8 @@ import (
 	"github.com/plinth-storage/plinth/csi/crypt"
 	"github.com/plinth-storage/plinth/csi/mount"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
+	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/framework/wait"
 )
 
 // TestInGuestEncryptedNVMeoF runs in the qemu guest of TestGuestCSISanityLVMNVMeoF (subtest
@@ -38,25 +39,11 @@ import (
 // consumer sees. The test reads the key Secret the controller made and hands it to NodeStage,
 // standing in for kubelet (which reads the PV's nodeStageSecretRef under the Node authorizer).
 func TestInGuestEncryptedNVMeoF(t *testing.T) {
-	sock := os.Getenv("PLINTH_CSI_GUEST_SOCKET")
-	if sock == "" {
-		t.Skip("runs in the qemu guest of TestGuestCSISanityLVMNVMeoF (PLINTH_GUEST_CSI=1), which sets PLINTH_CSI_GUEST_SOCKET")
-	}
-	var params map[string]string
-	data, err := os.ReadFile(os.Getenv("PLINTH_CSI_GUEST_LUKS_PARAMS"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(data, &params); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("PLINTH_CSI_GUEST_KUBECONFIG"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube := kubeClient(t, cfg)
+	sock := inGuestSocket(t)
+	params := readParams(t, "PLINTH_CSI_GUEST_LUKS_PARAMS")
+	kube := guestKube(t)
 	nodeName := os.Getenv("PLINTH_CSI_GUEST_NODE")
-	conn := dialGuest(t, sock)
+	conn := dialUnix(t, sock)
 	ctrl, node := csipb.NewControllerClient(conn), csipb.NewNodeClient(conn)
 	ctx := t.Context()
 	dir := t.TempDir()
@@ -160,6 +147,156 @@ func TestInGuestEncryptedNVMeoF(t *testing.T) {
 		unstage(t, node, id, staging)
 	})
 
+	// a key rotation by a Git change while the volume is staged, published and written: the
+	// Placement's keyGeneration raised, the driver's controller round writes the new key (the
+	// old one as key-previous), the republish (standing in for kubelet's, CSIDriver
+	// requiresRepublish, with the Secret read afresh) re-wraps the header under the mounted,
+	// written filesystem and reports it, the round drops key-previous; then a restage opens
+	// with the new key only, every byte written reads back and the LV holds ciphertext only
+	t.Run("RotateWhileStagedAndWritten", func(t *testing.T) {
+		secretNow := func() map[string]string {
+			t.Helper()
+			var sec corev1.Secret
+			if err := kube.Get(ctx, client.ObjectKey{Namespace: policyv1.VolumeKeyNamespace, Name: v.secret[len(policyv1.VolumeKeyNamespace)+1:]}, &sec); err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]string{}
+			for k, b := range sec.Data {
+				out[k] = string(b)
+			}
+			return out
+		}
+		old := secretNow()
+		if _, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging,
+			VolumeCapability: capability, VolumeContext: vc, Secrets: old}); err != nil {
+			t.Fatal(err)
+		}
+		pub := &csipb.NodePublishVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging, TargetPath: target,
+			VolumeCapability: capability, VolumeContext: vc, Secrets: old}
+		if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+			t.Fatal(err)
+		}
+		rec := []byte(strings.Repeat(string(marker), 8))
+		stop, done := make(chan struct{}), make(chan error, 1)
+		var records atomic.Int64
+		go func() { // one synced record every 10 ms until stopped
+			f, err := os.OpenFile(filepath.Join(target, "log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer f.Close()
+			pace := time.NewTicker(10 * time.Millisecond)
+			defer pace.Stop()
+			for {
+				select {
+				case <-stop:
+					done <- nil
+					return
+				case <-pace.C:
+				}
+				if _, err := f.Write(rec); err != nil {
+					done <- err
+					return
+				}
+				if err := f.Sync(); err != nil {
+					done <- err
+					return
+				}
+				records.Add(1)
+			}
+		}()
+		stopWriter := func() error {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			close(stop)
+			return <-done
+		}
+		defer stopWriter() //nolint:errcheck
+
+		var pl policyv1.Placement
+		if err := kube.Get(ctx, client.ObjectKey{Name: params[policyv1.ParamPlacement]}, &pl); err != nil {
+			t.Fatal(err)
+		}
+		gen := pl.Spec.Encryption.KeyGeneration + 1
+		pl.Spec.Encryption.KeyGeneration = gen
+		if err := kube.Update(ctx, &pl); err != nil {
+			t.Fatal(err)
+		}
+		var rotated map[string]string
+		if err := wait.Poll(ctx, 90*time.Second, 500*time.Millisecond, func() error {
+			rotated = secretNow()
+			if rotated[policyv1.VolumeKeyGenerationData] != strconv.FormatInt(gen, 10) || rotated[policyv1.VolumeKeyPreviousData] != old[policyv1.VolumeKeyData] {
+				return fmt.Errorf("key Secret at generation %q, previous key set %v", rotated[policyv1.VolumeKeyGenerationData], rotated[policyv1.VolumeKeyPreviousData] != "")
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("the controller's rotation round: %v", err)
+		}
+		before := records.Load()
+		pub.Secrets = rotated
+		if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+			t.Fatalf("republish with the rotated Secret: %v", err)
+		}
+		var vs storev1.VolumeState
+		if err := kube.Get(ctx, client.ObjectKey{Name: id}, &vs); err != nil {
+			t.Fatal(err)
+		}
+		if st := vs.Status.Encryption; st == nil || st.KeyGeneration != gen || st.NodeName != nodeName {
+			t.Fatalf("status.encryption %+v after the re-wrap, want generation %d from %s", st, gen, nodeName)
+		}
+		if err := wait.Poll(ctx, 90*time.Second, 500*time.Millisecond, func() error {
+			if s := secretNow(); s[policyv1.VolumeKeyPreviousData] != "" {
+				return errors.New("key-previous still in the Secret")
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("the round after the re-wrap: %v", err)
+		}
+		if err := wait.Poll(ctx, 10*time.Second, 20*time.Millisecond, func() error {
+			if n := records.Load(); n <= before+10 {
+				return fmt.Errorf("%d records since the re-wrap", n-before)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("the writer stalled across the re-wrap: %v", err)
+		}
+		if err := stopWriter(); err != nil {
+			t.Fatalf("the writer failed during the rotation: %v", err)
+		}
+		n := records.Load()
+		t.Logf("%d records written and synced across the rotation, %d after the re-wrap", n, n-before)
+		if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			t.Fatal(err)
+		}
+		unstage(t, node, id, staging)
+
+		lv := lvOf(t, id)
+		uuid := strings.TrimSpace(run(t, "blkid", "-p", "-o", "value", "-s", "UUID", lv))
+		_, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: id, PublishContext: pc, StagingTargetPath: staging,
+			VolumeCapability: capability, VolumeContext: vc, Secrets: old})
+		if status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("NodeStage with the key before the rotation: %v, want FAILED_PRECONDITION", err)
+		}
+		unstage(t, node, id, staging)
+		if after := strings.TrimSpace(run(t, "blkid", "-p", "-o", "value", "-s", "UUID", lv)); after != uuid {
+			t.Fatalf("LUKS UUID %q after the old key was refused, %q before", after, uuid)
+		}
+		stageReq.Secrets = secretNow()
+		if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
+			t.Fatalf("restage with the rotated key: %v", err)
+		}
+		got, err := os.ReadFile(filepath.Join(staging, "log"))
+		if err != nil || !bytes.Equal(got, bytes.Repeat(rec, int(n))) {
+			t.Fatalf("after restage: %d bytes read back (%v), %d written, or not the records written", len(got), err, int(n)*len(rec))
+		}
+		unstage(t, node, id, staging)
+		assertCiphertextOnly(t, lv, id, marker)
+	})
+
 	// a snapshot of the (unstaged) volume, restored: a volume of its own, encrypted, whose key
 	// Secret is a copy of the source's (the controller copied it through the snapshot's own),
 	// opened on first stage and relabelled with its id; the source's data reads back
@@ -180,7 +317,12 @@ func TestInGuestEncryptedNVMeoF(t *testing.T) {
 		r := newEncryptedVolumeFrom(t, ctrl, kube, nodeName, "pvc-luks-restore-in-guest", params, capability,
 			&csipb.VolumeContentSource{Type: &csipb.VolumeContentSource_Snapshot{Snapshot: &csipb.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}},
 			snap.GetSnapshot().GetSizeBytes())
-		if r.key[policyv1.VolumeKeyData] != v.key[policyv1.VolumeKeyData] {
+		// the source's key as its Secret holds it now (RotateWhileStagedAndWritten rotated it)
+		var src corev1.Secret
+		if err := kube.Get(ctx, client.ObjectKey{Namespace: policyv1.VolumeKeyNamespace, Name: v.secret[len(policyv1.VolumeKeyNamespace)+1:]}, &src); err != nil {
+			t.Fatal(err)
+		}
+		if r.key[policyv1.VolumeKeyData] != string(src.Data[policyv1.VolumeKeyData]) {
 			t.Fatal("the restore's key Secret does not hold the source's key")
 		}
 		if r.vc["plinth.dev/luks-labels"] != id {
@@ -474,19 +616,6 @@ func assertCiphertextOnly(t *testing.T, lv, id string, marker []byte) {
 	if bytes.Contains(data, marker) {
 		t.Fatalf("plaintext on the storage node's LV %s", lv)
 	}
-}
-
-func dialGuest(t *testing.T, sock string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
 }
 
 func randomBytes(t testing.TB, n int) []byte {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,10 +14,7 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"sigs.k8s.io/yaml"
 )
 
 // groupRecordBytes is one record of the group snapshot's writer: a block of the volume, at
@@ -40,35 +36,15 @@ func blockCap() *csipb.VolumeCapability {
 // is never ahead of A's. The writer keeps writing after the snapshot (the origins were
 // resumed), a retry returns the same group, a group with a missing member is NOT_FOUND naming
 // it and leaves nothing, and deleting the group deletes its members. On thin LVM (over NVMe-oF)
-// a group of two volumes is FAILED_PRECONDITION and leaves no member (Plinth cannot take it at
-// one instant yet), and a group of one is taken.
+// a group of two raw block volumes in use is FAILED_PRECONDITION and leaves no member (two thin
+// LVs are taken under the consumers' freeze, and a block volume has no filesystem to freeze),
+// and a group of one is taken. FrozenThinLVM and FrozenTwoStores prove the instant of groups
+// taken under the freeze, with filesystem volumes.
 func TestInGuestGroupSnapshot(t *testing.T) {
-	sock := os.Getenv("PLINTH_CSI_GUEST_SOCKET")
-	if sock == "" {
-		t.Skip("runs in the qemu guest of TestGuestCSISanityLVMNVMeoF (PLINTH_GUEST_CSI=1), which sets PLINTH_CSI_GUEST_SOCKET")
-	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	sock := inGuestSocket(t)
+	conn := dialUnix(t, sock)
 	g := guestGroup{ctrl: csipb.NewControllerClient(conn), node: csipb.NewNodeClient(conn), group: csipb.NewGroupControllerClient(conn),
 		nodeName: os.Getenv("PLINTH_CSI_GUEST_NODE")}
-	readParams := func(t *testing.T, env string) map[string]string {
-		t.Helper()
-		var params map[string]string
-		data, err := os.ReadFile(os.Getenv(env))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := yaml.Unmarshal(data, &params); err != nil {
-			t.Fatal(err)
-		}
-		return params
-	}
 	for _, class := range []struct{ name, env string }{{"ZFS", "PLINTH_CSI_GUEST_ZFS_PARAMS"}, {"LVMThinNVMeoF", "PLINTH_CSI_GUEST_PARAMS"}} {
 		t.Run(class.name, func(t *testing.T) {
 			params := readParams(t, class.env)

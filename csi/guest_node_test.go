@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +14,6 @@ import (
 	"testing"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"sigs.k8s.io/yaml"
 
 	"github.com/plinth-storage/plinth/csi"
 	"github.com/plinth-storage/plinth/csi/mount"
@@ -77,31 +73,14 @@ func run(t *testing.T, name string, args ...string) string {
 // ControllerExpand (the initiator sees the new size), unstage with the controller already gone
 // and unstage twice (both succeed), and that unstage really disconnects.
 func TestInGuestNVMeoFNode(t *testing.T) {
-	sock := os.Getenv("PLINTH_CSI_GUEST_SOCKET")
-	if sock == "" {
-		t.Skip("runs in the qemu guest of TestGuestCSISanityLVMNVMeoF (PLINTH_GUEST_CSI=1), which sets PLINTH_CSI_GUEST_SOCKET")
-	}
-	var params map[string]string
-	data, err := os.ReadFile(os.Getenv("PLINTH_CSI_GUEST_PARAMS"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(data, &params); err != nil {
-		t.Fatal(err)
-	}
+	sock := inGuestSocket(t)
+	params := readParams(t, "PLINTH_CSI_GUEST_PARAMS")
 	state, nodeName := os.Getenv("PLINTH_CSI_GUEST_STATE"), os.Getenv("PLINTH_CSI_GUEST_NODE")
 	hostNQN, err := nvme.HostNQN("/etc/nvme/hostnqn")
 	if err != nil || hostNQN == "" {
 		t.Fatalf("host NQN: %q %v", hostNQN, err)
 	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialUnix(t, sock)
 	ctrl, node := csipb.NewControllerClient(conn), csipb.NewNodeClient(conn)
 	ctx := t.Context()
 	dir := t.TempDir()
@@ -172,6 +151,51 @@ func TestInGuestNVMeoFNode(t *testing.T) {
 			t.Errorf("%s connected again", nqn)
 		}
 	})
+
+	t.Run("UnstageWithoutRecord", func(t *testing.T) { guestUnstageWithoutRecord(t, v) })
+}
+
+// guestUnstageWithoutRecord: a stage record lost (a node plugin state folder wiped, a crash
+// between connect and the record's write) must not leave the volume mounted or its NVMe-oF
+// controller connected: unstage finds the subsystem from the mounted device, or, with nothing
+// mounted, from the volume's subsystem NQN among this node's connections.
+func guestUnstageWithoutRecord(t *testing.T, v *guestNodeVolume) {
+	ctx, node, id, nqn, staging, state := t.Context(), v.node, v.id, v.nqn, v.staging, v.state
+	unstage := func(what string) {
+		t.Helper()
+		if _, err := node.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			t.Fatalf("NodeUnstage %s: %v", what, err)
+		}
+		if m, _ := mount.New().IsMounted(staging); m {
+			t.Errorf("%s: %s still mounted", what, staging)
+		}
+		if _, ok := subsystemOf(t, nqn); ok {
+			t.Errorf("%s: %s still connected", what, nqn)
+		}
+	}
+	record := filepath.Join(state, id+".json")
+
+	// Staged and mounted, then the record removed.
+	if _, err := node.NodeStageVolume(ctx, v.stageReq); err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := subsystemOf(t, nqn); !ok || len(s.controllers) != 1 {
+		t.Fatalf("after stage: connected %v, controllers %v", ok, s.controllers)
+	}
+	if err := os.Remove(record); err != nil {
+		t.Fatalf("remove the stage record: %v", err)
+	}
+	unstage("mounted, record lost")
+
+	// Connected by hand, never mounted, no record.
+	run(t, "nvme", "connect", "-t", "tcp", "-a", v.addr, "-s", v.port, "-n", nqn, "-q", v.hostNQN)
+	if _, err := (&nvme.Initiator{}).WaitDevice(ctx, nqn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a stage record exists for a connection made by hand: %v", err)
+	}
+	unstage("connected, not mounted, no record")
 }
 
 // guestNodeVolume is the NVMe-oF volume of TestInGuestNVMeoFNode, published to this node: the

@@ -3,7 +3,7 @@ package csi_test
 import (
 	"context"
 	"encoding/json"
-	"net"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,11 +13,8 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"sigs.k8s.io/yaml"
 )
 
 // rawPart is one partition as `sfdisk --json` reports it (sectors).
@@ -45,21 +42,15 @@ func rawParts(t *testing.T, disks []string) []rawPart {
 	return all
 }
 
-func readParams(t *testing.T, env string) map[string]string {
-	t.Helper()
-	var params map[string]string
-	data, err := os.ReadFile(os.Getenv(env))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(data, &params); err != nil {
-		t.Fatal(err)
-	}
-	return params
-}
-
 // signatureAt is what blkid finds at byte offset off of disk ("" for nothing).
+// The whole disk's buffer cache is flushed and dropped first (blockdev --flushbufs): a
+// partition written through its own device (mkfs on /dev/vdb1) is not seen through pages of the
+// whole disk's device read before, which blkid would otherwise be handed.
 func signatureAt(disk string, off int64) string {
+	if out, err := exec.Command("blockdev", "--flushbufs", disk).CombinedOutput(); err != nil {
+		// neither "" (nothing there) nor a filesystem: every caller's check fails on it
+		return fmt.Sprintf("(blockdev --flushbufs %s: %v %s)", disk, err, out)
+	}
 	out, err := exec.Command("blkid", "-p", "-O", strconv.FormatInt(off, 10), "-o", "value", "-s", "TYPE", disk).Output()
 	if err != nil {
 		return ""
@@ -77,22 +68,12 @@ func signatureAt(disk string, off int64) string {
 // disk that holds it, cannot grow, has no snapshots (INVALID_ARGUMENT), and GetCapacity
 // offers the largest free disk, not the sum.
 func TestInGuestRaw(t *testing.T) {
-	sock := os.Getenv("PLINTH_CSI_GUEST_SOCKET")
-	if sock == "" {
-		t.Skip("runs in the qemu guest of TestGuestCSISanityLVMNVMeoF (PLINTH_GUEST_CSI=1), which sets PLINTH_CSI_GUEST_SOCKET")
-	}
+	sock := inGuestSocket(t)
 	gptParams, wholeParams := readParams(t, "PLINTH_CSI_GUEST_RAW_PARAMS"), readParams(t, "PLINTH_CSI_GUEST_WHOLE_PARAMS")
 	gptDisks := strings.Split(os.Getenv("PLINTH_CSI_GUEST_RAW_DISKS"), ",")
 	wholeDisks := strings.Split(os.Getenv("PLINTH_CSI_GUEST_WHOLE_DISKS"), ",")
 	nodeName := os.Getenv("PLINTH_CSI_GUEST_NODE")
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialUnix(t, sock)
 	ctrl, node := csipb.NewControllerClient(conn), csipb.NewNodeClient(conn)
 	ctx := t.Context()
 	capability := fsCap("ext4", csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)

@@ -44,5 +44,7 @@ const (
 	ReasonMountDead             = node.ReasonMountDead
 	ReasonDeviceGone            = node.ReasonDeviceGone
 	DefaultVolumeHealthInterval = node.DefaultVolumeHealthInterval
-	DefaultAuthNamespace        = node.DefaultAuthNamespace
+	// DefaultKeyRotationInterval is the period of the controller's key rotation round.
+	DefaultKeyRotationInterval = controller.KeyRotationInterval
+	DefaultAuthNamespace       = node.DefaultAuthNamespace
 )

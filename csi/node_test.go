@@ -50,7 +50,16 @@ func loopDevice(t *testing.T, size int64) (dev, file string) {
 				}
 			}
 		}
-		exec.Command("losetup", "--detach", dev).Run() //nolint:errcheck
+		// Only while dev is still ours (another process may have bound the number since).
+		// `losetup --detach` of a device still held only marks it auto-clear: a filesystem
+		// left frozen after its unmount would keep it, so removeLoop thaws that and says so.
+		bf, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+		if err != nil || strings.TrimSuffix(strings.TrimSpace(string(bf)), " (deleted)") != file {
+			return
+		}
+		if frozen, err := removeLoop(dev); frozen || err != nil {
+			t.Errorf("loop device %s at the end: left frozen %v, detach: %v", dev, frozen, err)
+		}
 	})
 	return dev, file
 }
@@ -201,12 +210,21 @@ func TestNodeDeadMount(t *testing.T) {
 	if _, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: fsCap("xfs", rwo)}); err != nil {
 		t.Fatal(err)
 	}
+	if sh, err := node.NodeGetStorageHealth(ctx, &csipb.NodeGetStorageHealthRequest{}); err != nil || len(sh.GetBackendHealth()) != 0 {
+		t.Errorf("storage health with a healthy staged volume: %v, %v", sh, err)
+	}
 	if out, err := exec.Command("xfs_io", "-x", "-c", "shutdown", staging).CombinedOutput(); err != nil {
 		t.Fatalf("xfs_io shutdown: %v %s", err, out)
 	}
 	h, err := node.NodeGetVolumeHealth(ctx, &csipb.NodeGetVolumeHealthRequest{VolumeId: id, VolumePublishPath: target, StagingTargetPath: staging})
 	if err != nil || len(h.GetVolumeHealth().GetHealthStatuses()) == 0 || h.GetVolumeHealth().GetHealthStatuses()[0].GetStatus() != csipb.VolumeHealthErrorType_INACCESSIBLE {
 		t.Errorf("health of a dead mount: %v, %v", h, err)
+	}
+	// The node's storage health names the volume under its reason.
+	sh, err := node.NodeGetStorageHealth(ctx, &csipb.NodeGetStorageHealthRequest{})
+	if b := sh.GetBackendHealth(); err != nil || len(b) != 1 || b[0].GetStatus() != csipb.StorageHealthErrorType_STORAGE_DEGRADED ||
+		b[0].GetReason() != csi.ReasonMountDead || !strings.Contains(b[0].GetMessage(), id) {
+		t.Errorf("storage health with a dead mount: %v, %v", sh, err)
 	}
 	if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 		t.Fatal(err)

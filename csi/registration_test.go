@@ -94,8 +94,9 @@ func (r *running) stop() error {
 
 func (r *running) stopQuiet() { _ = r.stop() }
 
-// dialUnix returns a gRPC client of a unix socket, dialled as kubelet's plugin watcher does.
-func dialUnix(t *testing.T, path string) *grpc.ClientConn {
+// dialUnix returns a gRPC client of a unix socket, dialled as kubelet's plugin watcher does,
+// closed when t ends.
+func dialUnix(t testing.TB, path string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient("passthrough:///"+path, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {

@@ -3,7 +3,6 @@ package csi_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
@@ -181,14 +179,7 @@ func startDriver(t testing.TB, opts csi.Options) *grpc.ClientConn {
 			t.Errorf("driver: %v", err)
 		}
 	})
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dialUnix(t, sock)
 	id := csipb.NewIdentityClient(conn)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {

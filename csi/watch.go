@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,6 +20,27 @@ import (
 
 // The API access the informers below need is declared with the controller service
 // (csi/controller, controller.go).
+
+// CacheOptions are those of the controller's informer cache over scheme: no object keeps its
+// managedFields (nothing here reads them; an Update of a cached object without them leaves
+// the server's as they are), and a Node keeps its metadata alone — the controller reads a
+// Node's name, labels (topology, spreading, NVMe-oF initiators) and annotations (host NQN,
+// attach limit), never its spec or status, which are most of a Node's size.
+func CacheOptions(scheme *runtime.Scheme) cache.Options {
+	return cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: nodeMetadata}}}
+}
+
+// nodeMetadata keeps of a Node its metadata, without managedFields.
+func nodeMetadata(in any) (any, error) {
+	n, ok := in.(*corev1.Node)
+	if !ok { // anything else passes as it is
+		return in, nil
+	}
+	out := &corev1.Node{TypeMeta: n.TypeMeta, ObjectMeta: n.ObjectMeta}
+	out.ManagedFields = nil
+	return out, nil
+}
 
 // connect builds the API clients: in controller modes a cache with informers on the kinds the
 // controller reads (synced before Run serves), otherwise a direct client.
@@ -41,7 +63,7 @@ func (d *Driver) connect(ctx context.Context) error {
 	if !d.controllerMode() {
 		return nil
 	}
-	ca, err := cache.New(d.opts.Config, cache.Options{Scheme: d.scheme})
+	ca, err := cache.New(d.opts.Config, CacheOptions(d.scheme))
 	if err != nil {
 		return fmt.Errorf("api cache: %w", err)
 	}
@@ -130,6 +152,10 @@ func (d *Driver) followFreezes(ctx context.Context) error {
 	defer cancel()
 	if !ca.WaitForCacheSync(syncCtx) {
 		return fmt.Errorf("freeze cache did not sync: %w", syncCtx.Err())
+	}
+	// before the plugin serves: no NodeUnstageVolume of a leftover freeze first
+	if err := d.node.ThawLeftovers(ctx, ca); err != nil {
+		return err
 	}
 	go d.node.FollowFreezes(ctx, ca)
 	return nil

@@ -59,15 +59,7 @@ func labelIs(m *dto.Metric, name, value string) bool {
 func testVolumeWorkers(t *testing.T, e *env) {
 	ctx := context.Background()
 	const nodeName = "node-workers"
-	dir, state := t.TempDir(), t.TempDir()
-	decl := policyv1.Backend{File: &policyv1.FileBackend{Directory: filepath.Join(dir, "vols")}}
-	s := &storev1.Store{}
-	s.Name = nodeName + "-store"
-	s.Labels = nodeLabels(nodeName, pool)
-	s.Spec = storev1.StoreSpec{Pool: pool, NodeName: nodeName, Backend: decl, Reserve: "1Mi", DriftPolicy: policyv1.DriftPolicyReport}
-	if err := e.c.Create(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	s, decl, state := fileStore(t, e, nodeName)
 
 	var mu sync.Mutex
 	inside := map[string]int{} // reconciles of each volume between create and return of the hook

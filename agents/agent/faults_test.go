@@ -48,14 +48,8 @@ func TestHostFaults(t *testing.T) {
 	ctx := t.Context()
 	state := t.TempDir()
 	dir := filepath.Join(t.TempDir(), "volumes")
-	sys := t.TempDir()
-	os.MkdirAll(filepath.Join(sys, "module", "nvmet"), 0o755)
-	nqnFile := filepath.Join(state, "hostnqn")
-	os.WriteFile(nqnFile, []byte(hostNQN+"\n"), 0o644)
-	spec := processSpec{
-		Kubeconfig: e.kubeconfig, NodeName: node, StateDir: state, HostNQNFile: nqnFile,
-		SysRoot: sys, NVMetRoot: filepath.Join(state, "no-nvmet"), RefreshInterval: time.Second,
-	}
+	spec := hostProcessSpec(t, e, state)
+	sys, nqnFile := spec.SysRoot, spec.HostNQNFile
 	opts := agent.Options{NodeName: node, StateDir: state}
 	t.Cleanup(func() {
 		if fb, err := file.New(file.Config{Directory: dir}); err == nil {
@@ -508,13 +502,28 @@ func assertOneVolume(t *testing.T, ctx context.Context, c client.Client, dir, pa
 	if len(all.Items) != 1 {
 		t.Errorf("%d VolumeStates, want 1", len(all.Items))
 	}
+	// The image and its identity record, which a Store refresh stamps with the volume's size
+	// (a valid stamp of this volume: never a torn one after a crash). Listed once the record
+	// says the size asked for: until then a refresh may be writing it (its temp file exists).
+	record := strings.TrimSuffix(path, ".img") + ".id"
+	eventually(t, 30*time.Second, "identity record stamped with the size", func() error {
+		b, err := os.ReadFile(record)
+		if err != nil {
+			return err
+		}
+		st, err := identity.ParseText(string(b))
+		if err != nil {
+			return err
+		}
+		if st.SizeBytes != want {
+			return fmt.Errorf("stamped size %d, want %d", st.SizeBytes, want)
+		}
+		return nil
+	})
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// the image, and its identity record once a Store refresh has stamped it (a valid stamp of
-	// this volume: never a torn one after a crash)
-	record := strings.TrimSuffix(path, ".img") + ".id"
 	var names []string
 	for _, e := range ents {
 		names = append(names, e.Name())
@@ -560,8 +569,24 @@ func assertNoVolumeLeft(t *testing.T, dir, path string) {
 	}
 }
 
-// assertStoreClean waits for a Store refresh after the volume became Ready
-// and checks it reports no drift and provisioned = the volume's size.
+// hostProcessSpec is the agent process of the host tests on the node: state as its state
+// folder and host NQN file (the test's host NQN), a sysfs root with the nvmet module but no
+// configfs target (NVMetRoot absent), a 1 s refresh.
+func hostProcessSpec(t *testing.T, e *env, state string) processSpec {
+	t.Helper()
+	sys := t.TempDir()
+	os.MkdirAll(filepath.Join(sys, "module", "nvmet"), 0o755)
+	nqnFile := filepath.Join(state, "hostnqn")
+	os.WriteFile(nqnFile, []byte(hostNQN+"\n"), 0o644)
+	return processSpec{
+		Kubeconfig: e.kubeconfig, NodeName: node, StateDir: state, HostNQNFile: nqnFile,
+		SysRoot: sys, NVMetRoot: filepath.Join(state, "no-nvmet"), RefreshInterval: time.Second,
+	}
+}
+
+// assertStoreClean waits for the second Store refresh written after the volume became Ready
+// (the first may have measured before it) and checks it reports no drift and provisioned =
+// the volume's size.
 func assertStoreClean(t *testing.T, ctx context.Context, c client.Client, s *storev1.Store, provisioned int64) {
 	t.Helper()
 	if err := c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
@@ -571,12 +596,20 @@ func assertStoreClean(t *testing.T, ctx context.Context, c client.Client, s *sto
 	if s.Status.LastHeartbeatTime != nil {
 		seen = s.Status.LastHeartbeatTime.Time
 	}
-	eventually(t, 30*time.Second, "a Store refresh after Ready", func() error {
+	// A refresh whose write lands after Ready may have measured the pool before the volume
+	// was made (it was in flight). The agent refreshes one at a time, so the second refresh
+	// written after Ready measured after the first's write: that one must count the volume.
+	refreshes := 0
+	eventually(t, 30*time.Second, "two Store refreshes after Ready", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
 			return err
 		}
-		if s.Status.LastHeartbeatTime == nil || !s.Status.LastHeartbeatTime.After(seen) {
-			return errors.New("no refresh yet")
+		if hb := s.Status.LastHeartbeatTime; hb != nil && hb.After(seen) {
+			seen = hb.Time
+			refreshes++
+		}
+		if refreshes < 2 {
+			return fmt.Errorf("%d refreshes after Ready, want 2", refreshes)
 		}
 		return nil
 	})

@@ -417,4 +417,8 @@ rmdir $C/subsystems/$N`, nqn))
 	})
 
 	t.Run("CrashPoints", func(t *testing.T) { guestCrashPoints(t, e, guestT{t, gg}, a, storeName, thin) })
+	t.Run("MoveThinToZFS", func(t *testing.T) { guestMove(t, e, guestT{t, gg}, storeName, thin) })
+
+	// last: it replaces the control plane
+	t.Run("ControlPlaneLost", func(t *testing.T) { guestControlPlaneLost(t, cp, guestT{t, gg}, a, refresh) })
 }

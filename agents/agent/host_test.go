@@ -8,11 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/agents/agent"
@@ -385,7 +388,24 @@ func TestHostFileBackend(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := counter(agent.FencingRejections, fencing.ReasonStaleGeneration)
-		r.start(opts)
+		// The agent's first Fenced write conflicts: the test labels the VolumeState between
+		// the refusal and the write. The refusal is still counted once, by the reconcile of
+		// the labelled version, not once per attempt.
+		// The hook runs on the agent's goroutine while this one decodes into vs: it
+		// compares against a copy of the name, never vs itself.
+		staleName := vs.Name
+		staleOpts := opts
+		var conflicts atomic.Int32
+		staleOpts.BeforeFencedStatus = func(id string) {
+			if id != staleName || !conflicts.CompareAndSwap(0, 1) {
+				return
+			}
+			patch := []byte(`{"metadata":{"labels":{"plinth-test/conflict":"1"}}}`)
+			if err := e.c.Patch(ctx, &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: id}}, client.RawPatch(types.MergePatchType, patch)); err != nil {
+				t.Errorf("label the VolumeState before the agent's status write: %v", err)
+			}
+		}
+		r.start(staleOpts)
 		eventually(t, 60*time.Second, "Fenced condition", func() error {
 			if err := e.c.Get(ctx, client.ObjectKeyFromObject(vs), vs); err != nil {
 				return err
@@ -397,7 +417,10 @@ func TestHostFileBackend(t *testing.T) {
 			return nil
 		})
 		if after := counter(agent.FencingRejections, fencing.ReasonStaleGeneration); after != before+1 {
-			t.Errorf("plinth_agent_fencing_rejections_total{reason=StaleGeneration} %v → %v, want +1", before, after)
+			t.Errorf("plinth_agent_fencing_rejections_total{reason=StaleGeneration} %v → %v, want +1 (one refusal, its first status write conflicted)", before, after)
+		}
+		if n := conflicts.Load(); n != 1 {
+			t.Errorf("%d conflicting writes made before the Fenced status, want 1", n)
 		}
 		if _, err := os.Stat(filepath.Join(dir, vs.Name+".img")); !os.IsNotExist(err) {
 			t.Errorf("stale work created a volume: %v", err)
@@ -442,6 +465,7 @@ func TestHostFileBackend(t *testing.T) {
 
 	t.Run("VolumeWorkers", func(t *testing.T) { testVolumeWorkers(t, e) })
 	t.Run("ProgressMark", func(t *testing.T) { testProgressMark(t, e) })
+	t.Run("WritesPerVolume", func(t *testing.T) { testWritesPerVolume(t, e) })
 }
 
 func containsFinalizer(o client.Object, f string) bool {

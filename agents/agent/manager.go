@@ -100,10 +100,12 @@ func Scheme() *runtime.Scheme {
 
 // CacheOptions scopes the manager's cache to one node: the Agent named
 // node, and the Stores and VolumeStates labelled plinth.dev/node =
-// storev1.NameLabelValue(node).
+// storev1.NameLabelValue(node). No cached object keeps its managedFields: the
+// agent never reads them, and its Updates of cached objects without them leave
+// the server's as they are.
 func CacheOptions(nodeName string) cache.Options {
 	byNode := labels.SelectorFromSet(labels.Set{policyv1.LabelNode: storev1.NameLabelValue(nodeName)})
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+	return cache.Options{DefaultTransform: cache.TransformStripManagedFields(), ByObject: map[client.Object]cache.ByObject{
 		&storev1.Agent{}:       {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
 		&storev1.Store{}:       {Label: byNode},
 		&storev1.VolumeState{}: {Label: byNode},
@@ -144,6 +146,7 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		Cache:                  CacheOptions(opts.NodeName),
 		Metrics:                metricsserver.Options{BindAddress: opts.MetricsAddr},
 		HealthProbeBindAddress: opts.ProbeAddr,
+		PprofBindAddress:       opts.PprofAddr,
 		LeaderElection:         false,
 		// one agent per node; tests restart it inside one process
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

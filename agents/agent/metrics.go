@@ -27,7 +27,7 @@ var (
 	// OperationDuration is plinth_agent_operation_duration_seconds{op}.
 	OperationDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "plinth_agent_operation_duration_seconds",
-		Help:    "Duration of agent operations (create, expand, delete, export, unexport, refresh, ensure) in seconds.",
+		Help:    "Duration of agent operations (create, expand, delete, export, unexport, refresh, ensure, move-copy) in seconds.",
 		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"op"})
 	// BackendCommands is plinth_agent_backend_commands_total{backend}: external
@@ -53,11 +53,17 @@ var (
 		Name: "plinth_agent_identity_stamp_writes_total",
 		Help: "Identity stamps written onto backend volumes.",
 	})
+	// MoveBytes is plinth_volume_move_bytes_total: bytes the agent copied for moves
+	// (spec.move) and verified on the target; a copy retried counts again only once verified.
+	MoveBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "plinth_volume_move_bytes_total",
+		Help: "Bytes copied and verified for volume moves.",
+	})
 )
 
 func init() {
 	metrics.Registry.MustRegister(StoreCapacityBytes, StoreThinUsedRatio, OperationDuration,
-		BackendCommands, FencingRejections, DriftObjects, StampWrites)
+		BackendCommands, FencingRejections, DriftObjects, StampWrites, MoveBytes)
 	// Every reason starts at 0: a series born at 1 has no increase() over its first sample,
 	// so the first rejection after a start would never reach the PlinthFencingRejections alert.
 	for _, r := range []string{fencing.ReasonStaleGeneration, fencing.ReasonStalePublicationGeneration,

@@ -66,6 +66,9 @@ type Options struct {
 	// /healthz, /readyz (defaults :8080, :8081; "0" disables).
 	MetricsAddr string
 	ProbeAddr   string
+	// PprofAddr is the listen address of Go's /debug/pprof endpoints (heap, CPU, goroutines:
+	// what a memory or CPU figure is made of); empty or "0" (the default) serves none.
+	PprofAddr string
 	// Version is reported in Agent status.
 	Version string
 
@@ -117,6 +120,11 @@ type Options struct {
 	// adopted) a volume and before anything else; a non-nil error aborts the
 	// reconcile there. Tests use it to crash the agent at that point.
 	AfterVolumeCreate func(id string) error
+
+	// BeforeFencedStatus, when set, runs after the agent refused work on volume id by fencing
+	// and before it writes the Fenced condition. Tests use it to write the VolumeState there,
+	// so that the agent's status write conflicts.
+	BeforeFencedStatus func(id string)
 }
 
 func (o *Options) defaults() error {

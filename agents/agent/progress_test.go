@@ -23,15 +23,7 @@ import (
 func testProgressMark(t *testing.T, e *env) {
 	ctx := context.Background()
 	const nodeName = "node-progress"
-	dir, state := t.TempDir(), t.TempDir()
-	decl := policyv1.Backend{File: &policyv1.FileBackend{Directory: filepath.Join(dir, "vols")}}
-	s := &storev1.Store{}
-	s.Name = nodeName + "-store"
-	s.Labels = nodeLabels(nodeName, pool)
-	s.Spec = storev1.StoreSpec{Pool: pool, NodeName: nodeName, Backend: decl, Reserve: "1Mi", DriftPolicy: policyv1.DriftPolicyReport}
-	if err := e.c.Create(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	s, decl, state := fileStore(t, e, nodeName)
 	local := policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}
 	fast := newVolumeState("progress-fast", nodeName, pool, s.Name, mib, local, decl)
 	slow := newVolumeState("progress-slow", nodeName, pool, s.Name, mib, local, decl)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,12 +14,12 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/plinth-storage/plinth/agents/agent"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/crdtest"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
 
@@ -51,14 +50,8 @@ func newEnv(t *testing.T) *env {
 // newEnvFor installs Plinth's CRDs into cp and returns an admin client.
 func newEnvFor(t testing.TB, cp *controlplane.ControlPlane) *env {
 	t.Helper()
-	root, err := controlplane.ModuleRoot()
-	if err != nil {
+	if err := crdtest.Install(cp); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(root, "schema", "crd", "bases")}, ErrorIfPathMissing: true,
-	}); err != nil {
-		t.Fatalf("install CRDs: %v", err)
 	}
 	c, err := client.New(cp.Admin.Config, client.Options{Scheme: agent.Scheme()})
 	if err != nil {

@@ -127,7 +127,20 @@ func (r *volumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		}
 		before = vs.DeepCopy()
 	}
-	return r.converge(ctx, &vs, before, store, be, next)
+	res, err := r.converge(ctx, &vs, before, store, be, next)
+	if err != nil || vs.Status.Phase != storev1.VolumeReady || vs.Status.ObservedGeneration != vs.Generation ||
+		(vs.Spec.Move == nil && vs.Status.Move == nil) {
+		return res, err
+	}
+	// the volume is served from spec.storeName: the move's steps build on that
+	mres, err := r.move(ctx, &vs)
+	if err != nil {
+		return mres, err
+	}
+	if mres.RequeueAfter > 0 && (res.RequeueAfter == 0 || mres.RequeueAfter < res.RequeueAfter) {
+		res.RequeueAfter = mres.RequeueAfter
+	}
+	return res, nil
 }
 
 // releaseUntouched releases the finalizer of a deleted VolumeState this agent never acted on:
@@ -163,9 +176,44 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 	}()
 	correct := store.Spec.DriftPolicy == policyv1.DriftPolicyCorrect
 	specChanged := vs.Generation != vs.Status.ObservedGeneration
-	var drift []storev1.DriftItem
-	var vol backend.Volume
+	vol, stop, res, err := r.ensureVolume(ctx, vs, &before, store, be, correct)
+	if stop {
+		return res, err
+	}
+	grew := vs.Status.ActualBytes != 0 && vol.SizeBytes > vs.Status.ActualBytes
+	dev := vol.DevicePath
+	if dev == "" {
+		if dev, err = be.DevicePath(ctx, vs.Name); err != nil {
+			return r.backendFailed(vs, err), nil
+		}
+	}
+	vs.Status.ActualBytes = vol.SizeBytes
+	vs.Status.DevicePath = dev
 
+	if isNVMeoF(vs) {
+		if stop, res, err := r.ensureExport(ctx, vs, dev, grew, specChanged, correct, mark); stop {
+			return res, err
+		}
+	} else {
+		vs.Status.Export = nil
+	}
+
+	vs.Status.Phase = storev1.VolumeReady
+	vs.Status.ObservedGeneration = vs.Generation
+	vs.Status.ObservedPublicationGeneration = vs.Spec.PublicationGeneration
+	apimeta.RemoveStatusCondition(&vs.Status.Conditions, CondStalled)
+	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, false, ReasonNoDrift, "kernel matches the declaration")
+	setCond(&vs.Status.Conditions, vs.Generation, CondReady, true, ReasonSucceeded,
+		fmt.Sprintf("%d bytes at %s", vol.SizeBytes, dev))
+	return ctrl.Result{}, nil
+}
+
+// ensureVolume makes the backend volume of vs exist at its size: created (or adopted, after a
+// crash before the status said so), or read, re-created under driftPolicy Correct, and grown;
+// a draining Store makes no new volume. stop is true when converge must return res and err as
+// they are: a failure or drift recorded in vs, or an error to retry. before is converge's
+// copy of vs as read, which a progress report moves on.
+func (r *volumeReconciler) ensureVolume(ctx context.Context, vs *storev1.VolumeState, before **storev1.VolumeState, store *storev1.Store, be backend.Backend, correct bool) (vol backend.Volume, stop bool, res ctrl.Result, err error) {
 	if vs.Status.ActualBytes == 0 && !store.IsDraining() {
 		// The cached Store may not show yet a drain written before this volume was created:
 		// Stores and VolumeStates come through two watches, with no order between them. A
@@ -173,7 +221,7 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 		// before the volume existed always refuses it.
 		var live storev1.Store
 		if err := r.reader.Get(ctx, client.ObjectKeyFromObject(store), &live); err != nil {
-			return ctrl.Result{}, fmt.Errorf("read Store %s: %w", store.Name, err)
+			return vol, true, ctrl.Result{}, fmt.Errorf("read Store %s: %w", store.Name, err)
 		}
 		if live.IsDraining() {
 			store = &live
@@ -188,14 +236,14 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			}
 			r.fail(vs, storev1.ReasonStoreDraining, fmt.Sprintf("store %s is %s: it keeps the volumes it holds and takes no new one",
 				store.Name, why))
-			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+			return vol, true, ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
 	}
 	if vs.Status.ActualBytes == 0 {
 		// not created yet (or a crash before the status said so: Create adopts)
 		var progress *progressMark
 		if vs.Status.Phase == "" || vs.Status.Phase == storev1.VolumePending {
-			progress = r.progressAfter(ctx, vs, before, storev1.VolumeCreating, nil)
+			progress = r.progressAfter(ctx, vs, *before, storev1.VolumeCreating, nil)
 		}
 		vol, err = r.timed("create", func() (backend.Volume, error) { return createVolume(ctx, be, vs) })
 		if errors.Is(err, backend.ErrAlreadyExists) {
@@ -207,18 +255,18 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 			if r.opts.AfterVolumeCreate != nil {
 				err = r.opts.AfterVolumeCreate(vs.Name)
 				if err != nil {
-					if _, perr := progress.end(vs, &before); perr != nil {
-						return ctrl.Result{}, perr
+					if _, perr := progress.end(vs, before); perr != nil {
+						return vol, true, ctrl.Result{}, perr
 					}
-					return ctrl.Result{}, err
+					return vol, true, ctrl.Result{}, err
 				}
 			}
 		}
-		if _, perr := progress.end(vs, &before); perr != nil {
-			return ctrl.Result{}, perr
+		if _, perr := progress.end(vs, before); perr != nil {
+			return vol, true, ctrl.Result{}, perr
 		}
 		if err != nil {
-			return r.backendFailed(vs, err), nil
+			return vol, true, r.backendFailed(vs, err), nil
 		}
 	} else {
 		vol, err = be.Get(ctx, vs.Name)
@@ -226,12 +274,11 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 		if err == nil {
 			cur = &vol
 		} else if !errors.Is(err, backend.ErrNotFound) {
-			return r.backendFailed(vs, err), nil
+			return vol, true, r.backendFailed(vs, err), nil
 		}
 		if d := volumeDrift(vs, cur); d != nil {
 			if !correct {
-				drift = append(drift, *d)
-				return r.drifted(vs, drift), nil
+				return vol, true, r.drifted(vs, []storev1.DriftItem{*d}), nil
 			}
 			ctrl.LoggerFrom(ctx).Info("correcting drift", "volume", vs.Name, "drift", d.Message)
 		}
@@ -240,107 +287,93 @@ func (r *volumeReconciler) converge(ctx context.Context, vs *storev1.VolumeState
 				return be.Create(ctx, vs.Name, max(vs.Spec.CapacityBytes, vs.Status.ActualBytes))
 			})
 			if err != nil {
-				return r.backendFailed(vs, err), nil
+				return vol, true, r.backendFailed(vs, err), nil
 			}
 		}
 		if want := max(vs.Spec.CapacityBytes, vs.Status.ActualBytes); vol.SizeBytes < want {
 			vs.Status.Phase = storev1.VolumeExpanding
 			vol, err = r.timed("expand", func() (backend.Volume, error) { return be.Expand(ctx, vs.Name, want) })
 			if err != nil {
-				return r.backendFailed(vs, err), nil
+				return vol, true, r.backendFailed(vs, err), nil
 			}
 			failpoint.Hit(failpoint.AgentVolumeExpanded)
 		}
 	}
-	grew := vs.Status.ActualBytes != 0 && vol.SizeBytes > vs.Status.ActualBytes
-	dev := vol.DevicePath
-	if dev == "" {
-		if dev, err = be.DevicePath(ctx, vs.Name); err != nil {
-			return r.backendFailed(vs, err), nil
-		}
-	}
-	vs.Status.ActualBytes = vol.SizeBytes
-	vs.Status.DevicePath = dev
+	return vol, false, ctrl.Result{}, nil
+}
 
-	if isNVMeoF(vs) {
-		want, err := exportOf(vs, dev, r.opts.Addrs)
+// ensureExport makes the NVMe-oF export of vs (device dev) match its spec: the subsystem,
+// its hosts and their DH-HMAC-CHAP keys, written when missing or drifted (restored after a
+// reboot under either driftPolicy), its namespace revalidated when the volume grew; it
+// records vs.Status.Export and the boot the export was made in (mark). stop is true when
+// converge must return res and err as they are.
+func (r *volumeReconciler) ensureExport(ctx context.Context, vs *storev1.VolumeState, dev string, grew, specChanged, correct bool, mark fencing.Mark) (stop bool, res ctrl.Result, err error) {
+	want, err := exportOf(vs, dev, r.opts.Addrs)
+	if err != nil {
+		r.fail(vs, ReasonExportFailed, err.Error())
+		return true, ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+	}
+	// Hosts without a usable secret stay out of the ACL (never allowed without
+	// authentication) while the rest of the export, revocations included, goes ahead;
+	// the volume then reports them and its publications stay unobserved.
+	auth, secrets, authErr := r.hostAuth(ctx, vs)
+	if authErr != nil && !errors.Is(authErr, errAuthSecret) {
+		r.fail(vs, ReasonExportFailed, authErr.Error())
+		return true, ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+	}
+	if auth != nil {
+		want.spec.HostAuth = auth
+		want.spec.Hosts = slices.DeleteFunc(want.spec.Hosts, func(h string) bool { _, ok := auth[h]; return !ok })
+	}
+	var cur *nvmet.Export
+	if e, err := r.target.Inspect(ctx, want.spec.NQN); err == nil {
+		cur = &e
+	} else if !errors.Is(err, nvmet.ErrNotFound) {
+		r.fail(vs, ReasonExportFailed, err.Error())
+		return true, ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+	}
+	if d := exportDrift(want.spec, cur); d != nil {
+		pubChanged := vs.Spec.PublicationGeneration != vs.Status.ObservedPublicationGeneration
+		// A whole export missing in a boot other than the one it was made in: the
+		// reboot took it (configfs is in memory), nobody removed it. Restored under
+		// either driftPolicy, as the LV is activated again.
+		rebooted := cur == nil && mark.ExportBootID != r.bootID
+		// a host key that differs from its Secret (a rotation) is always written: the
+		// Secret is the only record of the key, there is nothing to report it against
+		authDrift := d.Reason == DriftAuthDiffers
+		if vs.Status.Export != nil && !specChanged && !pubChanged && !correct && !rebooted && !authDrift {
+			return true, r.drifted(vs, []storev1.DriftItem{*d}), nil
+		}
+		if rebooted && vs.Status.Export != nil {
+			ctrl.LoggerFrom(ctx).Info("restoring the export after a reboot", "nqn", want.spec.NQN, "exportBootID", mark.ExportBootID, "bootID", r.bootID)
+		}
+		start := time.Now()
+		_, err := r.target.Export(ctx, want.spec)
+		OperationDuration.WithLabelValues("export").Observe(time.Since(start).Seconds())
 		if err != nil {
 			r.fail(vs, ReasonExportFailed, err.Error())
-			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+			return true, ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
 		}
-		// Hosts without a usable secret stay out of the ACL (never allowed without
-		// authentication) while the rest of the export, revocations included, goes ahead;
-		// the volume then reports them and its publications stay unobserved.
-		auth, secrets, authErr := r.hostAuth(ctx, vs)
-		if authErr != nil && !errors.Is(authErr, errAuthSecret) {
-			r.fail(vs, ReasonExportFailed, authErr.Error())
-			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+		failpoint.Hit(failpoint.AgentExportCreated)
+	} else if grew {
+		if err := r.target.RevalidateSize(ctx, want.spec.NQN); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "revalidate namespace size", "nqn", want.spec.NQN)
 		}
-		if auth != nil {
-			want.spec.HostAuth = auth
-			want.spec.Hosts = slices.DeleteFunc(want.spec.Hosts, func(h string) bool { _, ok := auth[h]; return !ok })
-		}
-		var cur *nvmet.Export
-		if e, err := r.target.Inspect(ctx, want.spec.NQN); err == nil {
-			cur = &e
-		} else if !errors.Is(err, nvmet.ErrNotFound) {
-			r.fail(vs, ReasonExportFailed, err.Error())
-			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
-		}
-		if d := exportDrift(want.spec, cur); d != nil {
-			pubChanged := vs.Spec.PublicationGeneration != vs.Status.ObservedPublicationGeneration
-			// A whole export missing in a boot other than the one it was made in: the
-			// reboot took it (configfs is in memory), nobody removed it. Restored under
-			// either driftPolicy, as the LV is activated again.
-			rebooted := cur == nil && mark.ExportBootID != r.bootID
-			// a host key that differs from its Secret (a rotation) is always written: the
-			// Secret is the only record of the key, there is nothing to report it against
-			authDrift := d.Reason == DriftAuthDiffers
-			if vs.Status.Export != nil && !specChanged && !pubChanged && !correct && !rebooted && !authDrift {
-				drift = append(drift, *d)
-				return r.drifted(vs, drift), nil
-			}
-			if rebooted && vs.Status.Export != nil {
-				ctrl.LoggerFrom(ctx).Info("restoring the export after a reboot", "nqn", want.spec.NQN, "exportBootID", mark.ExportBootID, "bootID", r.bootID)
-			}
-			start := time.Now()
-			_, err := r.target.Export(ctx, want.spec)
-			OperationDuration.WithLabelValues("export").Observe(time.Since(start).Seconds())
-			if err != nil {
-				r.fail(vs, ReasonExportFailed, err.Error())
-				return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
-			}
-			failpoint.Hit(failpoint.AgentExportCreated)
-		} else if grew {
-			if err := r.target.RevalidateSize(ctx, want.spec.NQN); err != nil {
-				ctrl.LoggerFrom(ctx).Error(err, "revalidate namespace size", "nqn", want.spec.NQN)
-			}
-		}
-		// the host entries now hold the secrets of these Secrets (written, or found equal)
-		r.recordHostKeys(secrets.keyIDs)
-		if authErr != nil {
-			r.fail(vs, storev1.ReasonAuthSecretMissing, authErr.Error())
-			return ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
-		}
-		vs.Status.Export = &storev1.Export{NQN: want.spec.NQN, Address: want.spec.Endpoint.Address, Port: want.port}
-		if mark.ExportBootID != r.bootID {
-			mark.ExportBootID = r.bootID
-			if err := r.marks.Save(vs.Name, mark); err != nil {
-				return ctrl.Result{}, fmt.Errorf("record the export's boot: %w", err)
-			}
-		}
-	} else {
-		vs.Status.Export = nil
 	}
-
-	vs.Status.Phase = storev1.VolumeReady
-	vs.Status.ObservedGeneration = vs.Generation
-	vs.Status.ObservedPublicationGeneration = vs.Spec.PublicationGeneration
-	apimeta.RemoveStatusCondition(&vs.Status.Conditions, CondStalled)
-	setCond(&vs.Status.Conditions, vs.Generation, CondDrifted, false, ReasonNoDrift, "kernel matches the declaration")
-	setCond(&vs.Status.Conditions, vs.Generation, CondReady, true, ReasonSucceeded,
-		fmt.Sprintf("%d bytes at %s", vol.SizeBytes, dev))
-	return ctrl.Result{}, nil
+	// the host entries now hold the secrets of these Secrets (written, or found equal)
+	r.recordHostKeys(secrets.keyIDs)
+	if authErr != nil {
+		r.fail(vs, storev1.ReasonAuthSecretMissing, authErr.Error())
+		return true, ctrl.Result{RequeueAfter: r.opts.RefreshInterval}, nil
+	}
+	vs.Status.Export = &storev1.Export{NQN: want.spec.NQN, Address: want.spec.Endpoint.Address, Port: want.port}
+	if mark.ExportBootID != r.bootID {
+		mark.ExportBootID = r.bootID
+		if err := r.marks.Save(vs.Name, mark); err != nil {
+			return true, ctrl.Result{}, fmt.Errorf("record the export's boot: %w", err)
+		}
+	}
+	return false, ctrl.Result{}, nil
 }
 
 // delete removes the export, then the volume, releases the mark and only
@@ -377,6 +410,16 @@ func (r *volumeReconciler) delete(ctx context.Context, vs *storev1.VolumeState, 
 			return failed(fmt.Errorf("unexport %s: %w", nqn, err))
 		}
 		failpoint.Hit(failpoint.AgentDeleteUnexported)
+	}
+	if st := vs.Status.Move; st != nil && st.Phase != storev1.MoveDone && st.Phase != storev1.MoveFailed {
+		// a move cut short by the deletion: its other copy goes too
+		other := st.TargetStore
+		if vs.Spec.StoreName == st.TargetStore {
+			other = st.SourceStore
+		}
+		if err := r.deleteCopy(ctx, other, vs.Name); err != nil && !apierrors.IsNotFound(err) {
+			return failed(fmt.Errorf("delete the move's copy on %s: %w", other, err))
+		}
 	}
 	start := time.Now()
 	err := be.Delete(ctx, vs.Name)
@@ -448,23 +491,30 @@ func (r *volumeReconciler) drifted(vs *storev1.VolumeState, items []storev1.Drif
 }
 
 // fenced records a refusal: the counter, a Warning event on the VolumeState, Fenced=True and
-// Ready=False with the reason; no retry (newer work arrives as a new event).
+// Ready=False with the reason; once written, no retry (newer work arrives as a new event),
+// and a write that conflicted is an error (retried).
 func (r *volumeReconciler) fenced(ctx context.Context, vs, before *storev1.VolumeState, rej *fencing.Rejection) (ctrl.Result, error) {
 	// One refusal is counted and announced once: a reconcile of the same refused generation
-	// (after the status write below, a resync or a restart) finds it already reported.
+	// (after the status write below, a resync or a restart) finds it already reported. It is
+	// counted only once the Fenced condition is written: a write that conflicted leaves no
+	// record, and the retry refuses and counts it then.
 	c := apimeta.FindStatusCondition(before.Status.Conditions, CondFenced)
-	if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != vs.Generation || c.Reason != rej.Reason || c.Message != rej.Message {
+	reported := c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == vs.Generation && c.Reason == rej.Reason && c.Message == rej.Message
+	setCond(&vs.Status.Conditions, vs.Generation, CondFenced, true, rej.Reason, rej.Message)
+	setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonFenced, rej.Reason+": "+rej.Message)
+	if r.opts.BeforeFencedStatus != nil {
+		r.opts.BeforeFencedStatus(vs.Name)
+	}
+	// A write that conflicted (another writer changed the object's metadata or status, which
+	// bump no generation, so no event reaches this reconciler: GenerationChangedPredicate) is
+	// an error: the reconcile is retried with backoff until the refusal is recorded.
+	res, err := r.status(ctx, vs, before, ctrl.Result{})
+	if err == nil && !reported {
 		FencingRejections.WithLabelValues(rej.Reason).Inc()
 		r.events.Eventf(vs, nil, corev1.EventTypeWarning, rej.Reason, "Fence", "node %s refused generation %d (publicationGeneration %d): %s",
 			r.opts.NodeName, vs.Generation, vs.Spec.PublicationGeneration, rej.Message)
 		ctrl.LoggerFrom(ctx).Info("work refused by fencing", "volume", vs.Name, "uid", vs.UID,
 			"generation", vs.Generation, "reason", rej.Reason, "message", rej.Message)
-	}
-	setCond(&vs.Status.Conditions, vs.Generation, CondFenced, true, rej.Reason, rej.Message)
-	setCond(&vs.Status.Conditions, vs.Generation, CondReady, false, ReasonFenced, rej.Reason+": "+rej.Message)
-	res, err := r.status(ctx, vs, before, ctrl.Result{})
-	if apierrors.IsConflict(err) {
-		return res, nil // the object moved on: the refusal was right, the newer version comes as an event
 	}
 	return res, err
 }

@@ -104,9 +104,12 @@ func (f *File) readStamp(id string) (*identity.Stamp, error) {
 
 // removeStamp deletes the record of volume id (absent: nothing to do).
 func (f *File) removeStamp(id string) error {
-	err := os.Remove(filepath.Join(f.cfg.Directory, id+stampSuffix))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
+	record := filepath.Join(f.cfg.Directory, id+stampSuffix)
+	// the temp file of a write a crash cut short goes too: nothing else would remove it
+	for _, p := range []string{record + ".tmp", record} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
 	}
 	return nil
 }

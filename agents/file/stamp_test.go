@@ -60,10 +60,16 @@ func TestStampRecordBesideTheImage(t *testing.T) {
 	if err := f.Stamp(ctx, stampOf(backend.VolumeID("absent"), 4096)); !errors.Is(err, backend.ErrNotFound) {
 		t.Fatalf("Stamp of an absent volume = %v, want ErrNotFound", err)
 	}
+	// a crash in the middle of a stamp's write leaves its temp file: Delete removes it too
+	if err := os.WriteFile(rec+".tmp", text[:3], 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := f.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(rec); !os.IsNotExist(err) {
-		t.Fatalf("record left after Delete: %v", err)
+	for _, p := range []string{rec, rec + ".tmp"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s left after Delete: %v", p, err)
+		}
 	}
 }

@@ -16,6 +16,11 @@
 // hex digits, which overlap in 24 digits that must agree (PartitionName, PartitionGUID,
 // VolumeIDOf). A partition made before a crash is therefore found and adopted by id.
 //
+// Identity stamps (stamp.go): nothing of the GPT can hold one, so each disk has a stamp
+// area at bytes [512 KiB, 1 MiB), below the first usable LBA sfdisk records and outside every
+// partition: one 4 KiB slot per GPT entry number, written whole with one pwrite and an fsync,
+// read with one read per disk per refresh.
+//
 // Whole-disk volumes: a bare disk has nowhere to keep a volume id, so a Whole volume is a
 // GPT with one partition spanning the disk's usable area (about 2 MiB less than the disk:
 // the GPT headers and the 1 MiB alignment). It can never grow: it already spans its disk.

@@ -320,3 +320,66 @@ func TestHostEnsureRefuses(t *testing.T) {
 		t.Fatalf("Ensure on a partition: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestHostStampArea: on a real GPT written by sfdisk, the stamp area lies below the first
+// usable LBA sfdisk records; stamping a GPT and a Whole volume leaves the table valid
+// (sfdisk --verify), the disk's signatures as they were (only the GPT), and the partitions'
+// data unchanged; the stamps are read back through another loop device of the same image
+// (from the disk, not a cache), and Delete clears the slot.
+func TestHostStampArea(t *testing.T) {
+	hostPrereqs(t)
+	ctx := context.Background()
+	for _, mode := range []string{GPT, Whole} {
+		t.Run(mode, func(t *testing.T) {
+			dev := loopDisk(t, 32<<20)
+			r, err := New(Config{Devices: []string{dev}, Partitioning: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+			d, err := r.readDisk(ctx, dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.t.FirstLBA*d.t.SectorSize < StampAreaOffset+StampSlots*StampSlotBytes {
+				t.Fatalf("sfdisk's first usable byte %d is inside the stamp area", d.t.FirstLBA*d.t.SectorSize)
+			}
+			id := vid(1)
+			v, err := r.Create(ctx, id, 4<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sh(t, "dd", "if=/dev/urandom", "of="+v.DevicePath, "bs=1M", "count=4", "conv=fsync", "status=none")
+			dataSum := sh(t, "sh", "-c", "sha256sum < "+v.DevicePath)
+			signatures := sh(t, "wipefs", "-n", "--noheadings", dev)
+			s := testStamp(id)
+			if err := r.Stamp(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			sh(t, "sfdisk", "--verify", dev)
+			if got := sh(t, "wipefs", "-n", "--noheadings", dev); got != signatures {
+				t.Errorf("signatures after stamping:\n%s\nwant\n%s", got, signatures)
+			}
+			if got := sh(t, "sh", "-c", "sha256sum < "+v.DevicePath); got != dataSum {
+				t.Error("stamping changed the volume's data")
+			}
+			// the same image through a second loop device: the stamp is on the disk
+			back := strings.TrimSpace(sh(t, "losetup", "--find", "--show", "--read-only", dev))
+			t.Cleanup(func() { exec.Command("losetup", "-d", back).Run() }) //nolint:errcheck
+			d2 := &disk{declared: back, dev: back, t: d.t}
+			vb := &backend.Volume{ID: id}
+			r.readStamps(d2, map[int]*backend.Volume{1: vb})
+			if vb.Stamp == nil || *vb.Stamp != s || vb.StampErr != nil {
+				t.Errorf("read through %s: %+v, %v; want %+v", back, vb.Stamp, vb.StampErr, s)
+			}
+			if err := r.Delete(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if got := sh(t, "sh", "-c", fmt.Sprintf("dd if=%s bs=4096 skip=%d count=1 status=none | tr -d '\\000' | wc -c", dev, StampAreaOffset/StampSlotBytes)); strings.TrimSpace(got) != "0" {
+				t.Errorf("slot 1 after Delete holds %s non-zero bytes", got)
+			}
+		})
+	}
+}

@@ -50,6 +50,9 @@ type Config struct {
 	Run Runner
 	// OnCommand, when set, is called after every command (metrics).
 	OnCommand func(name string, args []string, d time.Duration, err error)
+	// OpenDevice opens a disk to read or write its identity stamp area (stamp.go); nil means
+	// os.OpenFile. Tests substitute it.
+	OpenDevice func(dev string, flag int) (*os.File, error)
 }
 
 // Raw is the backend of one Store's disks. Safe for concurrent use: every operation is
@@ -339,8 +342,9 @@ func (r *Raw) List(ctx context.Context) ([]backend.Volume, error) {
 	return vols, err
 }
 
-// Observe returns the Store's capacity and Plinth's volumes (ordered by id) from one
-// refresh: one `sfdisk --json` per disk. A missing disk wraps backend.ErrNotFound.
+// Observe returns the Store's capacity and Plinth's volumes (ordered by id) with their
+// identity stamps from one refresh: one `sfdisk --json` and one read of the stamp area per
+// disk. A missing disk wraps backend.ErrNotFound.
 func (r *Raw) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, error) {
 	st, err := r.refresh(ctx)
 	if err != nil {
@@ -348,10 +352,16 @@ func (r *Raw) Observe(ctx context.Context) (backend.Capacity, []backend.Volume, 
 	}
 	var vols []backend.Volume
 	for _, d := range st.disks {
+		byNumber := map[int]*backend.Volume{}
 		for _, p := range d.t.Partitions {
 			if id, mine := p.mine(); mine {
-				vols = append(vols, r.volume(d, p, id))
+				v := r.volume(d, p, id)
+				byNumber[p.Number] = &v
 			}
+		}
+		r.readStamps(d, byNumber) // one read of the disk's stamp area
+		for _, v := range byNumber {
+			vols = append(vols, *v)
 		}
 	}
 	sort.Slice(vols, func(i, j int) bool { return vols[i].ID < vols[j].ID })
@@ -615,6 +625,13 @@ func (r *Raw) Delete(ctx context.Context, id string) error {
 	}
 	if _, err := r.run(ctx, nil, "sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", "--delete", d.dev, strconv.Itoa(p.Number)); err != nil {
 		return fmt.Errorf("delete volume %s: remove partition %d of %s: %w", id, p.Number, d.declared, err)
+	}
+	// the stamp goes after the partition (a crash between leaves a slot naming a volume no
+	// partition carries: torn for the next volume of that number until it is stamped)
+	if _, err := d.slotOffset(p.Number); err == nil {
+		if err := r.writeSlot(d, p.Number, nil); err != nil {
+			return fmt.Errorf("delete volume %s: clear its identity stamp: %w", id, err)
+		}
 	}
 	return nil
 }

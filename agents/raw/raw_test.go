@@ -125,20 +125,37 @@ type fakeDisks struct {
 	tables map[string]*table // by device
 	calls  []string
 	busy   map[string]bool // partition nodes partx -d refuses
+	// images stand in for the disks' bytes (the identity stamp area): a sparse file per
+	// device; opens counts OpenDevice calls by flag (os.O_RDONLY, os.O_RDWR).
+	images map[string]string
+	opens  map[int]int
 }
 
 func newFake(t *testing.T, devs map[string]int64) (*fakeDisks, Config) {
 	sys := t.TempDir()
-	f := &fakeDisks{t: t, sys: sys, tables: map[string]*table{}, busy: map[string]bool{}}
+	f := &fakeDisks{t: t, sys: sys, tables: map[string]*table{}, busy: map[string]bool{}, images: map[string]string{}, opens: map[int]int{}}
 	var list []string
 	for dev, size := range devs {
+		img := filepath.Join(sys, filepath.Base(dev)+".img")
+		if err := os.WriteFile(img, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(img, size); err != nil {
+			t.Fatal(err)
+		}
+		f.images[dev] = img
 		if err := os.MkdirAll(filepath.Join(sys, "class", "block", filepath.Base(dev)), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		f.tables[dev] = &table{Label: "gpt", Device: dev, Unit: "sectors", FirstLBA: 2048, LastLBA: size/512 - 34, SectorSize: 512}
 		list = append(list, dev)
 	}
-	return f, Config{Devices: list, SysDir: sys, Run: f.run}
+	return f, Config{Devices: list, SysDir: sys, Run: f.run, OpenDevice: f.open}
+}
+
+func (f *fakeDisks) open(dev string, flag int) (*os.File, error) {
+	f.opens[flag]++
+	return os.OpenFile(f.images[dev], flag, 0)
 }
 
 func (f *fakeDisks) run(_ context.Context, stdin []byte, name string, args ...string) ([]byte, []byte, int, error) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/plinth-storage/plinth/agents/backend"
 	"github.com/plinth-storage/plinth/agents/nvmet"
+	"github.com/plinth-storage/plinth/internal/identity"
 )
 
 // Guest tests run in the qemu guest of test/kernel (make test-kernel) on the
@@ -238,6 +239,53 @@ func TestGuestZvolLifecycle(t *testing.T) {
 	sh(t, "dd", "if=/dev/urandom", "of="+mnt+"/data", "bs=1M", "count=16", "conv=fsync")
 	sum := sha(t, mnt+"/data")
 	sh(t, "umount", mnt)
+
+	// The identity stamp: one user property written by one zfs set, read back by List's one
+	// zfs list, replaced (one local property, never two) by a new stamp; the same property
+	// inherited from the parent names another volume and is refused as torn; the data is not
+	// touched.
+	stamp := testStamp(idA)
+	devSum := sh(t, "sh", "-c", "head -c 33554432 "+pa+" | sha256sum")
+	timed(t, "Stamp (zfs set "+PropIdentity+")", func() (int, error) { return 0, thick.Stamp(ctx, stamp) })
+	listed := func(id string) backend.Volume {
+		t.Helper()
+		vols, err := thick.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vols {
+			if v.ID == id {
+				return v
+			}
+		}
+		t.Fatalf("%s not listed", id)
+		return backend.Volume{}
+	}
+	if v := listed(idA); v.Stamp == nil || *v.Stamp != stamp || v.StampErr != nil {
+		t.Errorf("listed stamp %+v, %v; want %+v", v.Stamp, v.StampErr, stamp)
+	}
+	stamp.StoreUID = "store-2"
+	if err := thick.Stamp(ctx, stamp); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := thick.ReadStamp(ctx, idA); err != nil || got == nil || *got != stamp {
+		t.Errorf("restamped %+v, %v", got, err)
+	}
+	line, _ := stamp.Line()
+	if got := sh(t, "zfs", "get", "-H", "-o", "value,source", PropIdentity, va.Name); got != line+"\tlocal" {
+		t.Errorf("zfs get %s: %q", PropIdentity, got)
+	}
+	sh(t, "zfs", "set", PropIdentity+"="+line, guestPool+"/"+guestParent)
+	if v := listed(idB); v.Stamp != nil || !errors.Is(v.StampErr, identity.ErrTorn) {
+		t.Errorf("stamp inherited from the parent listed as %+v, %v", v.Stamp, v.StampErr)
+	}
+	sh(t, "zfs", "inherit", PropIdentity, guestPool+"/"+guestParent)
+	if v := listed(idB); v.Stamp != nil || v.StampErr != nil {
+		t.Errorf("unstamped zvol listed with %+v, %v", v.Stamp, v.StampErr)
+	}
+	if got := sh(t, "sh", "-c", "head -c 33554432 "+pa+" | sha256sum"); got != devSum {
+		t.Error("stamping changed the zvol's data")
+	}
 
 	// Export over NVMe-oF/TCP (agents/nvmet) and connect with the kernel initiator.
 	tgt := nvmet.New(nvmet.DefaultRoot)

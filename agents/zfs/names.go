@@ -145,4 +145,4 @@ func validateProperty(name, value string) error {
 
 // plinthProperties are set by the backend from the volume and the policy's
 // structured fields; policy properties may not override them.
-var plinthProperties = []string{"volsize", "volblocksize", "refreservation", "reservation", PropManaged}
+var plinthProperties = []string{"volsize", "volblocksize", "refreservation", "reservation", PropManaged, PropIdentity}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/plinth-storage/plinth/internal/identity"
 )
 
 // PropManaged is the user property (zfsprops(7) "User Properties") Plinth
@@ -16,10 +18,17 @@ const PropManaged = "plinth.dev:managed"
 // ManagedValue is PropManaged's value on Plinth's zvols.
 const ManagedValue = "true"
 
+// PropIdentity is the user property holding a zvol's identity stamp
+// (identity.ZFSProperty; docs/design.md "Volume identity stamp").
+const PropIdentity = identity.ZFSProperty
+
 // datasetFields are the columns of every `zfs list -Hp -o` the backend runs,
-// in this order (ParseDatasets). The user property is last: its value is the
-// only free text, and -H ends it at the line's end.
-var datasetFields = []string{"name", "type", "used", "available", "referenced", "volsize", "volblocksize", "refreservation", PropManaged}
+// in this order (ParseDatasets). The user properties are last, their values
+// the only free text: -H ends the last at the line's end, and a tab inside
+// PropManaged's value (a hand edit) shifts text into PropIdentity's column,
+// whose stamp then fails to decode (torn, never adopted) rather than being
+// read as another's.
+var datasetFields = []string{"name", "type", "used", "available", "referenced", "volsize", "volblocksize", "refreservation", PropManaged, PropIdentity}
 
 // Dataset is one row of `zfs list -Hp -o <datasetFields>`. Byte counts are
 // exact (-p); properties that do not apply (volsize of a filesystem) are 0.
@@ -45,6 +54,8 @@ type Dataset struct {
 	RefReservationBytes int64
 	// Managed is PropManaged's value, "" when unset.
 	Managed string
+	// Identity is PropIdentity's value, "" when unset.
+	Identity string
 }
 
 // IsVolume reports whether the dataset is a zvol.
@@ -62,7 +73,7 @@ func (d Dataset) SnapshotBytes() int64 {
 func (d Dataset) Sparse() bool { return d.IsVolume() && d.RefReservationBytes == 0 }
 
 // ParseDatasets parses the output of
-// `zfs list -Hp -o name,type,used,available,referenced,volsize,volblocksize,refreservation,plinth.dev:managed`:
+// `zfs list -Hp -o name,type,used,available,referenced,volsize,volblocksize,refreservation,plinth.dev:managed,plinth.dev:identity`:
 // one line per dataset, fields separated by one tab, "-" for a property that
 // does not apply or is unset. Errors name the line and field.
 func ParseDatasets(out []byte) ([]Dataset, error) {
@@ -83,8 +94,11 @@ func ParseDatasets(out []byte) ([]Dataset, error) {
 			}
 			*p = v
 		}
-		if m := f[len(f)-1]; m != "-" {
+		if m := f[len(f)-2]; m != "-" {
 			d.Managed = m
+		}
+		if id := f[len(f)-1]; id != "-" {
+			d.Identity = id
 		}
 		ds = append(ds, d)
 	}

@@ -23,8 +23,8 @@ func orDash(s string) string {
 func formatDatasets(ds []Dataset) []byte {
 	var b strings.Builder
 	for _, d := range ds {
-		fmt.Fprintf(&b, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", d.Name, d.Type, d.UsedBytes, d.AvailableBytes, d.ReferencedBytes,
-			d.VolSizeBytes, d.VolBlockSizeBytes, d.RefReservationBytes, orDash(d.Managed))
+		fmt.Fprintf(&b, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", d.Name, d.Type, d.UsedBytes, d.AvailableBytes, d.ReferencedBytes,
+			d.VolSizeBytes, d.VolBlockSizeBytes, d.RefReservationBytes, orDash(d.Managed), orDash(d.Identity))
 	}
 	return []byte(b.String())
 }
@@ -35,7 +35,7 @@ func formatDatasets(ds []Dataset) []byte {
 func FuzzParseDatasets(f *testing.F) {
 	f.Add(readTestdata(f, "zfs-list-parent.txt"))
 	f.Add(readTestdata(f, "zfs-list-one.txt"))
-	f.Add([]byte("a\tvolume\t1\t2\t3\t-\t-\t0\t-\n"))
+	f.Add([]byte("a\tvolume\t1\t2\t3\t-\t-\t0\t-\t-\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		ds, err := ParseDatasets(in)
 		if err != nil {

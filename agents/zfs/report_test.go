@@ -49,6 +49,18 @@ func TestParseRecordedList(t *testing.T) {
 	if foreign.Managed != "" || !foreign.IsVolume() {
 		t.Errorf("foreign %+v", foreign)
 	}
+	// the stamp record.sh set with zfs set (its checksum computed by sha256sum) decodes as
+	// this package writes it; an unstamped zvol has none
+	id := backend.VolumeID("rec-thick")
+	st, err := stampOf(thick, id)
+	if err != nil || st == nil || st.VolumeID != id || st.SizeBytes != 256<<20 || st.VolumeMode != "Block" || st.StoreUID != "rec-store" {
+		t.Errorf("recorded stamp %+v, %v", st, err)
+	} else if line, _ := st.Line(); line != thick.Identity {
+		t.Errorf("recorded stamp %q encodes as %q", thick.Identity, line)
+	}
+	if st, err := stampOf(sparse, backend.VolumeID("rec-sparse")); st != nil || err != nil || sparse.Identity != "" {
+		t.Errorf("unstamped zvol: %+v, %v (%q)", st, err, sparse.Identity)
+	}
 	// The parent's used covers its children, a thick zvol's refreservation included.
 	if parent.UsedBytes < thick.UsedBytes+sparse.UsedBytes+foreign.UsedBytes {
 		t.Errorf("parent used %d < children", parent.UsedBytes)
@@ -81,7 +93,7 @@ func TestParseRecordedPool(t *testing.T) {
 
 func TestParseErrors(t *testing.T) {
 	for _, in := range []string{
-		"a\tvolume\t1\t2\t3\t4\t5\t6",       // too few fields
+		"a\tvolume\t1\t2\t3\t4\t5\t6\t-",    // too few fields (no identity column)
 		"\tvolume\t1\t2\t3\t4\t5\t6\t-",     // no name
 		"a\tvolume\tx\t2\t3\t4\t5\t6\t-",    // not a number
 		"a\tvolume\t-1\t2\t3\t4\t5\t6\t-",   // negative
@@ -91,7 +103,8 @@ func TestParseErrors(t *testing.T) {
 			t.Errorf("ParseDatasets(%q): no error", in)
 		}
 	}
-	if ds, err := ParseDatasets([]byte("a\tvolume\t1\t2\t3\t4\t5\t6\tx\ty\n")); err != nil || ds[0].Managed != "x\ty" {
+	// a tab in a user property's value lands in the last column, whose stamp is then torn
+	if ds, err := ParseDatasets([]byte("a\tvolume\t1\t2\t3\t4\t5\t6\tx\ty\tz\n")); err != nil || ds[0].Managed != "x" || ds[0].Identity != "y\tz" {
 		t.Errorf("user property with a tab: %+v %v", ds, err)
 	}
 	if ds, err := ParseDatasets(nil); err != nil || len(ds) != 0 {

@@ -46,7 +46,8 @@ type Config struct {
 	Sparse bool
 	// Properties are extra zfsprops(7) set on each zvol at creation
 	// (compression=lz4, user properties ...); Plinth's own (volsize,
-	// volblocksize, refreservation, reservation, PropManaged) are refused.
+	// volblocksize, refreservation, reservation, PropManaged, PropIdentity)
+	// are refused.
 	Properties map[string]string
 	// ReserveBytes is headroom never provisioned, also refused on create.
 	ReserveBytes int64
@@ -296,6 +297,7 @@ func (z *ZFS) devPath(dataset string) string { return filepath.Join(z.cfg.DevDir
 func (z *ZFS) volume(d Dataset) backend.Volume {
 	id := strings.TrimPrefix(d.Name, z.parent+"/")
 	v := backend.Volume{ID: id, Name: d.Name, SizeBytes: d.VolSizeBytes, Thin: d.Sparse()}
+	v.Stamp, v.StampErr = stampOf(d, id)
 	if isBlockDevice(z.devPath(d.Name)) {
 		v.DevicePath = z.devPath(d.Name)
 	}

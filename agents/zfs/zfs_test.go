@@ -40,8 +40,12 @@ func (f *fakeZFS) row(d Dataset) string {
 		}
 		return strconv.FormatInt(n, 10)
 	}
+	id := d.Identity
+	if id == "" {
+		id = "-"
+	}
 	return strings.Join([]string{d.Name, d.Type, strconv.FormatInt(d.UsedBytes, 10), strconv.FormatInt(d.AvailableBytes, 10),
-		strconv.FormatInt(d.ReferencedBytes, 10), dash(d.VolSizeBytes), dash(d.VolBlockSizeBytes), strconv.FormatInt(d.RefReservationBytes, 10), m}, "\t")
+		strconv.FormatInt(d.ReferencedBytes, 10), dash(d.VolSizeBytes), dash(d.VolBlockSizeBytes), strconv.FormatInt(d.RefReservationBytes, 10), m, id}, "\t")
 }
 
 func (f *fakeZFS) reserved() int64 {
@@ -118,6 +122,10 @@ func (f *fakeZFS) run(_ context.Context, name string, args ...string) ([]byte, [
 		return nil, nil, 0, nil
 	case "zfs set":
 		v := f.vols[target]
+		if val, ok := strings.CutPrefix(args[1], PropIdentity+"="); ok {
+			v.Identity = val
+			return nil, nil, 0, nil
+		}
 		size, _ := strconv.ParseInt(strings.TrimPrefix(args[1], "volsize="), 10, 64)
 		if v.RefReservationBytes > 0 {
 			res := size + size/64
@@ -323,7 +331,7 @@ func TestEnsureAndErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"zpool list -Hp -o name,size,allocated,free,health tank",
-		"zfs list -Hp -o name,type,used,available,referenced,volsize,volblocksize,refreservation,plinth.dev:managed -t filesystem,volume -d 1 tank/k8s/volumes",
+		"zfs list -Hp -o name,type,used,available,referenced,volsize,volblocksize,refreservation,plinth.dev:managed,plinth.dev:identity -t filesystem,volume -d 1 tank/k8s/volumes",
 		"zfs create -p tank/k8s/volumes"}
 	if strings.Join(f.calls, "\n") != strings.Join(want, "\n") {
 		t.Errorf("Ensure ran\n%s\nwant\n%s", strings.Join(f.calls, "\n"), strings.Join(want, "\n"))

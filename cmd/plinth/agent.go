@@ -82,6 +82,7 @@ recorded under --state-dir/agent/failpoints/NODE). Unset in production.`,
 	f.IntVar(&opts.VolumeWorkers, "volume-workers", agent.DefaultVolumeWorkers, "VolumeStates reconciled at once (one volume never by two workers)")
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", agent.DefaultMetricsAddr, "listen address of /metrics (\"0\" disables)")
 	f.StringVar(&opts.ProbeAddr, "health-probe-bind-address", agent.DefaultProbeAddr, "listen address of /healthz and /readyz (\"0\" disables)")
+	f.StringVar(&opts.PprofAddr, "pprof-bind-address", "", "listen address of Go's /debug/pprof profiles (heap, CPU); empty or \"0\" disables")
 	f.StringVar(&opts.HostNQNFile, "host-nqn-file", agent.DefaultHostNQNFile, "file holding this node's NVMe host NQN")
 	f.StringVar(&opts.NVMetRoot, "nvmet-root", "/sys/kernel/config/nvmet", "nvmet configfs tree")
 	f.StringVar(&opts.AuthNamespace, "auth-namespace", "", "namespace of the DH-HMAC-CHAP host Secrets nvme-auth-<node>, read without --key-server (default $POD_NAMESPACE, then "+agent.DefaultAuthNamespace+")")

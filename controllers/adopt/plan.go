@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/plinth-storage/plinth/internal/identity"
+	"github.com/plinth-storage/plinth/internal/overrides"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -153,7 +154,9 @@ const (
 //   - ambiguous: a torn or unknown-version stamp, the same volume listed twice, two volumes
 //     stamped with one claim, a claim bound to another volume, a StorageClass, size, volume
 //     mode or policy (digest) that differs from the stamp, a PV of that name for another
-//     volume, a claim with per-PVC overrides or an encrypted class (not adopted yet);
+//     volume, a claim whose overrides its Placement refuses, or an encrypted class (not
+//     adopted yet); a claim's allowed overrides are frozen as CreateVolume freezes them and
+//     must give the stamp's digest;
 //   - adopt: everything matches.
 //
 // A claim of the checkout that is not bound and that no candidate names is Missing.
@@ -281,13 +284,6 @@ func adoption(in Input, digests map[string]string, claim *Claim, c Candidate, st
 	if claim.RequestBytes > st.SizeBytes {
 		return nil, fmt.Sprintf("PVC %s asks for %d bytes, the volume holds %d", claim.Key(), claim.RequestBytes, st.SizeBytes)
 	}
-	for k := range claim.Annotations {
-		for _, o := range policyv1.OverrideAnnotations {
-			if k == o {
-				return nil, fmt.Sprintf("PVC %s sets the override %s: volumes with per-PVC overrides are not adopted yet", claim.Key(), k)
-			}
-		}
-	}
 	if !in.GitPlacements[st.Placement] {
 		return nil, fmt.Sprintf("Placement %s of the volume is not in the checkout", st.Placement)
 	}
@@ -309,17 +305,36 @@ func adoption(in Input, digests map[string]string, claim *Claim, c Candidate, st
 		return nil, fmt.Sprintf("pool %s or protocol %s of Placement %s is not in the cluster yet", pl.Spec.PoolRef.Name, pl.Spec.ProtocolRef.Name, pl.Name)
 	}
 	frozen := Frozen(pl, pool, proto, st.Filesystem)
-	dk := pl.Name + "/" + st.Filesystem
-	digest, ok := digests[dk]
-	if !ok {
-		var err error
+	// per-PVC overrides, judged as CreateVolume judges them, frozen as it freezes them: the
+	// stamp's digest then says whether the claim in Git overrides what the volume was made with
+	ov, err := overrides.Parse(claim.Annotations, pl, frozen.Filesystem.FSType)
+	if err != nil {
+		return nil, fmt.Sprintf("PVC %s: its overrides are refused by Placement %s: %v", claim.Key(), pl.Name, err)
+	}
+	var digest string
+	if ov == nil {
+		dk := pl.Name + "/" + st.Filesystem
+		var ok bool
+		if digest, ok = digests[dk]; !ok {
+			if digest, err = identity.PolicyDigest(frozen); err != nil {
+				return nil, err.Error()
+			}
+			digests[dk] = digest
+		}
+	} else {
+		var strategy policyv1.Strategy // placement only: not frozen
+		ov.Apply(&frozen.Filesystem, &strategy)
+		frozen.Overrides = ov.Annotations
 		if digest, err = identity.PolicyDigest(frozen); err != nil {
 			return nil, err.Error()
 		}
-		digests[dk] = digest
 	}
 	if digest != st.PolicyDigest {
-		return nil, fmt.Sprintf("the policy of Placement %s (with its pool and protocol) differs from the one the volume was made with (digest %s, volume %s)", pl.Name, digest, st.PolicyDigest)
+		with := ""
+		if ov != nil {
+			with = " and the claim's overrides"
+		}
+		return nil, fmt.Sprintf("the policy of Placement %s (with its pool and protocol%s) differs from the one the volume was made with (digest %s, volume %s)", pl.Name, with, digest, st.PolicyDigest)
 	}
 	a := &Adoption{Claim: claim.Key(), VolumeID: st.VolumeID, Store: c.Store, Node: c.Node, SizeBytes: st.SizeBytes,
 		PV: st.PVName, StorageClass: st.StorageClass, Placement: pl.Name, CreatePV: true}
@@ -331,13 +346,13 @@ func adoption(in Input, digests map[string]string, claim *Claim, c Candidate, st
 	}
 	a.VolumeState = volumeState(c, st, frozen)
 	if a.CreatePV {
-		a.PersistentVolume = persistentVolume(claim, c, st, pl, proto)
+		a.PersistentVolume = persistentVolume(claim, c, st, pl, proto, frozen.Filesystem)
 	}
 	return a, ""
 }
 
 // Frozen is the policy CreateVolume freezes into a clear volume without per-PVC overrides of
-// Placement pl (csi/controller newVolumeState): names, the pool's backend, the protocol and
+// Placement pl (adoption adds a claim's overrides with internal/overrides, as CreateVolume does) (csi/controller newVolumeState): names, the pool's backend, the protocol and
 // the filesystem with fsType (the stamp's; "" for a Block volume keeps the Placement's, or
 // ext4).
 func Frozen(pl *policyv1.Placement, pool *policyv1.StoragePool, proto *policyv1.Protocol, fsType string) storev1.FrozenPolicy {
@@ -369,9 +384,11 @@ func volumeState(c Candidate, st identity.Stamp, frozen storev1.FrozenPolicy) *s
 // persistentVolume is the PV csi-provisioner would have made for the volume, pre-bound to
 // claim (with its UID when it exists in the cluster; without, the PV controller binds the
 // claim of that name when it arrives).
-func persistentVolume(claim *Claim, c Candidate, st identity.Stamp, pl *policyv1.Placement, proto *policyv1.Protocol) *corev1.PersistentVolume {
+func persistentVolume(claim *Claim, c Candidate, st identity.Stamp, pl *policyv1.Placement, proto *policyv1.Protocol, frozen policyv1.Filesystem) *corev1.PersistentVolume {
+	// the volume context holds the frozen filesystem (with the claim's overrides), as
+	// CreateVolume answers it; the PV's mountOptions are the class's, as csi-provisioner copies
 	fs := pl.Spec.Filesystem
-	mkfs, mnt := jsonList(fs.MkfsOptions), jsonList(fs.MountOptions)
+	mkfs, mnt := jsonList(frozen.MkfsOptions), jsonList(frozen.MountOptions)
 	kind := "local"
 	affinity := corev1.NodeSelectorRequirement{Key: policyv1.TopologyKeyNode, Operator: corev1.NodeSelectorOpIn, Values: []string{c.Node}}
 	if proto.Spec.NVMeoFTCP != nil {

@@ -218,3 +218,65 @@ func BenchmarkPlan10000(b *testing.B) {
 		}
 	}
 }
+
+// A claim with per-PVC overrides is adopted when its Placement allows them and they, frozen as
+// CreateVolume freezes them, give the stamp's policy digest; other overrides than the volume
+// was made with, or overrides the Placement refuses, leave it ambiguous.
+func TestClaimWithOverridesAdoptedWhenTheDigestAgrees(t *testing.T) {
+	w := newWorld()
+	pl := w.in.Placements["fast"]
+	pl.Spec.Overrides = &policyv1.Overrides{Allowed: []policyv1.OverrideParameter{policyv1.OverrideMountOptions, policyv1.OverrideStrategy}}
+	mountAnn := policyv1.OverrideAnnotations[policyv1.OverrideMountOptions]
+	strategyAnn := policyv1.OverrideAnnotations[policyv1.OverrideStrategy]
+	// the digest CreateVolume froze for a claim setting mount options opts (or, with opts "",
+	// strategy Spreadout: placement only, but the annotation is frozen too)
+	made := func(opts string) string {
+		_, pool, proto := policies()
+		f := Frozen(pl, pool, proto, "ext4")
+		if opts == "" {
+			f.Overrides = map[string]string{strategyAnn: "Spreadout"}
+		} else {
+			f.Filesystem.MountOptions = append(f.Filesystem.MountOptions, strings.Split(opts, ",")...)
+			f.Overrides = map[string]string{mountAnn: opts}
+		}
+		d, err := identity.PolicyDigest(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	const gib = 1 << 30
+	same := w.stamped(t, "pvc-same", "shop", "same", gib, func(s *identity.Stamp) { s.PolicyDigest = made("noatime") })
+	w.claim("shop", "same", gib).Annotations = map[string]string{mountAnn: "noatime"}
+	changed := w.stamped(t, "pvc-changed", "shop", "changed", gib, func(s *identity.Stamp) { s.PolicyDigest = made("noatime") })
+	w.claim("shop", "changed", gib).Annotations = map[string]string{mountAnn: "nodiscard"}
+	dropped := w.stamped(t, "pvc-dropped", "shop", "dropped", gib, func(s *identity.Stamp) { s.PolicyDigest = made("noatime") })
+	w.claim("shop", "dropped", gib)
+	refused := w.stamped(t, "pvc-refused", "shop", "refused", gib, nil)
+	w.claim("shop", "refused", gib).Annotations = map[string]string{policyv1.OverrideAnnotations[policyv1.OverrideMkfsOptions]: "-m 0"}
+	placed := w.stamped(t, "pvc-placed", "shop", "placed", gib, func(s *identity.Stamp) { s.PolicyDigest = made("") })
+	w.claim("shop", "placed", gib).Annotations = map[string]string{strategyAnn: "Spreadout"}
+
+	p := Build(w.in)
+	got := map[string]bool{}
+	for _, a := range p.Adopt {
+		got[a.VolumeID] = true
+		if a.VolumeID == same && (a.VolumeState.Spec.Policy.Overrides[mountAnn] != "noatime" ||
+			a.PersistentVolume.Spec.CSI.VolumeAttributes[contextMountOptions] != `["noatime"]`) {
+			t.Errorf("adopted VolumeState policy %+v, PV context %v: the override is not frozen", a.VolumeState.Spec.Policy, a.PersistentVolume.Spec.CSI.VolumeAttributes)
+		}
+	}
+	if len(p.Adopt) != 2 || !got[same] || !got[placed] {
+		t.Errorf("adopt %+v, want %s and %s\nambiguous:\n%s", p.Adopt, same, placed, reasons(p.Ambiguous))
+	}
+	want := map[string]string{changed: "and the claim's overrides) differs", dropped: "differs from the one the volume was made with",
+		refused: "overrides are refused by Placement fast"}
+	if len(p.Ambiguous) != len(want) {
+		t.Errorf("ambiguous:\n%s", reasons(p.Ambiguous))
+	}
+	for _, f := range p.Ambiguous {
+		if !strings.Contains(f.Reason, want[f.VolumeID]) {
+			t.Errorf("ambiguous %s: %q, want it to say %q", f.VolumeID, f.Reason, want[f.VolumeID])
+		}
+	}
+}

@@ -1006,13 +1006,23 @@ func (b *builder) finish() {
 	r.count()
 }
 
+// withoutGeneration is e without its keyGeneration (nil stays nil).
+func withoutGeneration(e *policyv1.Encryption) *policyv1.Encryption {
+	if e == nil {
+		return nil
+	}
+	c := e.DeepCopy()
+	c.KeyGeneration = 0
+	return c
+}
+
 // encryption reports a Placement whose encryption is removed or changed (RuleEncryptionDropped):
 // with a cluster, only when volumes of it are encrypted, counting them; offline, always.
 func (b *builder) encryption() {
 	for _, name := range names(b.after.places, b.after.places) {
 		old, pl := b.before.places[name], b.after.places[name]
-		if old == nil || old.Spec.Encryption == nil || equality.Semantic.DeepEqual(old.Spec.Encryption, pl.Spec.Encryption) {
-			continue
+		if old == nil || old.Spec.Encryption == nil || equality.Semantic.DeepEqual(withoutGeneration(old.Spec.Encryption), withoutGeneration(pl.Spec.Encryption)) {
+			continue // raising keyGeneration rotates keys: the volumes stay as they are
 		}
 		what := "drops encryption"
 		if pl.Spec.Encryption != nil {

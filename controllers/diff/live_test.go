@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/plinth-storage/plinth/controllers/diff"
 	"github.com/plinth-storage/plinth/controllers/move"
@@ -32,6 +31,7 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/crdtest"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
@@ -49,16 +49,7 @@ const gi = int64(1) << 30
 // Finally it applies two proposed trees and checks that the controller did what the diff
 // predicted.
 func TestLive(t *testing.T) {
-	cp := controlplane.ForTest(t, controlplane.Options{})
-	root, err := controlplane.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(root, "schema", "crd", "bases")}, ErrorIfPathMissing: true,
-	}); err != nil {
-		t.Fatalf("install CRDs: %v", err)
-	}
+	cp := crdtest.ControlPlane(t, controlplane.Options{})
 	scheme, err := policy.Scheme()
 	if err != nil {
 		t.Fatal(err)

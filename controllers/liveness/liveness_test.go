@@ -2,7 +2,6 @@ package liveness_test
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,13 +12,13 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/plinth-storage/plinth/controllers/liveness"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/crdtest"
 )
 
 func TestDecide(t *testing.T) {
@@ -62,16 +61,7 @@ func scheme(t *testing.T) *runtime.Scheme {
 // are left alone; a mark is written once (a second reconcile changes nothing), and the agent's
 // next report replaces it.
 func TestMarksOnTheAPIServer(t *testing.T) {
-	cp := controlplane.ForTest(t, controlplane.Options{})
-	root, err := controlplane.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(root, "schema", "crd", "bases")}, ErrorIfPathMissing: true,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	cp := crdtest.ControlPlane(t, controlplane.Options{})
 	c, err := client.New(cp.Admin.Config, client.Options{Scheme: scheme(t)})
 	if err != nil {
 		t.Fatal(err)

@@ -177,11 +177,13 @@ type Result struct {
 
 // Plan assigns each volume a target Store and schedules the copies. Targets are the Stores
 // of the volume's target pool that reported a capacity, take new volumes (not evacuated, not
-// draining) and are not its source; a volume's protocol must be servable there and the copy
-// path must exist (the source exports the volume, the target reads it over NVMe-oF/TCP).
-// Volumes are placed largest first onto the eligible Store with the most room left (worst
-// fit: it spreads the copies and leaves the most room on each Store), each taking its size
-// from that Store's room. A volume with snapshots, or for which no Store qualifies, is
+// draining) and are not its source; a volume's protocol must be servable there and, on
+// another node than the source's, the copy path must exist (the source exports the volume,
+// the target reads it over NVMe-oF/TCP; a copy within one node needs neither).
+// Volumes are placed largest first onto an eligible Store of the source's node if one has
+// room (a local copy), else onto the eligible Store with the most room left (worst fit: it
+// spreads the copies and leaves the most room on each Store), each taking its size from that
+// Store's room. A volume with snapshots, or for which no Store qualifies, is
 // blocked with the reason. Copies are scheduled in plan order, each as early as a slot of
 // its source and of its target is free (each Store has MaxParallel slots). The error is for
 // invalid options only.
@@ -228,16 +230,19 @@ func place(v Volume, byName map[string]*Store, stores []Store, room map[string]i
 		return block(BlockedSnapshots, "has %d snapshots (%s), which are not moved: delete them or keep the volume where it is",
 			n, strings.Join(firstN(slices.Sorted(slices.Values(v.Snapshots)), 3), ", "))
 	}
-	if src != nil && src.CapabilitiesKnown && !src.Export {
-		return block(BlockedNoProtocol, "source node %s cannot export the volume for the copy (no nvmet and nvmet_tcp modules)", src.Node)
-	}
+	// a copy to another node reads the source over NVMe-oF/TCP: the source exports it, the
+	// target connects; a copy between two Stores of one node reads the device locally
+	srcExports := src == nil || !src.CapabilitiesKnown || src.Export
 	var eligible, noProto []string
 	for _, t := range stores {
 		if t.Pool != v.TargetPool || t.Name == v.Store || t.Evacuate || t.Draining || !t.Reported {
 			continue
 		}
+		sameNode := src != nil && t.Node == src.Node
 		switch {
-		case t.CapabilitiesKnown && !t.Initiator:
+		case !sameNode && !srcExports:
+			noProto = append(noProto, t.Node+" (another node: the source node "+src.Node+" cannot export the volume for the copy, no nvmet and nvmet_tcp modules)")
+		case !sameNode && t.CapabilitiesKnown && !t.Initiator:
 			noProto = append(noProto, t.Node+" (no nvme_tcp: cannot read the source's export)")
 		case v.Protocol == ProtocolNVMeoF && !t.ServesNVMeoF:
 			noProto = append(noProto, t.Node+" (no NVMe-oF endpoint: no Placement serves the pool over NVMe-oF there)")
@@ -254,9 +259,16 @@ func place(v Volume, byName map[string]*Store, stores []Store, room map[string]i
 		}
 		return block(BlockedNoRoom, "pool %s has no other Store that takes new volumes and reported its capacity", v.TargetPool)
 	}
+	// a Store on the source's node first (a local copy: no network, and the only kind carried
+	// out yet), then the most room
+	local := func(n string) bool { return src != nil && byName[n].Node == src.Node }
 	best := ""
 	for _, n := range eligible {
-		if room[n] >= v.SizeBytes && (best == "" || room[n] > room[best] || room[n] == room[best] && n < best) {
+		if room[n] < v.SizeBytes {
+			continue
+		}
+		if best == "" || local(n) && !local(best) ||
+			local(n) == local(best) && (room[n] > room[best] || room[n] == room[best] && n < best) {
 			best = n
 		}
 	}

@@ -42,6 +42,8 @@ func TestPlanPlacesAndRefuses(t *testing.T) {
 	noEndpoint.ServesNVMeoF = false
 	srcNoExport := evac(store("p.a", "p", 0))
 	srcNoExport.Export = false
+	sameNodeNoInit := store("q.a", "q", 100*gi) // pool q's Store on node a
+	sameNodeNoInit.Initiator = false
 	unknown := store("p.u", "p", 100*gi)
 	unknown.CapabilitiesKnown, unknown.Export, unknown.Initiator = false, false, false
 	unreported := store("p.n", "p", 0)
@@ -84,6 +86,15 @@ func TestPlanPlacesAndRefuses(t *testing.T) {
 			[]Store{srcNoExport, store("p.b", "p", 100*gi)},
 			[]Volume{vol("v", "p.a", gi, ProtocolLocal)},
 			[]string{"v:NoProtocol"}},
+		{"a copy within one node needs no NVMe-oF on either side",
+			[]Store{srcNoExport, sameNodeNoInit, store("q.b", "q", 200*gi)},
+			[]Volume{{ID: "v", Store: "p.a", TargetPool: "q", SizeBytes: gi, Protocol: ProtocolLocal}},
+			[]string{"v→q.a"}},
+		{"a Store on the source's node first, even with less room",
+			[]Store{store("p.a", "p", 0), store("q.a", "q", 2*gi), store("q.b", "q", 100*gi)},
+			[]Volume{{ID: "big", Store: "p.a", TargetPool: "q", SizeBytes: 3 * gi, Protocol: ProtocolLocal},
+				{ID: "small", Store: "p.a", TargetPool: "q", SizeBytes: gi, Protocol: ProtocolLocal}},
+			[]string{"big→q.b", "small→q.a"}},
 		{"unknown capabilities are not judged",
 			[]Store{evac(store("p.a", "p", 0)), unknown},
 			[]Volume{vol("v", "p.a", gi, ProtocolNVMeoF)},

@@ -169,7 +169,7 @@ func (s *KeyServer) authorize(ctx context.Context, c caller, host, target string
 	}
 	for _, vs := range vss.Items {
 		for _, p := range vs.Spec.Publications {
-			if p.NodeName == host {
+			if p.NodeName == host && p.HostNQN != "" { // a local volume's publication grants no keys
 				return nil
 			}
 		}

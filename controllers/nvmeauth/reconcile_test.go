@@ -3,7 +3,6 @@ package nvmeauth
 import (
 	"bytes"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,11 +14,11 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/plinth-storage/plinth/internal/dhchap"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/crdtest"
 )
 
 // logBuffer collects what the reconciler logs, to check that no secret reaches the log.
@@ -49,16 +48,7 @@ func (b *logBuffer) String() string {
 // key ids existed gets one, its secrets unchanged. No secret ever appears in the reconciler's
 // log or in an event of the namespace.
 func TestReconcileRotatesOnKeyGeneration(t *testing.T) {
-	cp := controlplane.ForTest(t, controlplane.Options{})
-	root, err := controlplane.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(root, "schema", "crd", "bases")}, ErrorIfPathMissing: true,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	cp := crdtest.ControlPlane(t, controlplane.Options{})
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)

@@ -64,9 +64,10 @@ const (
 	// its lastAppliedRevision while its Ready is False; an Argo CD sync that failed): the
 	// message names the revision applied, the one refused and the sync tool's reason.
 	ReasonRevisionRefused = "RevisionRefused"
-	// ReasonMovesNotExecuted surfaces with Evacuating=True: the evacuated Stores take no new
-	// volume, and moving the volumes they hold is not carried out yet (plinth diff shows the
-	// plan; docs/design.md#data-mobility): nothing is moved or deleted.
+	// ReasonMovesNotExecuted surfaces with Evacuating=True until the move executor
+	// (controllers/moveexec, in the CSI controller) reports the moves' progress under its own
+	// reasons: the evacuated Stores take no new volume, nothing is moved or deleted yet
+	// (plinth diff shows the plan; docs/design.md#data-mobility).
 	ReasonMovesNotExecuted = "MovesNotExecuted"
 	// ReasonPruned surfaces as an event when an object left Git and was deleted.
 	ReasonPruned = "Pruned"

@@ -296,11 +296,15 @@ func setPoolStatus(pool *policyv1.StoragePool, idx poolStores) {
 }
 
 // setEvacuating sets Evacuating from the pool's evacuated Stores (rendered with spec.evacuate)
-// and what the live ones among them hold; without any, the condition is removed. Moves are not
-// carried out yet, and the message says so.
+// and what the live ones among them hold; without any, the condition is removed. Once the move
+// executor (controllers/moveexec, in the CSI controller) reported the moves' progress (any
+// other reason than MovesNotExecuted) the condition is its own and left as it is.
 func setEvacuating(pool *policyv1.StoragePool, evacuated []string, live []*storev1.Store) {
 	if len(evacuated) == 0 {
 		conditions.Delete(pool, EvacuatingCondition)
+		return
+	}
+	if c := conditions.Get(pool, EvacuatingCondition); c != nil && c.Reason != ReasonMovesNotExecuted {
 		return
 	}
 	var held int64
@@ -312,7 +316,7 @@ func setEvacuating(pool *policyv1.StoragePool, evacuated []string, live []*store
 		}
 	}
 	conditions.MarkTrue(pool, EvacuatingCondition, ReasonMovesNotExecuted,
-		"%d Stores evacuated (%s), holding %s (%d of them reported): they take no new volume; moving their volumes is not carried out yet (plinth diff shows the plan), nothing is moved or deleted",
+		"%d Stores evacuated (%s), holding %s (%d of them reported): they take no new volume; moving their volumes is not carried out yet (the move executor of the CSI controller has not reported; plinth diff shows the plan), nothing is moved or deleted",
 		len(evacuated), summarize(evacuated, 10), storev1.HumanBytes(held), reported)
 }
 

@@ -100,13 +100,27 @@ func TestScaleThousandObjects(t *testing.T) {
 
 	start = time.Now()
 	deleteAll(t, c, pl, p, proto)
-	eventually(t, 5*time.Minute, "all Stores pruned", func() error {
+	// Every Store and every Agent: the Agents go after the Stores, and a test that returned
+	// with Agents left would hand their pruning (client-side throttled) to the next test's
+	// controller, whose first reconcile then waits behind it.
+	eventually(t, 5*time.Minute, "all Stores and Agents pruned", func() error {
 		var stores storev1.StoreList
 		if err := c.List(ctx, &stores, client.MatchingLabels{policyv1.LabelPool: "spool"}); err != nil {
 			return err
 		}
-		if len(stores.Items) > 0 {
-			return fmt.Errorf("%d Stores left", len(stores.Items))
+		var agents storev1.AgentList
+		if err := c.List(ctx, &agents); err != nil {
+			return err
+		}
+		left := 0
+		for _, a := range agents.Items {
+			var i int
+			if n, err := fmt.Sscanf(a.Name, "s%03d", &i); err == nil && n == 1 && a.Name == fmt.Sprintf("s%03d", i) && i < nodes {
+				left++
+			}
+		}
+		if len(stores.Items) > 0 || left > 0 {
+			return fmt.Errorf("%d Stores and %d Agents left", len(stores.Items), left)
 		}
 		return nil
 	})

@@ -70,6 +70,12 @@ func TestSetPoolStatusEvacuating(t *testing.T) {
 		!strings.Contains(c.Message, "not carried out yet") || !strings.Contains(c.Message, "nothing is moved or deleted") {
 		t.Fatalf("Evacuating: %+v", c)
 	}
+	// once the move executor reported progress, the condition is its own
+	conditions.MarkTrue(pool, EvacuatingCondition, "MovesInProgress", "1 of 3 volumes moved")
+	setPoolStatus(pool, indexPoolStores(out, live))
+	if c := conditions.Get(pool, EvacuatingCondition); c == nil || c.Reason != "MovesInProgress" || c.Message != "1 of 3 volumes moved" {
+		t.Fatalf("the executor's Evacuating was overwritten: %+v", c)
+	}
 	out.Stores[0].Spec.Evacuate = false
 	setPoolStatus(pool, indexPoolStores(out, live))
 	if c := conditions.Get(pool, EvacuatingCondition); c != nil {

@@ -334,6 +334,12 @@ func storageClass(pl *policyv1.Placement) storagev1.StorageClass {
 		ref := policyv1.VolumeKeySecretRef(e, "${pv.name}")
 		sc.Parameters[policyv1.ParamNodeStageSecretName] = ref.Name
 		sc.Parameters[policyv1.ParamNodeStageSecretNamespace] = ref.Namespace
+		// the same Secret at every publish: kubelet republishes mounted volumes (CSIDriver
+		// requiresRepublish) with the Secret read afresh, and the node plugin re-wraps the
+		// header of a staged volume whose key was rotated (keyGeneration, never a parameter:
+		// raising it must not replace the class)
+		sc.Parameters[policyv1.ParamNodePublishSecretName] = ref.Name
+		sc.Parameters[policyv1.ParamNodePublishSecretNamespace] = ref.Namespace
 	}
 	if t.IsDefault {
 		sc.Annotations = map[string]string{defaultClassAnnotation: "true"}

@@ -172,23 +172,53 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 	}
 	clear(r.protocols) // no pointers into in kept
 
-	// StoragePools: the Stores of the changed ones, and the nodes whose Agent changes.
+	var d delta
+	if !r.updatePools(in.Pools, nodesChanged, eps, &d) {
+		return nil, false
+	}
+	r.eps, r.spare = r.spare, r.eps
+	if !r.updateAgents(&d) || !r.updatePlacements(in.Placements, &d) {
+		return nil, false
+	}
+	r.updateSources(&d)
+	if !r.patch(&d) {
+		return nil, false
+	}
+	out := r.out
+	return &out, true
+}
+
+// delta is what one update changes in the kept render: per kind, the names of the objects
+// dropped and the objects rendered anew (an object rendered again under its name is both).
+type delta struct {
+	dropClasses, dropSnapClasses, dropGroupClasses, dropAttrClasses, dropStores, dropAgents []string
+
+	addClasses                      []storagev1.StorageClass
+	addSnapClasses, addGroupClasses []unstructured.Unstructured
+	addAttrClasses                  []storagev1.VolumeAttributesClass
+	addStores                       []storev1.Store
+	addAgents                       []storev1.Agent
+}
+
+// updatePools renders the Stores of the StoragePools that changed (or all of them, when the
+// Nodes' labels changed) into d and marks in r.dirty the nodes whose Agent must be rendered
+// again: those of a changed pool and those whose pool's NVMe-oF endpoints (eps, this call's)
+// changed. False when a pool is named twice or selects no valid nodes.
+func (r *Renderer) updatePools(pools []policyv1.StoragePool, nodesChanged bool, eps *poolEndpoints, d *delta) bool {
 	dirty := r.dirty
 	clear(dirty)
-	var dropStores []string
-	var addStores []storev1.Store
 	changed := func(name string, kp *keptPool) {
 		for _, n := range kp.nodes {
 			dirty[n] = true
 			r.nodePools[n] = remove(r.nodePools[n], name)
-			dropStores = append(dropStores, storev1.StoreName(name, n))
+			d.dropStores = append(d.dropStores, storev1.StoreName(name, n))
 		}
 	}
-	for i := range in.Pools {
-		p := &in.Pools[i]
+	for i := range pools {
+		p := &pools[i]
 		kp := r.pools[p.Name]
 		if kp != nil && kp.pass == r.pass {
-			return nil, false // a pool named twice
+			return false // a pool named twice
 		}
 		if kp != nil && !nodesChanged && (kp.same(&p.ObjectMeta) || reflect.DeepEqual(&kp.spec, &p.Spec)) {
 			kp.version = versionOf(&p.ObjectMeta)
@@ -202,7 +232,7 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 		}
 		names, err := selectNodes(p, r.nodes)
 		if err != nil {
-			return nil, false
+			return false
 		}
 		if kp != nil {
 			changed(p.Name, kp)
@@ -212,7 +242,7 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 		for _, n := range names {
 			dirty[n] = true
 			r.nodePools[n] = insert(r.nodePools[n], p.Name)
-			addStores = append(addStores, store(p, n))
+			d.addStores = append(d.addStores, store(p, n))
 		}
 	}
 	for name, kp := range r.pools {
@@ -221,15 +251,17 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 			delete(r.pools, name)
 		}
 	}
-	r.eps, r.spare = r.spare, r.eps
-	eps = &r.eps
+	return true
+}
 
-	// Agents of the nodes whose pools or pool endpoints changed.
-	var dropAgents []string
-	var addAgents []storev1.Agent
-	for n := range dirty {
+// updateAgents renders into d the Agent of every node updatePools marked dirty, from the
+// kept endpoints; false when one node would get two different NVMe-oF endpoints (Render
+// says which).
+func (r *Renderer) updateAgents(d *delta) bool {
+	eps := &r.eps
+	for n := range r.dirty {
 		if _, ok := r.out.Sources["Agent/"+n]; ok {
-			dropAgents = append(dropAgents, n)
+			d.dropAgents = append(d.dropAgents, n)
 		}
 		pools := r.nodePools[n]
 		if len(pools) == 0 {
@@ -242,37 +274,38 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 			stores[i] = storev1.StoreName(p, n)
 			if e := eps.endpoint[p]; e != nil {
 				if ep != nil && *ep != *e {
-					return nil, false // two endpoints on one node: Render says which
+					return false
 				}
 				ep = e
 			}
 		}
 		sort.Strings(stores)
-		addAgents = append(addAgents, newAgent(n, stores, pools, ep, eps))
+		d.addAgents = append(d.addAgents, newAgent(n, stores, pools, ep, eps))
 	}
+	return true
+}
 
-	// Placements: StorageClasses and VolumeSnapshotClasses.
-	var dropClasses, dropSnapClasses, dropGroupClasses, dropAttrClasses []string
-	var addClasses []storagev1.StorageClass
-	var addSnapClasses, addGroupClasses []unstructured.Unstructured
-	var addAttrClasses []storagev1.VolumeAttributesClass
+// updatePlacements renders into d the classes of the Placements that changed: the
+// StorageClass, the VolumeSnapshotClass and VolumeGroupSnapshotClass when asked for, and the
+// VolumeAttributesClasses; false when a Placement is named twice.
+func (r *Renderer) updatePlacements(placements []policyv1.Placement, d *delta) bool {
 	gone := func(kp *keptPlacement) {
-		dropClasses = append(dropClasses, kp.sc.Name)
+		d.dropClasses = append(d.dropClasses, kp.sc.Name)
 		if kp.vsc != nil {
-			dropSnapClasses = append(dropSnapClasses, kp.vsc.GetName())
+			d.dropSnapClasses = append(d.dropSnapClasses, kp.vsc.GetName())
 		}
 		if kp.vgsc != nil {
-			dropGroupClasses = append(dropGroupClasses, kp.vgsc.GetName())
+			d.dropGroupClasses = append(d.dropGroupClasses, kp.vgsc.GetName())
 		}
 		for i := range kp.vacs {
-			dropAttrClasses = append(dropAttrClasses, kp.vacs[i].Name)
+			d.dropAttrClasses = append(d.dropAttrClasses, kp.vacs[i].Name)
 		}
 	}
-	for i := range in.Placements {
-		pl := &in.Placements[i]
+	for i := range placements {
+		pl := &placements[i]
 		kp := r.places[pl.Name]
 		if kp != nil && kp.pass == r.pass {
-			return nil, false // a placement named twice
+			return false // a placement named twice
 		}
 		if kp != nil && (kp.same(&pl.ObjectMeta) || reflect.DeepEqual(&kp.spec, &pl.Spec)) {
 			kp.version = versionOf(&pl.ObjectMeta)
@@ -283,19 +316,19 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 			gone(kp)
 		}
 		kp = &keptPlacement{version: versionOf(&pl.ObjectMeta), spec: *pl.Spec.DeepCopy(), sc: storageClass(pl), pass: r.pass}
-		addClasses = append(addClasses, kp.sc)
+		d.addClasses = append(d.addClasses, kp.sc)
 		if pl.Spec.SnapshotClass != nil {
 			vsc := snapshotClass(pl)
 			kp.vsc = &vsc
-			addSnapClasses = append(addSnapClasses, vsc)
+			d.addSnapClasses = append(d.addSnapClasses, vsc)
 			if pl.Spec.SnapshotClass.Group {
 				gc := groupSnapshotClass(pl)
 				kp.vgsc = &gc
-				addGroupClasses = append(addGroupClasses, gc)
+				d.addGroupClasses = append(d.addGroupClasses, gc)
 			}
 		}
 		kp.vacs = attributesClasses(pl)
-		addAttrClasses = append(addAttrClasses, kp.vacs...)
+		d.addAttrClasses = append(d.addAttrClasses, kp.vacs...)
 		r.places[pl.Name] = kp
 	}
 	for name, kp := range r.places {
@@ -304,83 +337,78 @@ func (r *Renderer) update(in Input) (*Output, bool) {
 			delete(r.places, name)
 		}
 	}
+	return true
+}
 
-	// Sources: every dropped key first, then the added ones (a name may move between objects).
+// updateSources brings the kept Sources and conversions up to d: every dropped key first,
+// then the added ones (a name may move between objects).
+func (r *Renderer) updateSources(d *delta) {
 	src := r.out.Sources
-	for _, n := range dropClasses {
-		delete(src, "StorageClass/"+n)
+	for _, drop := range []struct {
+		kind  string
+		names []string
+	}{
+		{"StorageClass", d.dropClasses}, {policyv1.SnapshotClassKind, d.dropSnapClasses},
+		{policyv1.GroupSnapshotClassKind, d.dropGroupClasses}, {AttributesClassKind, d.dropAttrClasses},
+		{"Store", d.dropStores}, {"Agent", d.dropAgents},
+	} {
+		for _, n := range drop.names {
+			delete(src, drop.kind+"/"+n)
+		}
+		// Every object rendered anew replaces one dropped under its name or takes a new name
+		// (a name in the kept render that is neither dropped nor new would be rendered twice,
+		// which patchSorted refuses): forgetting the dropped names forgets every stale
+		// conversion.
+		r.forget(drop.kind, drop.names...)
 	}
-	for _, n := range dropSnapClasses {
-		delete(src, policyv1.SnapshotClassKind+"/"+n)
-	}
-	for _, n := range dropGroupClasses {
-		delete(src, policyv1.GroupSnapshotClassKind+"/"+n)
-	}
-	for _, n := range dropAttrClasses {
-		delete(src, AttributesClassKind+"/"+n)
-	}
-	for _, n := range dropStores {
-		delete(src, "Store/"+n)
-	}
-	for _, n := range dropAgents {
-		delete(src, "Agent/"+n)
-	}
-	// Every object rendered anew replaces one dropped under its name or takes a new name (a
-	// name in the kept render that is neither dropped nor new would be rendered twice, which
-	// patchSorted refuses): forgetting the dropped names forgets every stale conversion.
-	r.forget("StorageClass", dropClasses...)
-	r.forget(policyv1.SnapshotClassKind, dropSnapClasses...)
-	r.forget(policyv1.GroupSnapshotClassKind, dropGroupClasses...)
-	r.forget(AttributesClassKind, dropAttrClasses...)
-	r.forget("Store", dropStores...)
-	r.forget("Agent", dropAgents...)
-	for i := range addClasses {
-		sc := &addClasses[i]
+	for i := range d.addClasses {
+		sc := &d.addClasses[i]
 		src["StorageClass/"+sc.Name] = sortedUnique([]string{"Placement/" + sc.Labels[policyv1.LabelPlacement],
 			"StoragePool/" + sc.Labels[policyv1.LabelPool], "Protocol/" + sc.Labels[policyv1.LabelProtocol]})
 	}
-	for i := range addSnapClasses {
-		vsc := &addSnapClasses[i]
+	for i := range d.addSnapClasses {
+		vsc := &d.addSnapClasses[i]
 		src[policyv1.SnapshotClassKind+"/"+vsc.GetName()] = []string{"Placement/" + vsc.GetLabels()[policyv1.LabelPlacement]}
 	}
-	for i := range addGroupClasses {
-		gc := &addGroupClasses[i]
+	for i := range d.addGroupClasses {
+		gc := &d.addGroupClasses[i]
 		src[policyv1.GroupSnapshotClassKind+"/"+gc.GetName()] = []string{"Placement/" + gc.GetLabels()[policyv1.LabelPlacement]}
 	}
-	for i := range addAttrClasses {
-		src[AttributesClassKind+"/"+addAttrClasses[i].Name] = []string{"Placement/" + addAttrClasses[i].Labels[policyv1.LabelPlacement]}
+	for i := range d.addAttrClasses {
+		src[AttributesClassKind+"/"+d.addAttrClasses[i].Name] = []string{"Placement/" + d.addAttrClasses[i].Labels[policyv1.LabelPlacement]}
 	}
-	for i := range addStores {
-		src["Store/"+addStores[i].Name] = []string{"StoragePool/" + addStores[i].Spec.Pool}
+	for i := range d.addStores {
+		src["Store/"+d.addStores[i].Name] = []string{"StoragePool/" + d.addStores[i].Spec.Pool}
 	}
-	for i := range addAgents {
-		src["Agent/"+addAgents[i].Name] = agentSources(r.nodePools[addAgents[i].Name])
+	for i := range d.addAgents {
+		src["Agent/"+d.addAgents[i].Name] = agentSources(r.nodePools[d.addAgents[i].Name])
 	}
-
-	r.out.StorageClasses, ok = patchSorted(r.out.StorageClasses, func(sc *storagev1.StorageClass) string { return sc.Name }, dropClasses, addClasses)
-	if !ok {
-		return nil, false
-	}
-	r.out.VolumeSnapshotClasses, ok = patchSorted(r.out.VolumeSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() }, dropSnapClasses, addSnapClasses)
-	if !ok {
-		return nil, false
-	}
-	r.out.VolumeGroupSnapshotClasses, ok = patchSorted(r.out.VolumeGroupSnapshotClasses, func(u *unstructured.Unstructured) string { return u.GetName() }, dropGroupClasses, addGroupClasses)
-	r.out.VolumeAttributesClasses, ok = patchSorted(r.out.VolumeAttributesClasses, func(v *storagev1.VolumeAttributesClass) string { return v.Name }, dropAttrClasses, addAttrClasses)
-	if !ok {
-		return nil, false
-	}
-	r.out.Stores, ok = patchSorted(r.out.Stores, func(st *storev1.Store) string { return st.Name }, dropStores, addStores)
-	if !ok {
-		return nil, false
-	}
-	r.out.Agents, ok = patchSorted(r.out.Agents, func(a *storev1.Agent) string { return a.Name }, dropAgents, addAgents)
-	if !ok {
-		return nil, false
-	}
-	out := r.out
-	return &out, true
 }
+
+// patch applies d to the kept Output's sorted object lists; false when d would leave a name
+// twice in a list (see patchSorted).
+func (r *Renderer) patch(d *delta) bool {
+	var ok bool
+	if r.out.StorageClasses, ok = patchSorted(r.out.StorageClasses, func(sc *storagev1.StorageClass) string { return sc.Name }, d.dropClasses, d.addClasses); !ok {
+		return false
+	}
+	if r.out.VolumeSnapshotClasses, ok = patchSorted(r.out.VolumeSnapshotClasses, unstructuredName, d.dropSnapClasses, d.addSnapClasses); !ok {
+		return false
+	}
+	if r.out.VolumeGroupSnapshotClasses, ok = patchSorted(r.out.VolumeGroupSnapshotClasses, unstructuredName, d.dropGroupClasses, d.addGroupClasses); !ok {
+		return false
+	}
+	if r.out.VolumeAttributesClasses, ok = patchSorted(r.out.VolumeAttributesClasses, func(v *storagev1.VolumeAttributesClass) string { return v.Name }, d.dropAttrClasses, d.addAttrClasses); !ok {
+		return false
+	}
+	if r.out.Stores, ok = patchSorted(r.out.Stores, func(st *storev1.Store) string { return st.Name }, d.dropStores, d.addStores); !ok {
+		return false
+	}
+	r.out.Agents, ok = patchSorted(r.out.Agents, func(a *storev1.Agent) string { return a.Name }, d.dropAgents, d.addAgents)
+	return ok
+}
+
+func unstructuredName(u *unstructured.Unstructured) string { return u.GetName() }
 
 // version is the UID and resourceVersion of a policy object as the API server gave them ("" for
 // objects read from files). The API server changes the resourceVersion on every write, so an

@@ -4,8 +4,8 @@
 // has filled in their status. One file per concern: create.go (CreateVolume, store choice),
 // spread.go (spreadAcross of NVMe-oF volumes),
 // source.go (restores and clones), delete.go, publish.go, expand.go, list.go (validate, list,
-// capacity), snapshot.go, overrides.go (PVC overrides), sizes.go (capacity rounding), modify.go
-// (ControllerModifyVolume: VolumeAttributesClass tiers).
+// capacity), health.go (controller volume health), snapshot.go, overrides.go (PVC overrides),
+// sizes.go (capacity rounding), modify.go (ControllerModifyVolume: VolumeAttributesClass tiers).
 package controller
 
 import (
@@ -68,6 +68,8 @@ type Service struct {
 	log       logr.Logger
 	// spreadLocks serialises the creates of one workload's spread volumes (spread.go).
 	spreadLocks workloadLocks
+	// keys remembers the volumes whose key rotation is done (rotate.go).
+	keys settledKeys
 }
 
 // New returns the controller service of cfg.
@@ -88,6 +90,7 @@ func (s *Service) ControllerGetCapabilities(context.Context, *csipb.ControllerGe
 	for _, c := range []csipb.ControllerServiceCapability_RPC_Type{
 		csipb.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csipb.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+		csipb.ControllerServiceCapability_RPC_PUBLISH_READONLY, // publish.go
 		csipb.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
@@ -98,6 +101,9 @@ func (s *Service) ControllerGetCapabilities(context.Context, *csipb.ControllerGe
 		csipb.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 		csipb.ControllerServiceCapability_RPC_GET_SNAPSHOT,
 		csipb.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		// health.go
+		csipb.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csipb.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	} {
 		caps = append(caps, &csipb.ControllerServiceCapability{Type: &csipb.ControllerServiceCapability_Rpc{Rpc: &csipb.ControllerServiceCapability_RPC{Type: c}}})
 	}

@@ -89,31 +89,10 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 	var placement policyv1.Placement
 	var pool policyv1.StoragePool
 	var protocol policyv1.Protocol
-	for _, g := range []struct {
-		name string
-		obj  client.Object
-	}{{placementName, &placement}, {poolName, &pool}, {protocolName, &protocol}} {
-		if err := s.kube.Get(ctx, client.ObjectKey{Name: g.name}, g.obj); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, nil, volume.Errorf(volume.ErrInvalid, "%T %q named by the StorageClass does not exist", g.obj, g.name)
-			}
-			return nil, nil, volume.Errorf(volume.ErrUnavailable, "read %T %q: %v", g.obj, g.name, err)
-		}
+	if err := s.readClassPolicy(ctx, params, &placement, &pool, &protocol); err != nil {
+		return nil, nil, err
 	}
-	if placement.Spec.PoolRef.Name != poolName || placement.Spec.ProtocolRef.Name != protocolName {
-		return nil, nil, volume.Errorf(volume.ErrInvalid, "Placement %q refers to pool %q and protocol %q, the StorageClass to %q and %q",
-			placementName, placement.Spec.PoolRef.Name, placement.Spec.ProtocolRef.Name, poolName, protocolName)
-	}
-	fs := placement.Spec.Filesystem
-	if t := params[policyv1.ParamFSType]; t != "" {
-		fs.FSType = t
-	}
-	if capFS != "" {
-		fs.FSType = capFS
-	}
-	if fs.FSType == "" {
-		fs.FSType = "ext4"
-	}
+	fs := filesystemOf(placement.Spec.Filesystem, params[policyv1.ParamFSType], capFS)
 	strategy := placement.Spec.Strategy
 	pvc, err := s.claimMeta(ctx, params)
 	if err != nil {
@@ -196,6 +175,61 @@ func (s *Service) newVolumeState(ctx context.Context, req *csipb.CreateVolumeReq
 		vs.Labels[policyv1.LabelWorkload] = sp.workload.uid
 	}
 	return vs, unlock, nil
+}
+
+// readClassPolicy reads, live, the Placement, StoragePool and Protocol the StorageClass
+// parameters params name into placement, pool and protocol. A missing object, or a Placement
+// that names another pool or protocol than the StorageClass, is ErrInvalid (a class and its
+// policy out of step); an API server that cannot be read is ErrUnavailable.
+func (s *Service) readClassPolicy(ctx context.Context, params map[string]string, placement *policyv1.Placement, pool *policyv1.StoragePool, protocol *policyv1.Protocol) error {
+	placementName, poolName, protocolName := params[policyv1.ParamPlacement], params[policyv1.ParamPool], params[policyv1.ParamProtocol]
+	for _, g := range []struct {
+		name string
+		obj  client.Object
+	}{{placementName, placement}, {poolName, pool}, {protocolName, protocol}} {
+		if err := s.getPolicy(ctx, g.name, g.obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				return volume.Errorf(volume.ErrInvalid, "%T %q named by the StorageClass does not exist", g.obj, g.name)
+			}
+			return volume.Errorf(volume.ErrUnavailable, "read %T %q: %v", g.obj, g.name, err)
+		}
+	}
+	if placement.Spec.PoolRef.Name != poolName || placement.Spec.ProtocolRef.Name != protocolName {
+		return volume.Errorf(volume.ErrInvalid, "Placement %q refers to pool %q and protocol %q, the StorageClass to %q and %q",
+			placementName, placement.Spec.PoolRef.Name, placement.Spec.ProtocolRef.Name, poolName, protocolName)
+	}
+	return nil
+}
+
+// getPolicy reads the cluster-scoped policy object name (a Placement, StoragePool or
+// Protocol) into obj from the informer cache, and from the API server when the cache does
+// not hold it. Flux applies a Placement, its StorageClass and the apps' claims in one
+// reconciliation, so a CreateVolume or GetCapacity can name a Placement before the watch has
+// delivered it; answering "does not exist" (or counting the class without its LUKS2 header)
+// for an object that exists is wrong. An object that truly does not exist costs one GET.
+// Errors are the client's; NotFound only when the API server has no such object either.
+func (s *Service) getPolicy(ctx context.Context, name string, obj client.Object) error {
+	err := s.kube.Get(ctx, client.ObjectKey{Name: name}, obj)
+	if apierrors.IsNotFound(err) {
+		err = s.live.Get(ctx, client.ObjectKey{Name: name}, obj)
+	}
+	return err
+}
+
+// filesystemOf is the filesystem a new volume gets: the Placement's, its type replaced by the
+// StorageClass's fsType parameter, then by the fsType of the request's mount capability;
+// ext4 when none names one.
+func filesystemOf(fs policyv1.Filesystem, classFSType, capFS string) policyv1.Filesystem {
+	if classFSType != "" {
+		fs.FSType = classFSType
+	}
+	if capFS != "" {
+		fs.FSType = capFS
+	}
+	if fs.FSType == "" {
+		fs.FSType = "ext4"
+	}
+	return fs
 }
 
 // placeVolume chooses the store of a new volume of pool and its size: by chooseStore among the

@@ -21,15 +21,14 @@ import (
 // Group snapshots (CSI GroupController, CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). A group
 // snapshot has no object of its own: it is its member VolumeSnapshotStates, one per source
 // volume (id GroupMemberSnapshotID), labelled storage.plinth.dev/group=<group id> and listing
-// every member's id in spec.groupMembers. The node agent takes all members in one
-// crash-consistent operation of the Store's backend (docs/design.md#group-snapshots) once
-// every member object exists; each member is then a snapshot like any other (GetSnapshot,
-// ListSnapshots, a CreateVolume content source). All members must be on one Store: members on
-// several Stores are refused with FAILED_PRECONDITION, since nothing yet makes their instants
-// one, and so are groups of several thin LVs (lvm2 takes one thin snapshot per command, and an
-// origin suspended outside lvm2 makes lvcreate skip the thin pool's create_snap message, leaving
-// the pool's transaction id behind lvm2's metadata). DeleteVolumeGroupSnapshot deletes every
-// member.
+// every member's id in spec.groupMembers. A group its Store's backend takes at one instant
+// alone (one ZFS or file Store, one thin LV) is taken by the node agent in one crash-consistent
+// backend operation once every member object exists; a group on several Stores, or of several
+// thin LVs (lvm2 takes one thin snapshot per command, and an origin suspended outside lvm2 makes
+// lvcreate skip the thin pool's create_snap message), is taken under a freeze of its consumers'
+// filesystems by their node plugins (spec.freeze; docs/design.md#group-snapshots). Each member
+// is then a snapshot like any other (GetSnapshot, ListSnapshots, a CreateVolume content source).
+// DeleteVolumeGroupSnapshot deletes every member.
 
 // GroupService is the CSI GroupController service; it shares the controller Service's access.
 type GroupService struct {
@@ -53,8 +52,9 @@ func (g *GroupService) GroupControllerGetCapabilities(context.Context, *csipb.Gr
 // CreateVolumeGroupSnapshot snapshots source_volume_ids at one instant. Errors: INVALID_ARGUMENT
 // (no name, no or repeated source, more than 64, a backend without snapshots), NOT_FOUND
 // naming the first source volume that does not exist (nothing is created), ALREADY_EXISTS (the
-// name exists with other sources), FAILED_PRECONDITION (sources on several Stores, several
-// thin LVs, or a source being deleted), ABORTED (the group is being deleted or created by another call), and the agent's
+// name exists with other sources), FAILED_PRECONDITION (a source being deleted; in a group
+// that needs the consumers' freeze, a raw block source usable on a node or one published to more
+// than 16 nodes), INVALID_ARGUMENT also for a freeze timeout parameter out of 1-300 s, ABORTED (the group is being deleted or created by another call), and the agent's
 // failure; on the agent's failure every member is deleted, so a retry takes the group afresh.
 func (g *GroupService) CreateVolumeGroupSnapshot(ctx context.Context, req *csipb.CreateVolumeGroupSnapshotRequest) (*csipb.CreateVolumeGroupSnapshotResponse, error) {
 	s := g.s
@@ -167,7 +167,7 @@ func (g *GroupService) createMembers(ctx context.Context, name, id string, srcs,
 
 // groupFreeze is the consumer freeze of source vs in group snapshot name: the nodes it is
 // published to over NVMe-oF (spec.publications), or local's node, the only one a local
-// volume is used on (ControllerPublish records no publication of it). A raw block volume is
+// volume is used on (its publication names that node too). A raw block volume is
 // FAILED_PRECONDITION when it may be in use: it has no filesystem to freeze, and nothing else
 // holds its writes across the group.
 func groupFreeze(name string, vs *storev1.VolumeState, local string, timeout int32) (*storev1.GroupFreeze, error) {

@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,8 +22,9 @@ import (
 // The controller service creates the key Secret of each encrypted volume in the key
 // namespace (policyv1.VolumeKeyNamespace, which holds volume and snapshot keys only), and
 // reads there the key of a source (by name, no list or watch) to copy it into the Secret of a
-// snapshot, restore or clone: their blocks carry the source's LUKS2 header. It never updates
-// or deletes a key Secret (the garbage collector deletes it with its owner).
+// snapshot, restore or clone: their blocks carry the source's LUKS2 header. It updates a key
+// Secret only in a key rotation (rotate.go) and never deletes one (the garbage collector
+// deletes it with its owner).
 //
 // +kubebuilder:rbac:groups="",namespace=plinth-keys,resources=secrets,verbs=create;get
 
@@ -45,6 +44,9 @@ func encryptionOf(e *policyv1.Encryption, csiName string) (*policyv1.Encryption,
 		return nil, nil
 	}
 	out := e.DeepCopy()
+	// the generation is the Placement's, read live by the rotation round (rotate.go); the
+	// frozen copy names the Secret instead (the CRD refuses both together)
+	out.KeyGeneration = 0
 	ref := policyv1.VolumeKeySecretRef(e, csiName)
 	if e.KeySecret == nil {
 		if errs := validation.IsDNS1123Subdomain(ref.Name); len(errs) > 0 {
@@ -86,20 +88,20 @@ func (s *Service) ensureSnapshotKey(ctx context.Context, ss *storev1.VolumeSnaps
 	return s.createKey(ctx, *e.KeySecret, o.Secret, ss.Name, owner)
 }
 
-// createKey creates the immutable key Secret ref owned by owner, labelled with the id of its
-// volume or snapshot: a copy of the key in Secret from (read by name, uncached), or 64 random
-// bytes when from is nil. An existing ref is kept as it is. Errors: ErrPrecondition when from
+// createKey creates the key Secret ref owned by owner, labelled with the id of its volume or
+// snapshot: a copy of Secret from's key, previous key and generation (read by name,
+// uncached), or 64 random bytes (no generation: 0) when from is nil. An existing ref is kept
+// as it is (only a key rotation, rotate.go, updates it). Errors: ErrPrecondition when from
 // is gone or holds no key (the source's key is lost: nothing could open the blocks),
 // ErrUnavailable when the API server fails.
 func (s *Service) createKey(ctx context.Context, ref policyv1.SecretReference, from *policyv1.SecretReference, id string, owner metav1.OwnerReference) error {
-	var key []byte
+	data := map[string][]byte{}
 	if from == nil {
-		raw := make([]byte, VolumeKeyBytes)
-		if _, err := rand.Read(raw); err != nil {
-			return volume.Errorf(volume.ErrInternal, "volume key of %s: random bytes: %v", id, err)
+		key, err := newVolumeKey()
+		if err != nil {
+			return volume.Errorf(volume.ErrInternal, "volume key of %s: %v", id, err)
 		}
-		key = make([]byte, hex.EncodedLen(len(raw)))
-		hex.Encode(key, raw)
+		data[policyv1.VolumeKeyData] = key
 	} else {
 		var src corev1.Secret
 		err := s.live.Get(ctx, client.ObjectKey{Namespace: from.Namespace, Name: from.Name}, &src)
@@ -113,9 +115,15 @@ func (s *Service) createKey(ctx context.Context, ref policyv1.SecretReference, f
 		case err != nil:
 			return volume.Errorf(volume.ErrUnavailable, "key of %s: read the source's key Secret %s/%s: %v", id, from.Namespace, from.Name, apierrors.ReasonForError(err))
 		}
-		key = src.Data[policyv1.VolumeKeyData]
-		if len(key) < policyv1.VolumeKeyMinBytes {
+		if len(src.Data[policyv1.VolumeKeyData]) < policyv1.VolumeKeyMinBytes {
 			return volume.Errorf(volume.ErrPrecondition, "key of %s: the source's key Secret %s/%s holds no key %q", id, from.Namespace, from.Name, policyv1.VolumeKeyData)
+		}
+		// mid-rotation, the source's header may still hold the previous key: both are copied,
+		// and the first stage of the copy re-wraps its header to the key
+		for _, k := range []string{policyv1.VolumeKeyData, policyv1.VolumeKeyPreviousData, policyv1.VolumeKeyGenerationData} {
+			if v, ok := src.Data[k]; ok {
+				data[k] = v
+			}
 		}
 	}
 	sec := &corev1.Secret{
@@ -124,9 +132,8 @@ func (s *Service) createKey(ctx context.Context, ref policyv1.SecretReference, f
 			Labels:          map[string]string{LabelVolumeID: id},
 			OwnerReferences: []metav1.OwnerReference{owner},
 		},
-		Type:      corev1.SecretTypeOpaque,
-		Immutable: ptrTo(true),
-		Data:      map[string][]byte{policyv1.VolumeKeyData: key},
+		Type: corev1.SecretTypeOpaque,
+		Data: data,
 	}
 	if err := s.kube.Create(ctx, sec); err != nil && !apierrors.IsAlreadyExists(err) {
 		return volume.Errorf(volume.ErrUnavailable, "create key Secret %s/%s of %s: %v", sec.Namespace, sec.Name, id, apierrors.ReasonForError(err))

@@ -7,6 +7,7 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/internal/volume"
@@ -50,37 +51,50 @@ func (s *Service) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequest
 	if err := s.kube.List(ctx, &list); err != nil {
 		return nil, volume.Errorf(volume.ErrUnavailable, "list VolumeStates: %v", err)
 	}
-	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
-	// The token is the last volume id of the previous page (ids sort by name), so deleting or
-	// adding volumes between pages neither skips nor repeats the rest.
-	start := 0
-	if tok := req.GetStartingToken(); tok != "" {
-		if !storev1.IsVolumeID(tok) {
-			return nil, volume.Errorf(volume.ErrConflict, "starting token %q is not valid", tok)
-		}
-		start = sort.Search(len(list.Items), func(i int) bool { return list.Items[i].Name > tok })
+	page, next, err := volumePage(list.Items, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
 	}
-	end := len(list.Items)
-	if m := int(req.GetMaxEntries()); m > 0 && start+m < end {
-		end = start + m
-	}
-	resp := &csipb.ListVolumesResponse{}
-	for i := start; i < end; i++ {
-		vs := &list.Items[i]
+	resp := &csipb.ListVolumesResponse{NextToken: next}
+	for i := range page {
+		vs := &page[i]
 		resp.Entries = append(resp.Entries, &csipb.ListVolumesResponse_Entry{Volume: &csipb.Volume{
 			VolumeId:      vs.Name,
 			CapacityBytes: usableBytes(vs, max(vs.Status.ActualBytes, vs.Spec.CapacityBytes)),
 		}})
 	}
-	if end < len(list.Items) && end > start {
-		resp.NextToken = list.Items[end-1].Name
-	}
 	return resp, nil
+}
+
+// volumePage sorts items by volume id and returns the page after token (the last volume id of
+// the previous page, "" for the first) of at most maxEntries (0: all), and the next page's
+// token ("" after the last). Ids sort by name, so deleting or adding volumes between pages
+// neither skips nor repeats the rest. A token that is not a volume id is ErrConflict (CSI's
+// ABORTED for a token the plugin did not give).
+func volumePage(items []storev1.VolumeState, token string, maxEntries int32) (page []storev1.VolumeState, next string, err error) {
+	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
+	start := 0
+	if token != "" {
+		if !storev1.IsVolumeID(token) {
+			return nil, "", volume.Errorf(volume.ErrConflict, "starting token %q is not valid", token)
+		}
+		start = sort.Search(len(items), func(i int) bool { return items[i].Name > token })
+	}
+	end := len(items)
+	if m := int(maxEntries); m > 0 && start+m < end {
+		end = start + m
+	}
+	if end < len(items) && end > start {
+		next = items[end-1].Name
+	}
+	return items[start:end], next, nil
 }
 
 // GetCapacity reports Store status.capacity.available — the number every part uses — for the
 // StorageClass's pool: on one node for a local topology segment, otherwise summed over the
-// pool's stores; maximum_volume_size is the largest single store's available bytes.
+// pool's stores; maximum_volume_size is the largest single store's available bytes. For a
+// class whose Placement encrypts, each store's bytes are less the LUKS2 header
+// (crypt.HeaderBytes, 16 MiB; never below 0): the most one volume there can be given.
 func (s *Service) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequest) (*csipb.GetCapacityResponse, error) {
 	if len(req.GetVolumeCapabilities()) > 0 {
 		if _, _, err := volume.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
@@ -95,8 +109,19 @@ func (s *Service) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequest
 	nvme := false
 	if p := req.GetParameters()[policyv1.ParamProtocol]; p != "" {
 		var proto policyv1.Protocol
-		if err := s.kube.Get(ctx, client.ObjectKey{Name: p}, &proto); err == nil {
+		if err := s.getPolicy(ctx, p, &proto); err == nil {
 			nvme = proto.Spec.NVMeoFTCP != nil
+		}
+	}
+	// an encrypted class's volume gets what its store has less the LUKS2 header (CreateVolume
+	// makes the backend that much larger): each store offers that much less
+	var header int64
+	if pl := req.GetParameters()[policyv1.ParamPlacement]; pl != "" {
+		var placement policyv1.Placement
+		if err := s.getPolicy(ctx, pl, &placement); err == nil {
+			header = headerBytes(placement.Spec.Encryption)
+		} else if !apierrors.IsNotFound(err) {
+			return nil, volume.Errorf(volume.ErrUnavailable, "get Placement %s: %v", pl, err)
 		}
 	}
 	var stores storev1.StoreList
@@ -109,8 +134,9 @@ func (s *Service) GetCapacity(ctx context.Context, req *csipb.GetCapacityRequest
 		if st.Status.Capacity == nil || st.IsDraining() || (byNode && !nvme && st.Spec.NodeName != node) {
 			continue // a draining Store takes no new volumes: it offers no capacity
 		}
-		sum += st.Status.Capacity.Available
-		largest = max(largest, st.Status.Capacity.Available)
+		avail := max(st.Status.Capacity.Available-header, 0)
+		sum += avail
+		largest = max(largest, avail)
 	}
 	return &csipb.GetCapacityResponse{AvailableCapacity: sum, MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
 }

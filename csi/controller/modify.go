@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/csi/internal/volume"
+	"github.com/plinth-storage/plinth/internal/failpoint"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
@@ -39,26 +41,13 @@ func (s *Service) ControllerModifyVolume(ctx context.Context, req *csipb.Control
 	if !h.Exists() {
 		return nil, volume.Errorf(volume.ErrNotFound, "volume %s does not exist", id)
 	}
-	vs := h.State
-	want, err := s.tierOf(ctx, req.GetMutableParameters(), vs.Spec.Policy.Placement)
+	want, err := s.tierOf(ctx, req.GetMutableParameters(), h.State.Spec.Policy.Placement)
 	if err != nil {
 		return nil, err
 	}
-	old := vs.Spec.Attributes.DeepCopy()
-	if old == nil || old.Class != want.Class || !old.Limits.Equal(&want.Limits) {
-		want.Generation = 1
-		if old != nil {
-			want.Generation = old.Generation + 1
-		}
-		vs.Spec.Attributes = want
-		if err := h.Update(ctx); err != nil { // resourceVersion CAS
-			if apierrors.IsConflict(err) {
-				return nil, volume.Errorf(volume.ErrConflict, "VolumeState %s changed meanwhile; retry", id)
-			}
-			return nil, volume.Errorf(volume.ErrInternal, "update VolumeState %s: %v", id, err)
-		}
-	} else {
-		want = old
+	want, old, err := s.recordAttributes(ctx, h, want)
+	if err != nil {
+		return nil, err
 	}
 	gen := want.Generation
 	var refused error
@@ -93,6 +82,42 @@ func (s *Service) ControllerModifyVolume(ctx context.Context, req *csipb.Control
 	return &csipb.ControllerModifyVolumeResponse{}, nil
 }
 
+// recordAttributes writes tier want into spec.attributes of the volume of h with the next
+// generation, unless it is already the tier in force; it returns the tier recorded (with its
+// generation) and the one in force before (nil: no tier). The update is a resourceVersion
+// compare-and-swap: a concurrent write (the agent's status after the previous change, a
+// node plugin's status.appliedAttributes) makes it conflict, and it is retried on the
+// object as it is now, so that a status write never fails a modification.
+func (s *Service) recordAttributes(ctx context.Context, h *volume.Handle[*storev1.VolumeState], want *storev1.VolumeAttributes) (recorded, before *storev1.VolumeAttributes, err error) {
+	for attempt := 0; ; attempt++ {
+		vs := h.State
+		old := vs.Spec.Attributes.DeepCopy()
+		if old != nil && old.Class == want.Class && old.Limits.Equal(&want.Limits) {
+			return old, old, nil
+		}
+		next := want.DeepCopy()
+		next.Generation = 1
+		if old != nil {
+			next.Generation = old.Generation + 1
+		}
+		vs.Spec.Attributes = next
+		failpoint.Hit(failpoint.CSIModifyBeforeUpdate)
+		err := h.Update(ctx) // resourceVersion CAS
+		if err == nil {
+			return next, old, nil
+		}
+		if !apierrors.IsConflict(err) {
+			return nil, nil, volume.Errorf(volume.ErrInternal, "update VolumeState %s: %v", vs.Name, err)
+		}
+		if attempt >= 10 {
+			return nil, nil, volume.Errorf(volume.ErrConflict, "VolumeState %s changed meanwhile %d times; retry", vs.Name, attempt+1)
+		}
+		if err := h.ReadLive(ctx); err != nil || !h.Exists() {
+			return nil, nil, volume.Errorf(volume.ErrConflict, "reread VolumeState %s: %v", vs.Name, cmp.Or(err, errors.New("deleted meanwhile")))
+		}
+	}
+}
+
 // restoreAttributes sets spec.attributes of the volume of h back to before (nil: no tier)
 // with a new generation, when it is still at gen, so that the nodes put the limits in force
 // before back; a later change wins. Failures are logged: the next modification corrects the
@@ -119,8 +144,8 @@ func (s *Service) restoreAttributes(ctx context.Context, h *volume.Handle[*store
 // tierOf reads the tier named by the parameters of a VolumeAttributesClass (rendered from
 // a Placement's attributesClasses: policyv1.AttributesClassParameters) for a volume of
 // Placement placement. The class must be a tier of that Placement, and the live Placement
-// must still declare it with the same limits. Refusals are ErrInvalid naming the class and
-// the Placement.
+// must still declare it with the same limits (read from the API server, not the cache).
+// Refusals are ErrInvalid naming the class and the Placement; a failed read is ErrUnavailable.
 func (s *Service) tierOf(ctx context.Context, params map[string]string, placement string) (*storev1.VolumeAttributes, error) {
 	ref, err := policyv1.ParseAttributesClassParameters(params)
 	if err != nil {
@@ -130,22 +155,17 @@ func (s *Service) tierOf(ctx context.Context, params map[string]string, placemen
 		return nil, volume.Errorf(volume.ErrInvalid, "VolumeAttributesClass %q is not allowed by Placement %q (the volume's): it is a tier of Placement %q",
 			ref.Class, placement, ref.Placement)
 	}
+	// Read live, not from the informer cache: a cache that has not seen the Placement drop
+	// or edit a tier would let a modification record limits the policy no longer allows
+	// (and a refusal is final for csi-resizer: Infeasible). One GET per modification.
 	var pl policyv1.Placement
-	if err := s.kube.Get(ctx, client.ObjectKey{Name: placement}, &pl); err != nil {
+	if err := s.live.Get(ctx, client.ObjectKey{Name: placement}, &pl); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, volume.Errorf(volume.ErrInvalid, "VolumeAttributesClass %q: Placement %q no longer exists", ref.Class, placement)
 		}
 		return nil, volume.Errorf(volume.ErrUnavailable, "read Placement %q: %v", placement, err)
 	}
 	t := pl.Spec.AttributesClass(ref.Class)
-	if t == nil || !t.Limits.Equal(&ref.Limits) {
-		// A refusal is final for csi-resizer (Infeasible): confirm it on the live Placement,
-		// which the informer cache may not have caught up with.
-		if err := s.live.Get(ctx, client.ObjectKey{Name: placement}, &pl); err != nil && !apierrors.IsNotFound(err) {
-			return nil, volume.Errorf(volume.ErrUnavailable, "read Placement %q: %v", placement, err)
-		}
-		t = pl.Spec.AttributesClass(ref.Class)
-	}
 	switch {
 	case t == nil:
 		return nil, volume.Errorf(volume.ErrInvalid, "VolumeAttributesClass %q is not allowed by Placement %q: its attributesClasses do not list it", ref.Class, placement)

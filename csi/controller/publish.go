@@ -48,8 +48,11 @@ func (s *Service) ControllerPublishVolume(ctx context.Context, req *csipb.Contro
 		}
 		return nil, volume.Errorf(volume.ErrUnavailable, "read Node: %v", err)
 	}
+	if err := s.checkAttachLimit(ctx, &node, id); err != nil {
+		return nil, err
+	}
 	if !isNVMe(h.State) {
-		return s.publishLocal(ctx, h, nodeID)
+		return s.publishLocal(ctx, h, nodeID, req.GetVolumeCapability().GetAccessMode().GetMode(), req.GetReadonly())
 	}
 	hostNQN := node.Annotations[policyv1.AnnotationHostNQN]
 	if hostNQN == "" {
@@ -107,9 +110,52 @@ func (s *Service) ControllerPublishVolume(ctx context.Context, req *csipb.Contro
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: pc}, nil
 }
 
+// checkAttachLimit refuses to publish volume id to node when the node is at its limit
+// (attachLimitError), counting the VolumeStates read live.
+func (s *Service) checkAttachLimit(ctx context.Context, node *corev1.Node, id string) error {
+	if _, ok := node.Annotations[policyv1.AnnotationMaxVolumes]; !ok {
+		return nil
+	}
+	var list storev1.VolumeStateList
+	if err := s.live.List(ctx, &list); err != nil {
+		return volume.Errorf(volume.ErrUnavailable, "list VolumeStates: %v", err)
+	}
+	return attachLimitError(node, list.Items, id)
+}
+
+// attachLimitError is ErrAttachLimit (RESOURCE_EXHAUSTED) when node's
+// plinth.dev/max-volumes-per-node (written by its node plugin) is positive and that many
+// volumes other than id list the node in spec.publications; nil otherwise. A volume already
+// published there passes, so a repeated publish stays idempotent; a value that is not a
+// positive decimal sets no limit (the node plugin writes one or nothing). Two concurrent
+// publishes to a node one below its limit may both pass: kubelet's CSINode count, which the
+// scheduler enforces, is the guard against that.
+func attachLimitError(node *corev1.Node, vss []storev1.VolumeState, id string) error {
+	limit, err := strconv.ParseInt(node.Annotations[policyv1.AnnotationMaxVolumes], 10, 64)
+	if err != nil || limit <= 0 {
+		return nil
+	}
+	var n int64
+	for _, vs := range vss {
+		if slices.ContainsFunc(vs.Spec.Publications, func(p storev1.Publication) bool { return p.NodeName == node.Name }) {
+			if vs.Name == id {
+				return nil
+			}
+			n++
+		}
+	}
+	if n >= limit {
+		return volume.Errorf(volume.ErrAttachLimit, "node %s has %d volumes published, its limit (%s %d)", node.Name, n, policyv1.AnnotationMaxVolumes, limit)
+	}
+	return nil
+}
+
 // publishLocal answers ControllerPublishVolume of a local volume: only to the node of its
-// store, once the volume is ready, with its device path.
-func (s *Service) publishLocal(ctx context.Context, h *volume.Handle[*storev1.VolumeState], nodeID string) (*csipb.ControllerPublishVolumeResponse, error) {
+// store, once the volume is ready, with its device path. The publication (access mode,
+// read-only) is recorded in spec.publications, with no host NQN and nothing for the agent to
+// export, so that a second publish to the node with another mode or read-only flag is
+// ALREADY_EXISTS (PUBLISH_READONLY), as for NVMe-oF volumes.
+func (s *Service) publishLocal(ctx context.Context, h *volume.Handle[*storev1.VolumeState], nodeID string, mode csipb.VolumeCapability_AccessMode_Mode, readOnly bool) (*csipb.ControllerPublishVolumeResponse, error) {
 	storeNode, err := s.storeNode(ctx, h.State)
 	if err != nil {
 		return nil, err
@@ -125,6 +171,20 @@ func (s *Service) publishLocal(ctx context.Context, h *volume.Handle[*storev1.Vo
 	}
 	if !h.Exists() {
 		return nil, volume.Errorf(volume.ErrUnavailable, "read VolumeState %s: deleted meanwhile", h.ID)
+	}
+	want := storev1.Publication{NodeName: nodeID, AccessMode: mode.String(), ReadOnly: readOnly}
+	if _, err := s.updatePublications(ctx, h, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
+		for _, p := range pubs {
+			if p.NodeName == nodeID {
+				if p != want {
+					return nil, volume.Errorf(volume.ErrExists, "volume %s is published to node %s with another mode or read-only flag", h.ID, nodeID)
+				}
+				return pubs, nil
+			}
+		}
+		return append(pubs, want), nil
+	}); err != nil {
+		return nil, err
 	}
 	return &csipb.ControllerPublishVolumeResponse{PublishContext: map[string]string{
 		volume.ContextKind:       "local",
@@ -226,7 +286,7 @@ func (s *Service) ControllerUnpublishVolume(ctx context.Context, req *csipb.Cont
 		return nil, err
 	}
 	defer h.Close()
-	if !h.Exists() || !isNVMe(h.State) {
+	if !h.Exists() {
 		return &csipb.ControllerUnpublishVolumeResponse{}, nil
 	}
 	gen, err := s.updatePublications(ctx, h, func(pubs []storev1.Publication) ([]storev1.Publication, error) {
@@ -234,6 +294,9 @@ func (s *Service) ControllerUnpublishVolume(ctx context.Context, req *csipb.Cont
 	})
 	if err != nil {
 		return nil, err
+	}
+	if !isNVMe(h.State) {
+		return &csipb.ControllerUnpublishVolumeResponse{}, nil // a local publication has no export to remove
 	}
 	err = h.Wait(ctx, func(vs *storev1.VolumeState) (bool, error) {
 		return vs == nil || vs.Status.ObservedPublicationGeneration >= gen, nil

@@ -236,13 +236,14 @@ func (s *Service) GetSnapshot(ctx context.Context, req *csipb.GetSnapshotRequest
 }
 
 // ListSnapshots lists the snapshots by id, filtered by snapshot id or source volume id; the
-// token is the last id of the previous page, like ListVolumes.
+// token is the last id of the previous page, like ListVolumes. It reads the API server, not the
+// informer cache: a snapshot DeleteSnapshot just answered for is no longer listed.
 func (s *Service) ListSnapshots(ctx context.Context, req *csipb.ListSnapshotsRequest) (*csipb.ListSnapshotsResponse, error) {
 	if req.GetMaxEntries() < 0 {
 		return nil, volume.Errorf(volume.ErrInvalid, "max_entries must not be negative")
 	}
 	var list storev1.VolumeSnapshotStateList
-	if err := s.kube.List(ctx, &list); err != nil {
+	if err := s.live.List(ctx, &list); err != nil {
 		return nil, volume.Errorf(volume.ErrUnavailable, "list VolumeSnapshotStates: %v", err)
 	}
 	items := slices.DeleteFunc(list.Items, func(ss storev1.VolumeSnapshotState) bool {

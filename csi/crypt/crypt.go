@@ -51,6 +51,10 @@ type Params struct {
 	// another's blocks (a restore or clone) may carry: its source's id, and theirs. Stage opens
 	// such a header and relabels it with the volume id.
 	Inherited []string
+	// Previous is the passphrase the key replaces (a rotation: the key Secret's
+	// key-previous), or nil. When the key opens no keyslot and Previous does, Stage re-wraps
+	// the header first (Rewrap: a keyslot for the key added, Previous's removed).
+	Previous []byte
 }
 
 // HeaderBytes is the room the LUKS2 header takes at the start of the device (Format pins the
@@ -76,7 +80,8 @@ func MapperPath(name string) string { return filepath.Join("/dev/mapper", name) 
 // signature at all, blkid) is formatted first; a LUKS2 device labelled id is opened; an
 // active mapping of dev is reused (a retry after a crash). Every step may be retried after a
 // crash: a formatted device is opened, never formatted again. A header labelled with one of
-// p.Inherited is opened, then relabelled id. Errors: ErrWrongKey,
+// p.Inherited is opened, then relabelled id. With p.Previous (a key rotation), the header is
+// re-wrapped to key before it is opened (or while its mapping stays active). Errors: ErrWrongKey,
 // ErrForeignHeader, ErrNotEncrypted, ErrBusy, or the tool's failure.
 func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) (string, error) {
 	name := MapperName(id)
@@ -85,6 +90,9 @@ func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) 
 	} else if active {
 		if !sameDevice(backing, dev) {
 			return "", fmt.Errorf("%w: %s is open on %s, not %s", ErrBusy, name, backing, dev)
+		}
+		if err := l.rewrapFor(ctx, dev, key, p); err != nil {
+			return "", err
 		}
 		return MapperPath(name), nil
 	}
@@ -102,6 +110,9 @@ func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) 
 		if label != id && !slices.Contains(p.Inherited, label) {
 			return "", fmt.Errorf("%w: %s is labelled %q, not %s: refused", ErrForeignHeader, dev, label, id)
 		}
+		if err := l.rewrapFor(ctx, dev, key, p); err != nil {
+			return "", err
+		}
 	default:
 		return "", fmt.Errorf("%w: %s holds %s: left alone", ErrNotEncrypted, dev, typ)
 	}
@@ -117,6 +128,100 @@ func (l *LUKS) Stage(ctx context.Context, dev, id string, key []byte, p Params) 
 	}
 	failpoint.Hit(failpoint.CryptOpened)
 	return MapperPath(name), nil
+}
+
+// Rewrap moves the passphrase of dev's LUKS2 header from old to key: it adds a keyslot for
+// key (unlocked by old), then removes the keyslot old opens. The volume key (the one dm-crypt
+// encrypts with) stays, so no data is re-encrypted, and an active mapping of dev keeps working
+// (opened with --disable-keyring, it holds the volume key in its dm table): the filesystem
+// stays mounted and written while the header changes. Each step is checked before it is done,
+// so a retry after a crash between them finishes the job: a key that opens a keyslot already
+// is not added again, an old key that opens none has nothing left to remove. It returns
+// whether it changed the header. Errors: ErrWrongKey when neither key nor old opens a keyslot
+// (nothing is changed), or the tool's failure. Both keys reach cryptsetup through pipes (old
+// on its standard input, key on file descriptor 3, read as /proc/self/fd/3), never on a
+// command line or on disk.
+func (l *LUKS) Rewrap(ctx context.Context, dev string, old, key []byte) (bool, error) {
+	if bytes.Equal(old, key) {
+		return false, nil
+	}
+	opens, err := l.Opens(ctx, dev, key)
+	if err != nil {
+		return false, err
+	}
+	changed := false
+	if !opens {
+		fd3, w, err := os.Pipe()
+		if err != nil {
+			return false, err
+		}
+		_, werr := w.Write(key) // a key fits the pipe's buffer: written before cryptsetup reads it
+		w.Close()               //nolint:errcheck
+		if werr != nil {
+			fd3.Close() //nolint:errcheck
+			return false, werr
+		}
+		_, err = l.runFiles(ctx, old, []*os.File{fd3}, "luksAddKey", "--batch-mode", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000",
+			"--hash", "sha256", "--key-file", "-", dev, "/proc/self/fd/3")
+		fd3.Close() //nolint:errcheck
+		if err != nil {
+			return false, err
+		}
+		changed = true
+		failpoint.Hit(failpoint.CryptRewrapAdded)
+	}
+	if oldOpens, err := l.Opens(ctx, dev, old); err != nil {
+		return changed, err
+	} else if !oldOpens {
+		return changed, nil
+	}
+	if _, err := l.run(ctx, old, "luksRemoveKey", "--batch-mode", "--key-file", "-", dev); err != nil {
+		return changed, err
+	}
+	failpoint.Hit(failpoint.CryptRewrapRemoved)
+	return true, nil
+}
+
+// Opens reports whether key opens a keyslot of dev's LUKS2 header (cryptsetup open
+// --test-passphrase: nothing is activated).
+func (l *LUKS) Opens(ctx context.Context, dev string, key []byte) (bool, error) {
+	_, err := l.run(ctx, key, "open", "--test-passphrase", "--type", "luks2", "--key-file", "-", dev)
+	if errors.Is(err, ErrWrongKey) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Keyslots returns the number of keyslots in use in dev's LUKS2 header (cryptsetup luksDump).
+func (l *LUKS) Keyslots(ctx context.Context, dev string) (int, error) {
+	out, err := l.run(ctx, nil, "luksDump", dev)
+	if err != nil {
+		return 0, err
+	}
+	n, in := 0, false
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "Keyslots:":
+			in = true
+		case in && line != "" && line[0] != ' ' && line[0] != '\t':
+			in = false
+		case in && strings.HasSuffix(line, ": luks2") && strings.HasPrefix(line, "  ") && !strings.HasPrefix(line, "   "):
+			n++
+		}
+	}
+	return n, nil
+}
+
+// rewrapFor re-wraps dev's header from p.Previous to key when p names a previous key and
+// key opens no keyslot yet; a wrong key for both is ErrWrongKey.
+func (l *LUKS) rewrapFor(ctx context.Context, dev string, key []byte, p Params) error {
+	if p.Previous == nil {
+		return nil
+	}
+	_, err := l.Rewrap(ctx, dev, p.Previous, key)
+	return err
 }
 
 // Format writes a LUKS2 header labelled id on dev with one keyslot (0) for key. The key is a
@@ -219,11 +324,17 @@ func (l *LUKS) probe(ctx context.Context, dev string) (typ, label string, err er
 // run runs cryptsetup with args, key (when not nil) on its standard input. Exit code 2 is
 // ErrWrongKey; other failures carry cryptsetup's message (which never holds the key).
 func (l *LUKS) run(ctx context.Context, key []byte, args ...string) ([]byte, error) {
+	return l.runFiles(ctx, key, nil, args...)
+}
+
+// runFiles is run with extra open files for cryptsetup (descriptor 3 onwards).
+func (l *LUKS) runFiles(ctx context.Context, key []byte, files []*os.File, args ...string) ([]byte, error) {
 	bin := l.Cryptsetup
 	if bin == "" {
 		bin = "cryptsetup"
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.ExtraFiles = files
 	if key != nil {
 		cmd.Stdin = bytes.NewReader(key)
 	}
@@ -233,7 +344,7 @@ func (l *LUKS) run(ctx context.Context, key []byte, args ...string) ([]byte, err
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		var ee *exec.ExitError
-		if errors.As(err, &ee) && ee.ExitCode() == 2 && (args[0] == "open" || args[0] == "luksAddKey" || args[0] == "luksKillSlot") {
+		if errors.As(err, &ee) && ee.ExitCode() == 2 && (args[0] == "open" || args[0] == "luksAddKey" || args[0] == "luksKillSlot" || args[0] == "luksRemoveKey") {
 			return out, fmt.Errorf("cryptsetup %s: %w (%s)", args[0], ErrWrongKey, msg)
 		}
 		return out, fmt.Errorf("cryptsetup %s: %w: %s", args[0], err, msg)

@@ -6,15 +6,18 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/plinth-storage/plinth/csi/crypt"
 	"github.com/plinth-storage/plinth/internal/failpoint"
+	"github.com/plinth-storage/plinth/test/framework/wait"
 )
 
 // The LUKS2 layer on real dm-crypt: these tests run in the qemu guest (test/kernel/run.sh,
@@ -283,4 +286,206 @@ func BenchmarkGuestWrite(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A key rotation re-wraps the header of a staged volume while its filesystem is mounted and
+// written: a keyslot for the new key, the old one removed, the volume key and every data block
+// unchanged. A crash after either step is finished by the retry without losing access; after
+// it, a restage opens with the new key only (every older key refused, nothing formatted), the
+// data is intact and the backing device holds no plaintext.
+func TestGuestLUKSRewrap(t *testing.T) {
+	requireGuest(t)
+	ctx := t.Context()
+	l := &crypt.LUKS{}
+	dev, file := loopDevice(t, 64<<20)
+	name := crypt.MapperName(volID)
+	t.Cleanup(func() { l.Close(context.Background(), name) }) //nolint:errcheck
+	keys := [][]byte{randomKey(t), randomKey(t), randomKey(t), randomKey(t)}
+	mapped, err := l.Stage(ctx, dev, volID, keys[0], params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := luksUUID(t, dev)
+	sh(t, "mkfs.ext4", "-q", mapped)
+	mnt := t.TempDir()
+	sh(t, "mount", mapped, mnt)
+	mounted := true
+	t.Cleanup(func() {
+		if mounted {
+			exec.Command("umount", mnt).Run() //nolint:errcheck
+		}
+	})
+	opens := func(key []byte) bool {
+		t.Helper()
+		ok, err := l.Opens(ctx, dev, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	slots := func() int {
+		t.Helper()
+		n, err := l.Keyslots(ctx, dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// a writer appends known records, each synced, for as long as the rotations run (paced at
+	// one record per 5 ms: the guest has one CPU, shared with cryptsetup)
+	marker := []byte("PLINTH-PLAINTEXT-" + hex.EncodeToString(randomKey(t)[:16]) + "\n")
+	logFile := filepath.Join(mnt, "log")
+	stop := make(chan struct{})
+	type result struct {
+		records int
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		f, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer f.Close()
+		pace := time.NewTicker(5 * time.Millisecond)
+		defer pace.Stop()
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- result{records: n}
+				return
+			case <-pace.C:
+			}
+			if _, err := f.Write(bytes.Repeat(marker, 64)); err != nil {
+				done <- result{records: n, err: err}
+				return
+			}
+			if err := f.Sync(); err != nil {
+				done <- result{records: n, err: err}
+				return
+			}
+			n++
+		}
+	}()
+	if err := grows(ctx, logFile, 0); err != nil {
+		t.Fatal("the writer wrote nothing:", err)
+	}
+
+	// rotation 0 -> 1, crashing after the new keyslot is added: both keys open, the retry
+	// (NodeStage again, or the next rotation round) removes the old one
+	fi, err := os.Stat(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stageErr error
+	if !crashAt(t, failpoint.CryptRewrapAdded)(func() { _, stageErr = l.Stage(ctx, dev, volID, keys[1], withPrevious(keys[0])) }) {
+		t.Fatalf("Stage did not reach crypt.rewrap.added: %v", stageErr)
+	}
+	if !opens(keys[0]) || !opens(keys[1]) || slots() != 2 {
+		t.Fatalf("after the crash at crypt.rewrap.added: old key opens %v, new key opens %v, %d keyslots; want both, 2", opens(keys[0]), opens(keys[1]), slots())
+	}
+	if got, err := l.Stage(ctx, dev, volID, keys[1], withPrevious(keys[0])); err != nil || got != mapped {
+		t.Fatalf("Stage after the crash at crypt.rewrap.added: %s, %v", got, err)
+	}
+	if opens(keys[0]) || !opens(keys[1]) || slots() != 1 {
+		t.Fatalf("after the retry: old key opens %v, new key opens %v, %d keyslots; want false, true, 1", opens(keys[0]), opens(keys[1]), slots())
+	}
+
+	// rotation 1 -> 2, crashing after the old keyslot is removed (the Secret still holds it as
+	// the previous key): the retry changes nothing and opens with the new key
+	if !crashAt(t, failpoint.CryptRewrapRemoved)(func() { _, stageErr = l.Stage(ctx, dev, volID, keys[2], withPrevious(keys[1])) }) {
+		t.Fatalf("Stage did not reach crypt.rewrap.removed: %v", stageErr)
+	}
+	if changed, err := l.Rewrap(ctx, dev, keys[1], keys[2]); err != nil || changed {
+		t.Fatalf("Rewrap after the crash at crypt.rewrap.removed: changed %v, %v; want nothing to do", changed, err)
+	}
+	if got, err := l.Stage(ctx, dev, volID, keys[2], withPrevious(keys[1])); err != nil || got != mapped {
+		t.Fatalf("Stage after the crash at crypt.rewrap.removed: %s, %v", got, err)
+	}
+	if err := grows(ctx, logFile, fi.Size()); err != nil {
+		t.Fatal("the writer made no progress across the rotations:", err)
+	}
+	close(stop)
+	res := <-done
+	if res.err != nil {
+		t.Fatalf("the writer failed during the rotations after %d records: %v", res.records, res.err)
+	}
+	t.Logf("%d records (%d bytes) written and synced across two rotations", res.records, res.records*64*len(marker))
+
+	// a rotation rewrites the header only: the data area is the same bytes before and after
+	sh(t, "umount", mnt)
+	mounted = false
+	dataArea := func() []byte {
+		t.Helper()
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b[crypt.HeaderBytes:]
+	}
+	areaBefore := dataArea()
+	if changed, err := l.Rewrap(ctx, dev, keys[2], keys[3]); err != nil || !changed {
+		t.Fatalf("Rewrap 2 -> 3: changed %v, %v", changed, err)
+	}
+	if !bytes.Equal(areaBefore, dataArea()) {
+		t.Fatal("the rotation changed the data area: data re-encrypted")
+	}
+	if bytes.Contains(areaBefore, marker[:len(marker)-1]) {
+		t.Fatal("plaintext on the backing device")
+	}
+
+	// restage: the newest key opens, every older one is refused, nothing is formatted
+	if err := l.Close(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys[:3] {
+		if _, err := l.Stage(ctx, dev, volID, k, params); !errors.Is(err, crypt.ErrWrongKey) {
+			t.Fatalf("Stage with key %d after rotating to key 3: %v, want ErrWrongKey", i, err)
+		}
+	}
+	// a previous key that is not the header's either: refused, the header unchanged
+	if _, err := l.Stage(ctx, dev, volID, randomKey(t), withPrevious(keys[1])); !errors.Is(err, crypt.ErrWrongKey) {
+		t.Fatalf("Stage with two keys the header does not know: %v, want ErrWrongKey", err)
+	}
+	if u := luksUUID(t, dev); u != uuid || slots() != 1 {
+		t.Fatalf("LUKS UUID %s (was %s), %d keyslots after refused stages", u, uuid, slots())
+	}
+	mapped, err = l.Stage(ctx, dev, volID, keys[3], params)
+	if err != nil {
+		t.Fatalf("restage with the newest key: %v", err)
+	}
+	sh(t, "mount", "-o", "ro", mapped, mnt)
+	mounted = true
+	data, err := os.ReadFile(filepath.Join(mnt, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := res.records * 64 * len(marker); len(data) != want || !bytes.Equal(data, bytes.Repeat(marker, res.records*64)) {
+		t.Fatalf("after restage: %d bytes read back, %d written, or not the records written", len(data), want)
+	}
+	sh(t, "umount", mnt)
+	mounted = false
+}
+
+// grows polls until the writer's file is larger than n bytes.
+func grows(ctx context.Context, path string, n int64) error {
+	return wait.Poll(ctx, 10*time.Second, 10*time.Millisecond, func() error {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		if fi.Size() <= n {
+			return fmt.Errorf("%s has %d bytes, not more than %d", path, fi.Size(), n)
+		}
+		return nil
+	})
+}
+
+func withPrevious(prev []byte) crypt.Params {
+	p := params
+	p.Previous = prev
+	return p
 }

@@ -127,11 +127,13 @@ func (w Writer) PodCgroup(uid string) (string, error) {
 // Apply writes l for dev into the cgroup of pod uid (and, on v1, every cgroup below it). A
 // rate of 0 removes that limit. A file that already holds the value is not written: every
 // write restarts the kernel's throttling slice (blk-throttle tg_conf_updated), so rewriting an
-// unchanged limit each round would hold back an I/O that needs longer than a round. Errors wrap ErrNoCgroup or name the file that failed.
-func (w Writer) Apply(uid string, dev Device, l Limits) error {
+// unchanged limit each round would hold back an I/O that needs longer than a round. It
+// returns the number of files written (0 when every cgroup already held l). Errors wrap
+// ErrNoCgroup or name the file that failed.
+func (w Writer) Apply(uid string, dev Device, l Limits) (int, error) {
 	dir, err := w.PodCgroup(uid)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if w.V2 {
 		line := fmt.Sprintf("%s rbps=%s wbps=%s riops=%s wiops=%s", dev, v2Rate(l.ReadBPS), v2Rate(l.WriteBPS), v2Rate(l.ReadIOPS), v2Rate(l.WriteIOPS))
@@ -140,14 +142,15 @@ func (w Writer) Apply(uid string, dev Device, l Limits) error {
 			want = "" // the kernel lists no line for a device without limits
 		}
 		if cur, err := cgroups.ReadFile(dir, "io.max"); err == nil && deviceLine(cur, dev) == want {
-			return nil
+			return 0, nil
 		}
 		if err := cgroups.WriteFile(dir, "io.max", line); err != nil {
-			return fmt.Errorf("write io.max of %s: %w", dir, err)
+			return 0, fmt.Errorf("write io.max of %s: %w", dir, err)
 		}
-		return nil
+		return 1, nil
 	}
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	written := 0
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if p == dir {
 				return fmt.Errorf("%w: %v", ErrNoCgroup, err)
@@ -177,9 +180,11 @@ func (w Writer) Apply(uid string, dev Device, l Limits) error {
 				}
 				return fmt.Errorf("write %s of %s: %w", f.file, p, err)
 			}
+			written++
 		}
 		return nil
 	})
+	return written, err
 }
 
 // deviceLine is the line of a throttle file's content that starts with dev ("" when none).

@@ -38,7 +38,7 @@ func TestV1WritesThePodAndEveryContainerCgroup(t *testing.T) {
 	pod := "blkio/plinth-n1/kubepods/besteffort/pod" + uid
 	root := fakeCgroupfs(t, pod+"/sandbox", pod+"/writer", "blkio/plinth-n1/kubepods/besteffort/podother/c")
 	w := Writer{Root: root}
-	if err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 8 << 20, ReadIOPS: 100}); err != nil {
+	if _, err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 8 << 20, ReadIOPS: 100}); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{pod, pod + "/sandbox", pod + "/writer"} {
@@ -63,7 +63,7 @@ func TestV2WritesIOMaxOfThePodCgroupFoundBySystemdName(t *testing.T) {
 	pod := "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b3c5d6e_1111_2222_3333_444455556666.slice"
 	root := fakeCgroupfs(t, pod+"/cri-containerd-abc.scope")
 	w := Writer{Root: root, V2: true}
-	if err := w.Apply(uid, Device{259, 1}, Limits{ReadBPS: 1 << 20}); err != nil {
+	if _, err := w.Apply(uid, Device{259, 1}, Limits{ReadBPS: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(t, filepath.Join(root, pod, "io.max")); got != "259:1 rbps=1048576 wbps=max riops=max wiops=max" {
@@ -73,7 +73,7 @@ func TestV2WritesIOMaxOfThePodCgroupFoundBySystemdName(t *testing.T) {
 
 func TestMissingPodCgroupOrDeviceIsNamed(t *testing.T) {
 	root := fakeCgroupfs(t, "blkio/kubepods")
-	if err := (Writer{Root: root}).Apply("nope", Device{7, 3}, Limits{WriteBPS: 1}); !errors.Is(err, ErrNoCgroup) {
+	if _, err := (Writer{Root: root}).Apply("nope", Device{7, 3}, Limits{WriteBPS: 1}); !errors.Is(err, ErrNoCgroup) {
 		t.Errorf("missing pod: %v, want ErrNoCgroup", err)
 	}
 	if _, err := DeviceOf(filepath.Join(root, "absent")); !errors.Is(err, ErrNoDevice) {
@@ -91,20 +91,20 @@ func TestUnchangedLimitsAreNotRewritten(t *testing.T) {
 	root := fakeCgroupfs(t, "blkio/kubepods/pod"+uid)
 	w := Writer{Root: root}
 	file := filepath.Join(root, "blkio/kubepods/pod"+uid, "blkio.throttle.write_bps_device")
-	if err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 4096}); err != nil {
+	if _, err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 4096}); err != nil {
 		t.Fatal(err)
 	}
 	// the kernel's form, with a newline: a rewrite would drop it
 	if err := os.WriteFile(file, []byte("7:3 4096\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 4096}); err != nil {
+	if _, err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 4096}); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(t, file); got != "7:3 4096\n" {
 		t.Errorf("unchanged limit rewritten: %q", got)
 	}
-	if err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 8192}); err != nil {
+	if _, err := w.Apply(uid, Device{7, 3}, Limits{WriteBPS: 8192}); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(t, file); got != "7:3 8192" {

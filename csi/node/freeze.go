@@ -40,8 +40,9 @@ import (
 type hold struct {
 	path     string
 	mu       sync.Mutex
-	frozen   bool // FIFREEZE returned success and no thaw ran since
-	ended    bool // thawed, or the freeze failed or timed out: no freeze is held
+	frozen   bool          // FIFREEZE returned success and no thaw ran since
+	held     *mount.Frozen // while frozen: the thaw goes through it, even after an unmount
+	ended    bool          // thawed, or the freeze failed or timed out: no freeze is held
 	reason   string
 	message  string
 	frozenAt time.Time
@@ -62,10 +63,10 @@ func (h *hold) end(reason, msg string) {
 		h.timer.Stop()
 	}
 	if h.frozen {
-		if err := mount.Thaw(h.path); err != nil {
+		if err := h.held.Thaw(); err != nil {
 			h.message = fmt.Sprintf("%s; FITHAW: %v", msg, err)
 		}
-		h.frozen = false
+		h.frozen, h.held = false, nil
 	}
 	h.thawedAt = time.Now()
 }
@@ -80,12 +81,11 @@ type freezer struct {
 
 // FollowFreezes answers the freezes the group snapshots ask of this node, from the informer
 // events of members that carry spec.freeze (Kick) until ctx ends. Without an API client it
-// returns at once.
+// returns at once. ThawLeftovers runs before it, before the plugin serves.
 func (s *Service) FollowFreezes(ctx context.Context, members client.Reader) {
 	if s.kube == nil {
 		return
 	}
-	s.thawLeftovers(ctx, members)
 	retryAfter := time.NewTicker(time.Second)
 	defer retryAfter.Stop()
 	pending := map[string]bool{}
@@ -121,13 +121,19 @@ func (s *Service) Kick(g string) {
 	}
 }
 
-// thawLeftovers thaws, at start, the filesystems of members this node answered Frozen before a
-// restart: this process holds no timer for them any more.
-func (s *Service) thawLeftovers(ctx context.Context, members client.Reader) {
+// ThawLeftovers thaws, at start, the filesystems of members this node answered Frozen before a
+// restart: this process holds no timer for them any more. The driver runs it before it serves,
+// so that no NodeUnstageVolume unmounts such a filesystem first (Linux would keep it frozen
+// with no mount left to thaw it through). A failed list is its error (the plugin does not
+// start); a thawed member whose answer cannot be written is logged (its group then never
+// settles as Taken: CreateVolumeGroupSnapshot ends at its wait timeout).
+func (s *Service) ThawLeftovers(ctx context.Context, members client.Reader) error {
+	if s.kube == nil {
+		return nil
+	}
 	var list storev1.VolumeSnapshotStateList
 	if err := members.List(ctx, &list, client.MatchingLabels{storev1.LabelGroupFreeze: "true"}); err != nil {
-		s.log.Error(err, "list group members with a freeze at start")
-		return
+		return fmt.Errorf("list group members with a freeze at start: %w", err)
 	}
 	for i := range list.Items {
 		m := &list.Items[i]
@@ -147,6 +153,7 @@ func (s *Service) thawLeftovers(ctx context.Context, members client.Reader) {
 			s.log.Error(err, "report the thaw of a freeze left by a restart", "snapshot", m.Name)
 		}
 	}
+	return nil
 }
 
 func (s *Service) myFreeze(m *storev1.VolumeSnapshotState) *storev1.FreezeStatus {
@@ -180,7 +187,7 @@ func (s *Service) syncGroup(ctx context.Context, members client.Reader, g string
 		switch {
 		case mine != nil && (mine.Phase == storev1.FreezeNotMounted || mine.Phase == storev1.FreezeThawed):
 			s.drop(m.Name) // answered for good
-		case h == nil && mine != nil: // Frozen by a process before a restart: thawLeftovers answered
+		case h == nil && mine != nil: // Frozen by a process before a restart: ThawLeftovers answered
 		case h == nil && done:
 			// over before this node froze anything (failed elsewhere, or deleted)
 		case h == nil:
@@ -219,6 +226,23 @@ func (s *Service) syncGroup(ctx context.Context, members client.Reader, g string
 		h.end(storev1.ReasonFreezeGroupFailed, "the member was deleted")
 	}
 	return errors.Join(errs...)
+}
+
+// frozenAt names the member whose freeze this process holds on the filesystem staged at
+// path ("" when none): NodeUnstageVolume must not unmount it, since Linux unmounts a frozen
+// filesystem and leaves its superblock frozen with no mount to thaw it through.
+func (s *Service) frozenAt(path string) string {
+	s.freeze.mu.Lock()
+	defer s.freeze.mu.Unlock()
+	for name, h := range s.freeze.holds {
+		h.mu.Lock()
+		frozen := h.path == path && (h.frozen || !h.ended)
+		h.mu.Unlock()
+		if frozen {
+			return name
+		}
+	}
+	return ""
 }
 
 // holdGroup is the group of a held member: members' ids are recorded with their group.
@@ -267,7 +291,7 @@ func (s *Service) startFreeze(m *storev1.VolumeSnapshotState, g, path string) {
 	h.mu.Unlock()
 	go func() {
 		failpoint.Hit(failpoint.CSIFreezeBefore)
-		err := mount.Freeze(path)
+		held, err := mount.FreezeHeld(path)
 		h.mu.Lock()
 		switch {
 		case err != nil && !h.ended:
@@ -275,11 +299,11 @@ func (s *Service) startFreeze(m *storev1.VolumeSnapshotState, g, path string) {
 			h.timer.Stop()
 		case err != nil:
 		case h.ended: // the timeout passed while FIFREEZE ran: thaw at once
-			if terr := mount.Thaw(path); terr != nil {
+			if terr := held.Thaw(); terr != nil {
 				h.message += fmt.Sprintf("; FITHAW after a late FIFREEZE: %v", terr)
 			}
 		default:
-			h.frozen, h.frozenAt = true, time.Now()
+			h.frozen, h.held, h.frozenAt = true, held, time.Now()
 		}
 		h.mu.Unlock()
 		s.Kick(g)
@@ -310,7 +334,13 @@ func (s *Service) report(ctx context.Context, m *storev1.VolumeSnapshotState, mi
 	if mine != nil && mine.Phase == want.Phase && mine.Reason == want.Reason {
 		return nil
 	}
-	return s.answerFreeze(ctx, m.Name, want)
+	if err := s.answerFreeze(ctx, m.Name, want); err != nil {
+		return err
+	}
+	if want.Phase == storev1.FreezeFrozen {
+		failpoint.Hit(failpoint.CSIFreezeAnswered)
+	}
+	return nil
 }
 
 // drop forgets the hold of member name once its final answer is written.

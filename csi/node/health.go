@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,6 +50,43 @@ func (s *Service) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVol
 	}
 	h := &csipb.VolumeHealth{VolumeId: id, HealthStatuses: s.volumeHealth(r, req.GetStagingTargetPath(), req.GetVolumePublishPath())}
 	return &csipb.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// NodeGetStorageHealth reports the storage this node reaches through its staged volumes
+// (stage records), checked now as NodeGetVolumeHealth checks one: for each reason found
+// (DeviceGone: an NVMe-oF namespace or local device vanished; MountDead), one
+// STORAGE_DEGRADED entry naming how many and which volumes; no entries when every staged
+// volume is accessible or none is staged. A stage record that cannot be read is INTERNAL.
+func (s *Service) NodeGetStorageHealth(context.Context, *csipb.NodeGetStorageHealthRequest) (*csipb.NodeGetStorageHealthResponse, error) {
+	recs, err := s.stages.List()
+	if err != nil {
+		return nil, volume.Errorf(volume.ErrInternal, "stage records: %v", err)
+	}
+	byReason := map[string][]string{}
+	var reasons []string
+	for i := range recs {
+		rec := &recs[i]
+		problems := s.volumeHealth(rec, append([]string{rec.StagingPath}, rec.Targets...)...)
+		if len(problems) == 0 {
+			continue
+		}
+		r := problems[0].GetReason()
+		if byReason[r] == nil {
+			reasons = append(reasons, r)
+		}
+		byReason[r] = append(byReason[r], rec.VolumeID)
+	}
+	slices.Sort(reasons)
+	resp := &csipb.NodeGetStorageHealthResponse{}
+	for _, r := range reasons {
+		ids := byReason[r]
+		slices.Sort(ids)
+		resp.BackendHealth = append(resp.BackendHealth, &csipb.NodeGetStorageHealthResponse_StorageBackendHealth{
+			Status: csipb.StorageHealthErrorType_STORAGE_DEGRADED, Reason: r,
+			Message: fmt.Sprintf("%d staged volume(s) on node %s inaccessible: %s", len(ids), s.nodeName, strings.Join(ids, ", ")),
+		})
+	}
+	return resp, nil
 }
 
 // The node plugin watches the volumes it staged, so that a failure nobody asks about is still

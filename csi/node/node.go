@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
@@ -35,6 +36,9 @@ type Config struct {
 	NodeName string
 	// HostNQNFile is the node's host NQN file, read by Init.
 	HostNQNFile string
+	// MaxVolumes is the most volumes that may be published to this node at once (NodeGetInfo
+	// max_volumes_per_node; Init writes it on the Node for ControllerPublishVolume); 0: no limit.
+	MaxVolumes int64
 	// Stages holds the node stage records.
 	Stages stage.Dir
 	// Mounter and Initiator are the node's kernel access.
@@ -61,6 +65,7 @@ type Service struct {
 	csipb.UnimplementedNodeServer
 	nodeName    string
 	hostNQNFile string
+	maxVolumes  int64
 	hostNQN     string // read by Init
 	stages      stage.Dir
 	mounter     *mount.Mounter
@@ -80,7 +85,7 @@ type Service struct {
 
 // New returns the node service of cfg; Init prepares it before it serves.
 func New(cfg Config) *Service {
-	return &Service{nodeName: cfg.NodeName, hostNQNFile: cfg.HostNQNFile, stages: cfg.Stages, mounter: cfg.Mounter, initiator: cfg.Initiator,
+	return &Service{nodeName: cfg.NodeName, hostNQNFile: cfg.HostNQNFile, maxVolumes: cfg.MaxVolumes, stages: cfg.Stages, mounter: cfg.Mounter, initiator: cfg.Initiator,
 		kube: cfg.Kube, live: cfg.Live, keys: cfg.Keys, events: cfg.Events, metrics: cfg.Metrics, locks: cfg.Locks, log: cfg.Log,
 		freeze: freezer{holds: map[string]*hold{}, groups: map[string]string{}, kick: make(chan string, 64)}}
 }
@@ -118,6 +123,9 @@ func (s *Service) Init(ctx context.Context) error {
 	s.hostNQN = nqn
 	if s.kube == nil {
 		return nil
+	}
+	if err := s.annotateMaxVolumes(ctx); err != nil {
+		return err
 	}
 	meta := map[string]any{}
 	if s.initiator.Usable() && nqn != "" {
@@ -185,9 +193,29 @@ func (s *Service) duplicateHostNQN(ctx context.Context, nqn string) (bool, error
 	return true, nil
 }
 
+// annotateMaxVolumes writes this node's limit (Config.MaxVolumes) on its Node as
+// plinth.dev/max-volumes-per-node, where ControllerPublishVolume reads it, or removes the
+// annotation when there is no limit.
+func (s *Service) annotateMaxVolumes(ctx context.Context) error {
+	var v any // nil removes the annotation
+	if s.maxVolumes > 0 {
+		v = strconv.FormatInt(s.maxVolumes, 10)
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{policyv1.AnnotationMaxVolumes: v}}})
+	n := &corev1.Node{}
+	n.Name = s.nodeName
+	if err := s.kube.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("annotate Node %s with its volume limit: %w", s.nodeName, err)
+	}
+	return nil
+}
+
+// NodeGetInfo answers the node id, its topology and max_volumes_per_node (Config.MaxVolumes, 0
+// when unlimited), which kubelet copies to the CSINode for the scheduler.
 func (s *Service) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
 	return &csipb.NodeGetInfoResponse{
 		NodeId:             s.nodeName,
+		MaxVolumesPerNode:  s.maxVolumes,
 		AccessibleTopology: &csipb.Topology{Segments: map[string]string{policyv1.TopologyKeyNode: s.nodeName}},
 	}, nil
 }
@@ -199,6 +227,7 @@ func (s *Service) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitie
 		csipb.NodeServiceCapability_RPC_EXPAND_VOLUME,
 		csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csipb.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csipb.NodeServiceCapability_RPC_GET_STORAGE_HEALTH, // health.go
 		csipb.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 	} {
 		caps = append(caps, &csipb.NodeServiceCapability{Type: &csipb.NodeServiceCapability_Rpc{Rpc: &csipb.NodeServiceCapability_RPC{Type: c}}})

@@ -40,6 +40,7 @@ func (s *Service) NodePublishVolume(ctx context.Context, req *csipb.NodePublishV
 	} else if err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
 	}
+	s.rewrapStaged(ctx, rec, req.GetSecrets()) // crypt.go: a key rotation in flight
 	if mounted, err := s.mounter.IsMounted(target); err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "read mounts: %v", err)
 	} else if mounted {

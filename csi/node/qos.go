@@ -153,7 +153,7 @@ func (l *Limits) apply(ctx context.Context, id string) {
 		want.Generation = a.Generation
 		lim = limitsOf(a)
 	}
-	if err := l.enforce(rec, lim); err != nil {
+	if err := l.enforce(rec, lim, want.Generation); err != nil {
 		if now, lerr := l.s.stages.Load(id); lerr != nil || !reflect.DeepEqual(now, rec) {
 			return
 		}
@@ -164,9 +164,10 @@ func (l *Limits) apply(ctx context.Context, id string) {
 	}
 }
 
-// enforce writes lim for rec's device into the cgroup of each pod rec is published to. A
-// volume staged but not published has nothing to limit yet.
-func (l *Limits) enforce(rec stage.Record, lim iolimit.Limits) error {
+// enforce writes lim (of spec.attributes generation gen) for rec's device into the cgroup of
+// each pod rec is published to, logging each pod whose files it changed. A volume staged but
+// not published has nothing to limit yet.
+func (l *Limits) enforce(rec stage.Record, lim iolimit.Limits, gen int64) error {
 	if len(rec.Targets) == 0 {
 		return nil
 	}
@@ -180,8 +181,13 @@ func (l *Limits) enforce(rec stage.Record, lim iolimit.Limits) error {
 		if uid == "" {
 			uid = podUIDOfTarget(target)
 		}
-		if err := l.writer.Apply(uid, dev, lim); err != nil {
+		n, err := l.writer.Apply(uid, dev, lim)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", uid, err))
+		}
+		if n > 0 {
+			l.s.log.Info("I/O limits written", "volume", rec.VolumeID, "generation", gen, "pod", uid, "device", dev.String(),
+				"files", n, "writeBPS", lim.WriteBPS, "readBPS", lim.ReadBPS, "writeIOPS", lim.WriteIOPS, "readIOPS", lim.ReadIOPS)
 		}
 	}
 	return errors.Join(errs...)

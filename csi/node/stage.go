@@ -101,7 +101,7 @@ func (s *Service) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolum
 	}
 	failpoint.Hit(failpoint.CSIStageRecordSaved)
 	if key != nil {
-		if err := s.stageCrypt(ctx, rec, key, vc); err != nil {
+		if err := s.stageCrypt(ctx, rec, key, vc, req.GetSecrets()); err != nil {
 			return nil, err
 		}
 	}
@@ -127,9 +127,14 @@ func (s *Service) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolum
 
 // connect connects this node to the NVMe-oF/TCP export the publish context pc names, with
 // this node's host NQN and, when the target asks for them, its DH-HMAC-CHAP secrets, and sets
-// rec's kind, subsystem NQN and device. The record is saved before connecting: a crash after
+// rec's kind, subsystem NQN and device. ErrPrecondition, naming the module, when this node's
+// kernel lacks the initiator (nvme.Initiator.Unusable). The record is saved before connecting: a crash after
 // connecting must still let unstage disconnect.
 func (s *Service) connect(ctx context.Context, rec *stage.Record, pc map[string]string) error {
+	if why := s.initiator.Unusable(); why != "" {
+		// a node that lacks the initiator: nothing recorded, nothing to retry until it is fixed
+		return volume.Errorf(volume.ErrPrecondition, "node cannot connect over NVMe-oF/TCP: %s", why)
+	}
 	port, _ := strconv.Atoi(pc[volume.PublishPort])
 	t := nvme.Target{NQN: pc[volume.PublishNQN], Address: pc[volume.PublishAddress], Port: int32(port), HostNQN: s.hostNQN}
 	if v, err := strconv.Atoi(pc[volume.PublishCtrlLossTmo]); err == nil {
@@ -233,6 +238,12 @@ func (s *Service) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageV
 		}
 	} else if err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "stage record: %v", err)
+	}
+	// Linux unmounts a frozen filesystem but keeps its superblock frozen, with its device
+	// held and no mount left to thaw it through: wait for the group snapshot's thaw (at the
+	// latest its timeout) instead.
+	if member := s.frozenAt(staging); member != "" {
+		return nil, volume.Errorf(volume.ErrUnavailable, "%s is frozen for group snapshot member %s; unstage after its thaw", staging, member)
 	}
 	if err := s.mounter.Unmount(staging, false); err != nil {
 		return nil, volume.Errorf(volume.ErrInternal, "unmount %s: %v", staging, err)

@@ -122,12 +122,20 @@ func (in *Initiator) AuthUsable() bool {
 
 // Usable reports whether this node can connect over NVMe-oF/TCP: the fabrics device exists and
 // the nvme_tcp module is loaded.
-func (in *Initiator) Usable() bool {
-	if _, err := os.Stat(in.dev("nvme-fabrics")); err != nil {
-		return false
+func (in *Initiator) Usable() bool { return in.Unusable() == "" }
+
+// Unusable says why this node cannot connect over NVMe-oF/TCP, naming what is missing: the
+// kernel module nvme_tcp (no /sys/module/nvme_tcp) or the fabrics device /dev/nvme-fabrics
+// (module nvme_fabrics); "" when it can. The node plugin loads no module itself.
+func (in *Initiator) Unusable() string {
+	var missing []string
+	if _, err := os.Stat(in.sys("module", "nvme_tcp")); err != nil {
+		missing = append(missing, "kernel module nvme_tcp is not loaded (modprobe nvme_tcp)")
 	}
-	_, err := os.Stat(in.sys("module", "nvme_tcp"))
-	return err == nil
+	if _, err := os.Stat(in.dev("nvme-fabrics")); err != nil {
+		missing = append(missing, "no "+in.dev("nvme-fabrics")+" (kernel module nvme_fabrics)")
+	}
+	return strings.Join(missing, "; ")
 }
 
 func readAttr(path string) string {

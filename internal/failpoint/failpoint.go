@@ -85,6 +85,10 @@ const (
 	// VolumeState and computed the new publications; the compare-and-swap
 	// update is not sent yet.
 	CSIPublishBeforeUpdate = "csi.publish.before-update"
+	// CSIModifyBeforeUpdate: ControllerModifyVolume read the VolumeState and
+	// set the new tier in spec.attributes; the compare-and-swap update is not
+	// sent yet.
+	CSIModifyBeforeUpdate = "csi.modify.before-update"
 	// CSICreateSpreadQueued: CreateVolume of a spread NVMe-oF volume found its
 	// workload's lock held by another CreateVolume and waits for it; it has
 	// counted nothing and written nothing.
@@ -111,10 +115,34 @@ const (
 	// CryptOpened: NodeStage opened the volume's dm-crypt mapping; no filesystem is made
 	// or mounted in it yet.
 	CryptOpened = "crypt.opened"
+	// CSIKeyRotated: the CSI controller wrote a new key into a volume's key Secret (the old
+	// one as key-previous, the new generation); no header holds the new key yet.
+	CSIKeyRotated = "csi.key.rotated"
+	// CryptRewrapAdded: a key rotation added the new passphrase's keyslot to a LUKS2 header;
+	// the old passphrase's keyslot is still there (both open the volume).
+	CryptRewrapAdded = "crypt.rewrap.added"
+	// CryptRewrapRemoved: a key rotation removed the old passphrase's keyslot; the key
+	// Secret still holds the previous key (not confirmed yet).
+	CryptRewrapRemoved = "crypt.rewrap.removed"
 	// CSIFreezeBefore: the node plugin is about to FIFREEZE a group member's filesystem for
 	// a group snapshot; its timeout is running, nothing is frozen yet (a test holds the
 	// freeze here to show the timeout thaws and the group fails).
 	CSIFreezeBefore = "csi.freeze.before"
+	// CSIFreezeAnswered: the node plugin froze a group member's filesystem and answered
+	// Frozen in the member's status; the thaw (group taken, timeout) lives only in this
+	// process, so a restarted plugin must thaw it from that answer.
+	CSIFreezeAnswered = "csi.freeze.answered"
+	// MoveTargetCreated: the agent made the target volume of a move (spec.move) on the
+	// target Store; nothing is copied and the status does not say so yet.
+	MoveTargetCreated = "move.target-created"
+	// MoveCopyStarted: the status says Copying (the target exists); no byte is copied yet.
+	MoveCopyStarted = "move.copy-started"
+	// MoveCopied: the copy is written and verified (the target's checksum equals the
+	// source's); the status still says Copying.
+	MoveCopied = "move.copied"
+	// MoveSourceDeleted: after the switch (spec.storeName is the target), the source's copy is
+	// deleted; the status does not say Done yet.
+	MoveSourceDeleted = "move.source-deleted"
 )
 
 // Known returns every point name, sorted.
@@ -123,9 +151,11 @@ func Known() []string {
 		AgentMarkSaved, AgentVolumeCreated, AgentVolumeExpanded, AgentExportCreated,
 		AgentDeleteUnexported, AgentDeleteVolumeRemoved, AgentDeleteMarkReleased,
 		FencingMarkTorn, FileCreateSized, FileCreateRenamed, FileExpandTruncated, FileDeleteDetached,
-		NVMetSubsystemCreated, CSIPublishBeforeUpdate, CSICreateSpreadQueued, CSICreateSpreadCounted,
+		NVMetSubsystemCreated, CSIPublishBeforeUpdate, CSIModifyBeforeUpdate, CSICreateSpreadQueued, CSICreateSpreadCounted,
 		CSIStageRecordSaved, CSIStageMounted, CSINodePublishMounted, CSIUnstageUnmounted,
-		CryptFormatted, CryptOpened, CSIFreezeBefore,
+		CryptFormatted, CryptOpened, CSIKeyRotated, CryptRewrapAdded, CryptRewrapRemoved,
+		CSIFreezeBefore, CSIFreezeAnswered,
+		MoveTargetCreated, MoveCopyStarted, MoveCopied, MoveSourceDeleted,
 	}
 	slices.Sort(k)
 	return k

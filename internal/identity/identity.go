@@ -1,5 +1,5 @@
 // Package identity is the volume identity stamp: the record every backend object Plinth
-// creates carries (LV tags, zvol user properties, the file backend's record beside the
+// creates carries (LV tags, a zvol user property, the file backend's record beside the
 // image), naming the volume, its claim and the policy it was made with, so that the
 // volumes on a node can be re-adopted after the control plane (etcd) is lost
 // (docs/design.md, "Volume identity stamp"). The format is a contract: a stamp written by
@@ -375,32 +375,17 @@ func FromLVTags(tags []string) (Stamp, error) {
 	return Decode(m)
 }
 
-// ZFSPropertyPrefix starts every zvol user property of a stamp: "plinth.dev:<key>" (user
-// properties need a colon, zfsprops(7) "User Properties"; keys are lower case).
-const ZFSPropertyPrefix = "plinth.dev:"
+// ZFSProperty is the zvol user property holding the stamp as Line (zfsprops(7) "User
+// Properties": a name with a colon, a value of at most 8192 bytes; Line is at most 4096).
+// One property, so one `zfs set` replaces a whole stamp atomically and the backend's one
+// `zfs list` reads it as one column.
+const ZFSProperty = "plinth.dev:identity"
 
-// ZFSProperties is the stamp as zvol user properties (name → value). Errors: those of
-// Validate.
-func (s Stamp) ZFSProperties() (map[string]string, error) {
-	fs, err := s.Fields()
-	if err != nil {
-		return nil, err
+// FromZFSProperty decodes ZFSProperty's value as `zfs list -H` prints it. Errors: those of
+// ParseLine; ErrNoStamp for "" or "-" (zfs's value of an unset property).
+func FromZFSProperty(value string) (Stamp, error) {
+	if value == "-" {
+		return Stamp{}, ErrNoStamp
 	}
-	out := make(map[string]string, len(fs))
-	for _, f := range fs {
-		out[ZFSPropertyPrefix+f.Key] = f.Value
-	}
-	return out, nil
-}
-
-// FromZFSProperties decodes the stamp among a zvol's user properties (others are ignored;
-// "-", zfs get's value of an unset property, counts as unset). Errors: those of Decode.
-func FromZFSProperties(props map[string]string) (Stamp, error) {
-	m := map[string]string{}
-	for name, v := range props {
-		if k, ok := strings.CutPrefix(name, ZFSPropertyPrefix); ok && v != "-" {
-			m[k] = v
-		}
-	}
-	return Decode(m)
+	return ParseLine(value)
 }

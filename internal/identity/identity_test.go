@@ -28,12 +28,11 @@ func TestStampRoundTripsThroughEveryEncoding(t *testing.T) {
 			}
 			line, _ := s.Line()
 			tags, _ := s.LVTags()
-			props, _ := s.ZFSProperties()
 			decoders := map[string]func() (Stamp, error){
 				"text": func() (Stamp, error) { return ParseText(text) },
 				"line": func() (Stamp, error) { return ParseLine(line) },
 				"lvm":  func() (Stamp, error) { return FromLVTags(append([]string{"plinth.dev/mapped-bytes.1"}, tags...)) },
-				"zfs":  func() (Stamp, error) { props["com.other:x"] = "y"; return FromZFSProperties(props) },
+				"zfs":  func() (Stamp, error) { return FromZFSProperty(line) },
 			}
 			for enc, dec := range decoders {
 				got, err := dec()
@@ -62,6 +61,7 @@ func TestTornOrForeignStampIsRefused(t *testing.T) {
 		want       error
 	}{
 		{"empty", "", ErrNoStamp},
+		{"tab in a zfs value", strings.Replace(text, "pvc=data-db-0", "pvc=data-db-0\tx", 1), ErrTorn},
 		{"cut mid-record", text[:len(text)/2], ErrTorn},
 		{"cut at a line end, checksum lost", strings.Join(lines[:len(lines)-2], ""), ErrTorn},
 		{"one field changed", strings.Replace(text, "size=1073741824", "size=2147483648", 1), ErrTorn},
@@ -101,5 +101,17 @@ func TestPolicyDigestIsStableAndSensitive(t *testing.T) {
 	c, _ := PolicyDigest(p{"x", "z"})
 	if a != b || a == c || !digestRe.MatchString(a) {
 		t.Fatalf("digests %s %s %s", a, b, c)
+	}
+}
+
+func TestUnsetZFSPropertyIsNoStamp(t *testing.T) {
+	for _, v := range []string{"-", ""} {
+		if _, err := FromZFSProperty(v); !errors.Is(err, ErrNoStamp) {
+			t.Errorf("FromZFSProperty(%q) = %v, want ErrNoStamp", v, err)
+		}
+	}
+	line, _ := sample().Line()
+	if len(line) > 4096 {
+		t.Fatalf("line of %d bytes", len(line))
 	}
 }

@@ -68,7 +68,7 @@ func crossCheck(sc *scratch) []Problem {
 		}
 	}
 	ps = append(ps, authAgreement(docs)...)
-	classes, snapClasses := sc.classes, sc.snapClasses
+	classes := sc.classes
 	var defaultClass, defaultSnapClass *vetted
 	for _, vd := range sc.placements {
 		pl := vd.obj.(*policyv1.Placement)
@@ -113,52 +113,10 @@ func crossCheck(sc *scratch) []Problem {
 					fmt.Sprintf("StoragePool %q has a bcache cache (lvm.cache): cached volumes do not grow; set allowVolumeExpansion to false", pl.Spec.PoolRef.Name)))
 			}
 		}
-		if sc := pl.Spec.SnapshotClass; sc != nil {
-			if first, dup := snapClasses[sc.Name]; dup {
-				ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass", "name"},
-					fmt.Sprintf("VolumeSnapshotClass %q is also rendered by Placement %q at %s", sc.Name, first.doc.Name, where(first.doc))))
-			} else {
-				snapClasses[sc.Name] = vd
-			}
-			if sc.IsDefault {
-				if defaultSnapClass != nil {
-					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass", "isDefault"},
-						fmt.Sprintf("Placement %q at %s is already the default VolumeSnapshotClass; at most one may be", defaultSnapClass.doc.Name, where(defaultSnapClass.doc))))
-				} else {
-					defaultSnapClass = vd
-				}
-			}
-			// Thick LVM LVs and raw volumes have no snapshots (the CSI driver refuses them): a class for them
-			// would only produce VolumeSnapshots that never become ready.
-			if pool, ok := byKind["StoragePool"][pl.Spec.PoolRef.Name]; ok {
-				if lvm := pool.obj.(*policyv1.StoragePool).Spec.Backend.LVM; lvm != nil && lvm.ThinPool == nil {
-					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
-						fmt.Sprintf("StoragePool %q is LVM without a thin pool: its volumes take no snapshots; declare lvm.thinPool or remove snapshotClass", pl.Spec.PoolRef.Name)))
-				}
-				if pool.obj.(*policyv1.StoragePool).Spec.Backend.Raw != nil {
-					ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
-						fmt.Sprintf("StoragePool %q is raw: partitions and whole disks take no snapshots; remove snapshotClass", pl.Spec.PoolRef.Name)))
-				}
-			}
-		}
-		// A VolumeAttributesClass is cluster-wide: two tiers of one name would render one object
-		// with two sets of limits, and the CSI driver could not tell which Placement allows it.
-		for i := range pl.Spec.AttributesClasses {
-			name := pl.Spec.AttributesClasses[i].Name
-			if first, dup := sc.attrClasses[name]; dup {
-				ps = append(ps, at(vd.doc, []string{"spec", "attributesClasses", fmt.Sprint(i), "name"},
-					fmt.Sprintf("VolumeAttributesClass %q is also declared by Placement %q at %s", name, first.vd.doc.Name,
-						whereField(first.vd.doc, "spec", "attributesClasses", fmt.Sprint(first.index), "name"))))
-				continue
-			}
-			sc.attrClasses[name] = attrClassAt{vd, i}
-			// The CRD's CEL rule on IOLimits says the same: a tier that limits nothing is the
-			// same as no class, and reads as a mistake.
-			if pl.Spec.AttributesClasses[i].Limits.Empty() {
-				ps = append(ps, at(vd.doc, []string{"spec", "attributesClasses", fmt.Sprint(i), "limits"},
-					"set at least one of readIOPS, writeIOPS, readBytesPerSecond, writeBytesPerSecond (a claim without a class is unlimited)"))
-			}
-		}
+		var snapProblems []Problem
+		snapProblems, defaultSnapClass = sc.snapshotClassProblems(vd, pl, defaultSnapClass)
+		ps = append(ps, snapProblems...)
+		ps = append(ps, sc.attributesClassProblems(vd, pl)...)
 		if pl.Spec.StorageClass.IsDefault {
 			if defaultClass != nil {
 				ps = append(ps, at(vd.doc, []string{"spec", "storageClass", "isDefault"},
@@ -264,6 +222,69 @@ func authAgreement(docs []*vetted) []Problem {
 			ps = append(ps, at(vd.doc, []string{"spec", "nvmeofTcp", "auth", "keyGeneration"},
 				fmt.Sprintf("Protocol %q at %s has keyGeneration %d, this one %d: every Protocol with DHHMACCHAP must name the same (a host has one key; rotate by raising it in all of them)",
 					first.doc.Name, where(first.doc), a.KeyGeneration, b.KeyGeneration)))
+		}
+	}
+	return ps
+}
+
+// snapshotClassProblems checks the VolumeSnapshotClass Placement pl (of document vd) asks
+// for: its name rendered once, at most one default (defaultClass is the default so far; the
+// returned one is the default after pl), and a pool whose volumes take snapshots.
+func (sc *scratch) snapshotClassProblems(vd *vetted, pl *policyv1.Placement, defaultClass *vetted) ([]Problem, *vetted) {
+	cls := pl.Spec.SnapshotClass
+	if cls == nil {
+		return nil, defaultClass
+	}
+	var ps []Problem
+	if first, dup := sc.snapClasses[cls.Name]; dup {
+		ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass", "name"},
+			fmt.Sprintf("VolumeSnapshotClass %q is also rendered by Placement %q at %s", cls.Name, first.doc.Name, where(first.doc))))
+	} else {
+		sc.snapClasses[cls.Name] = vd
+	}
+	if cls.IsDefault {
+		if defaultClass != nil {
+			ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass", "isDefault"},
+				fmt.Sprintf("Placement %q at %s is already the default VolumeSnapshotClass; at most one may be", defaultClass.doc.Name, where(defaultClass.doc))))
+		} else {
+			defaultClass = vd
+		}
+	}
+	// Thick LVM LVs and raw volumes have no snapshots (the CSI driver refuses them): a class for them
+	// would only produce VolumeSnapshots that never become ready.
+	if pool, ok := sc.byKind["StoragePool"][pl.Spec.PoolRef.Name]; ok {
+		if lvm := pool.obj.(*policyv1.StoragePool).Spec.Backend.LVM; lvm != nil && lvm.ThinPool == nil {
+			ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
+				fmt.Sprintf("StoragePool %q is LVM without a thin pool: its volumes take no snapshots; declare lvm.thinPool or remove snapshotClass", pl.Spec.PoolRef.Name)))
+		}
+		if pool.obj.(*policyv1.StoragePool).Spec.Backend.Raw != nil {
+			ps = append(ps, at(vd.doc, []string{"spec", "snapshotClass"},
+				fmt.Sprintf("StoragePool %q is raw: partitions and whole disks take no snapshots; remove snapshotClass", pl.Spec.PoolRef.Name)))
+		}
+	}
+	return ps, defaultClass
+}
+
+// attributesClassProblems checks the VolumeAttributesClasses (tiers) Placement pl (of document
+// vd) declares: each name declared once across the set, each tier limiting something.
+func (sc *scratch) attributesClassProblems(vd *vetted, pl *policyv1.Placement) []Problem {
+	var ps []Problem
+	// A VolumeAttributesClass is cluster-wide: two tiers of one name would render one object
+	// with two sets of limits, and the CSI driver could not tell which Placement allows it.
+	for i := range pl.Spec.AttributesClasses {
+		name := pl.Spec.AttributesClasses[i].Name
+		if first, dup := sc.attrClasses[name]; dup {
+			ps = append(ps, at(vd.doc, []string{"spec", "attributesClasses", fmt.Sprint(i), "name"},
+				fmt.Sprintf("VolumeAttributesClass %q is also declared by Placement %q at %s", name, first.vd.doc.Name,
+					whereField(first.vd.doc, "spec", "attributesClasses", fmt.Sprint(first.index), "name"))))
+			continue
+		}
+		sc.attrClasses[name] = attrClassAt{vd, i}
+		// The CRD's CEL rule on IOLimits says the same: a tier that limits nothing is the
+		// same as no class, and reads as a mistake.
+		if pl.Spec.AttributesClasses[i].Limits.Empty() {
+			ps = append(ps, at(vd.doc, []string{"spec", "attributesClasses", fmt.Sprint(i), "limits"},
+				"set at least one of readIOPS, writeIOPS, readBytesPerSecond, writeBytesPerSecond (a claim without a class is unlimited)"))
 		}
 	}
 	return ps

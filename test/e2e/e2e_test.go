@@ -147,6 +147,10 @@ func run(t *testing.T, flux bool) {
 		func() (string, error) { return ClaimOverrides(ctx, env) }); err != nil {
 		t.Errorf("claim overrides: %v", err)
 	}
+	if err := env.Step("QoS tiers on real kubelets: an O_DIRECT writer held to tier A's limit, the claim moved to tier B live (no pod restart) and held to B's; a tier its Placement does not declare refused with an event",
+		func() (string, error) { return QoSTiers(ctx, env) }); err != nil {
+		t.Errorf("QoS tiers: %v", err)
+	}
 	// Randomized faults with invariants, on the same running parts (chaos_test.go).
 	runChaos(t, walk)
 	// Argo CD's own controllers take the policy over on the same cluster (argocd_test.go).
@@ -185,5 +189,5 @@ func renderPNGs(t *testing.T, env *devenv.Env, sum *devenv.Summary, out string) 
 // (devenv.AgentCrashPoints) while provisioning and restarted by kubelet → one PV, one
 // VolumeState, one file and loop device, no orphan; a placement removed from Git while a PVC
 // uses its class → pruned by Flux, kept by Plinth's finalizer and reported "in use by 1 PVCs",
-// gone with the PVC; the StatefulSet case; the claim-overrides case (ClaimOverrides).
+// gone with the PVC; the StatefulSet case; the claim-overrides case (ClaimOverrides); the QoS tiers case (QoSTiers).
 func TestDevScenario(t *testing.T) { run(t, true) }

@@ -28,6 +28,7 @@
 #   - Network: lo up (127.0.0.1 for nvme-tcp); eth0 10.0.2.15 (qemu user net,
 #     restricted: no outbound traffic; host services forwarded at 10.0.2.100).
 # Env: KGUEST_TIMEOUT (default 30m), KGUEST_DISKS (default 2G,4G,4G,1G),
+#      KGUEST_FLAVOR (default stable: Debian's 6.1 with ZFS; backports: 6.12, NVMe auth),
 #      KERNEL_PACKAGES="./agents/lvm ..." to run only some packages,
 #      KGUEST_SH="script" run in the guest after the binaries (kguest -sh), e.g. a benchmark:
 #        cd /mnt/host/agents_lvm.test.d && PLINTH_KERNEL_TEST=1 /mnt/host/agents_lvm.test \
@@ -56,4 +57,4 @@ go build -o "$W/bin/kguest" ./test/kernel/cmd/kguest
 awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN{printf "TIMING build-test-binaries %.1fs\n", b-a}'
 sh=()
 [ -z "${KGUEST_SH:-}" ] || sh=(-sh "$KGUEST_SH")
-exec "$W/bin/kguest" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G,1G}" "${sh[@]}" "${bins[@]}"
+exec "$W/bin/kguest" -flavor "${KGUEST_FLAVOR:-stable}" -timeout "${KGUEST_TIMEOUT:-30m}" -disks "${KGUEST_DISKS:-2G,4G,4G,1G}" "${sh[@]}" "${bins[@]}"

@@ -8,7 +8,7 @@
 #              machine's Debian mirror: the machine's own apt sources, lists and default kernel
 #              resolution are never changed). It has NVMe in-band authentication
 #              (CONFIG_NVME_AUTH, CONFIG_NVME_TARGET_AUTH) and NVMe/TCP TLS, which the stable
-#              6.1 kernel lacks; no ZFS. The two-guest suite (test/kernel/crossnode) boots it.
+#              6.1 kernel lacks; no ZFS. The two-guest suite (test/kernel/guestnode) boots it.
 #              Output in .work/backports/.
 # `setup.sh` does both; `setup.sh stable` or `setup.sh backports` one. For each kernel:
 #   1. resolves linux-image-amd64 → linux-image-<abi>-amd64 with `apt-cache depends`

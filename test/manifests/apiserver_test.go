@@ -208,6 +208,7 @@ func TestAPIServer(t *testing.T) {
 	t.Run("server-side dry-run", func(t *testing.T) { testServerSideDryRun(t, c) })
 	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
 	t.Run("CSI node start-up under its RBAC", func(t *testing.T) { testCSINodeStartup(t, c) })
+	t.Run("move executor under the CSI controller's RBAC", func(t *testing.T) { testMoveExecutorUnderItsRBAC(t, c) })
 	t.Run("node-scoped agent and CSI node", func(t *testing.T) { testNodeScope(t, c) })
 	t.Run("key distribution", func(t *testing.T) { testKeyDistribution(t, c) })
 	t.Run("scheduler config", func(t *testing.T) { testSchedulerConfig(t, c) })
@@ -346,12 +347,18 @@ func testRBAC(t *testing.T, c *cluster) {
 			deny("patch", "", "nodes", "", ""), deny("create", k8s, "csistoragecapacities", "", "default"), deny("get", "", "secrets", "", namespace),
 			deny("create", k8s, "storageclasses", "", ""), deny("create", "coordination.k8s.io", "leases", "", "default"),
 			// the key Secrets of encrypted volumes: created and read by name in the key namespace
-			// only (a source's key copied into its snapshot's, restore's or clone's), never listed
-			// or changed; no Secret of its own namespace
+			// only (a source's key copied into its snapshot's, restore's or clone's), updated by a
+			// key rotation, never listed, watched, patched or deleted; no Secret of its own
+			// namespace or any other; the Placement status of a key rotation, not its spec
 			allow("create", "", "secrets", "", keys), allow("get", "", "secrets", "", keys), deny("list", "", "secrets", "", keys),
-			deny("watch", "", "secrets", "", keys), deny("update", "", "secrets", "", keys), deny("patch", "", "secrets", "", keys),
+			deny("watch", "", "secrets", "", keys), allow("update", "", "secrets", "", keys), deny("patch", "", "secrets", "", keys),
 			deny("delete", "", "secrets", "", keys), deny("create", "", "secrets", "", namespace), deny("list", "", "secrets", "", namespace),
-			deny("create", "", "secrets", "", "default"),
+			deny("create", "", "secrets", "", "default"), deny("update", "", "secrets", "", "default"), deny("update", "", "secrets", "", namespace),
+			allow("patch", pol, "placements", "status", ""), deny("patch", pol, "placements", "", ""),
+			// the move executor: the Agents read for the plan, the StoragePool's Evacuating
+			// condition written; no pool spec, no Agent status
+			allow("list", sto, "agents", "", ""), allow("watch", sto, "agents", "", ""), deny("patch", sto, "agents", "status", ""),
+			allow("patch", pol, "storagepools", "status", ""), deny("patch", pol, "storagepools", "", ""), deny("update", pol, "storagepools", "status", ""),
 			// csi-snapshotter carries out VolumeSnapshotContents; VolumeSnapshots are snapshot-controller's.
 			allow("update", snap, "volumesnapshotcontents", "", ""), allow("patch", snap, "volumesnapshotcontents", "status", ""),
 			allow("list", snap, "volumesnapshotclasses", "", ""), allow("get", snap, "volumesnapshots", "", "default"),

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
@@ -286,6 +287,27 @@ func TestWorkloadShapes(t *testing.T) {
 				t.Errorf("CSI controller: no %s sidecar in %v", s, names)
 			}
 		}
+		// the move executor runs in the CSI controller's process, its replicas electing one
+		// leader in the pod's namespace (the Role grants Leases there)
+		for _, c := range containers(dep) {
+			if c["name"] != "plinth-csi" {
+				continue
+			}
+			if v := argValue(t, c, "--move-executor"); v != "true" {
+				t.Errorf("CSI controller: --move-executor=%s, want true", v)
+			}
+			if v := argValue(t, c, "--leader-election-namespace"); v != "$(NAMESPACE)" {
+				t.Errorf("CSI controller: --leader-election-namespace=%s, want $(NAMESPACE)", v)
+			}
+			env, _, _ := unstructured.NestedSlice(c, "env")
+			if !slices.ContainsFunc(env, func(e any) bool {
+				m := e.(map[string]any)
+				path, _, _ := unstructured.NestedString(m, "valueFrom", "fieldRef", "fieldPath")
+				return m["name"] == "NAMESPACE" && path == "metadata.namespace"
+			}) {
+				t.Errorf("CSI controller: plinth-csi has no NAMESPACE from metadata.namespace: %v", env)
+			}
+		}
 		node := find(t, objs, "DaemonSet", "plinth-csi-node")
 		bidi := false
 		for _, c := range containers(node) {
@@ -431,5 +453,66 @@ func checkLiveness(t *testing.T, what string, c map[string]any) {
 	addr := argValue(t, c, "--health-address")
 	if _, p, _ := strings.Cut(addr, ":"); fmt.Sprint(port) != p {
 		t.Errorf("%s: livenessProbe port %v, but --health-address is %s", what, port, addr)
+	}
+}
+
+// TestLivenessToleratesASlowNode: every Plinth container's livenessProbe (kustomize/default)
+// gives an answer at least 10 s (timeoutSeconds) and restarts the container only after 2
+// minutes of probes without one (failureThreshold × periodSeconds ≥ 120 s), and starts only
+// after a startupProbe on the same endpoint that allows 5 minutes (≥ 300 s) for the process
+// to answer; every readinessProbe waits at least 5 s. With 1 s probes and 70 s to start, a
+// node short of CPU killed healthy agents, node plugins and schedulers over and over in the
+// two-guest suite (one agent's container took 2 minutes from Created to Started, then had not
+// opened its probe port 60 s later); CrashLoopBackOff held the helm upgrade's rollout for
+// more than 10 minutes. A container whose /healthz makes calls bounds them by --probe-timeout
+// below the probe's timeout, so a slow answer says why.
+func TestLivenessToleratesASlowNode(t *testing.T) {
+	seen := 0
+	for _, o := range allBuilds(t)["default"] {
+		for _, c := range containers(o) {
+			what := fmt.Sprintf("%s container %v", ID(o), c["name"])
+			if _, ok := c["livenessProbe"]; ok {
+				seen++
+				// unset: the API's defaults (1 s, every 10 s, 3 failures)
+				timeout, ok, _ := unstructured.NestedInt64(c, "livenessProbe", "timeoutSeconds")
+				if !ok {
+					timeout = 1
+				}
+				period, ok, _ := unstructured.NestedInt64(c, "livenessProbe", "periodSeconds")
+				if !ok {
+					period = 10
+				}
+				failures, ok, _ := unstructured.NestedInt64(c, "livenessProbe", "failureThreshold")
+				if !ok {
+					failures = 3
+				}
+				if timeout < 10 || failures*period < 120 {
+					t.Errorf("%s: livenessProbe timeout %d s, restart after %d × %d s: want ≥ 10 s and ≥ 120 s", what, timeout, failures, period)
+				}
+				sp, _, _ := unstructured.NestedFieldNoCopy(c, "startupProbe", "httpGet")
+				lp, _, _ := unstructured.NestedFieldNoCopy(c, "livenessProbe", "httpGet")
+				sPeriod, _, _ := unstructured.NestedInt64(c, "startupProbe", "periodSeconds")
+				sFailures, _, _ := unstructured.NestedInt64(c, "startupProbe", "failureThreshold")
+				if sp == nil || fmt.Sprint(sp) != fmt.Sprint(lp) || sPeriod*sFailures < 300 {
+					t.Errorf("%s: startupProbe %v every %d s, %d failures: want the livenessProbe's %v, ≥ 300 s in all", what, sp, sPeriod, sFailures, lp)
+				}
+				for _, a := range stringsOf(c["args"]) {
+					if v, ok := strings.CutPrefix(a, "--probe-timeout="); ok {
+						d, err := time.ParseDuration(v)
+						if err != nil || d >= time.Duration(timeout)*time.Second {
+							t.Errorf("%s: --probe-timeout=%s, want a duration below the probe's %d s", what, v, timeout)
+						}
+					}
+				}
+			}
+			if _, ok := c["readinessProbe"]; ok {
+				if timeout, ok, _ := unstructured.NestedInt64(c, "readinessProbe", "timeoutSeconds"); !ok || timeout < 5 {
+					t.Errorf("%s: readinessProbe timeout %d s, want ≥ 5 s", what, timeout)
+				}
+			}
+		}
+	}
+	if seen != 5 {
+		t.Errorf("%d liveness probes in kustomize/default, want 5 (agent, controller, scheduler, CSI controller and node)", seen)
 	}
 }

@@ -126,7 +126,7 @@ func TestRBACMatchesMarkers(t *testing.T) {
 		{"../../agents/agent", "plinth-agent", true},
 		{"../../controllers/policy", "plinth-controller", true},
 		// one binary, two components: markers of the driver and both services against both roles
-		{"../../csi,../../csi/controller,../../csi/node", "plinth-csi-controller,plinth-csi-node", false},
+		{"../../csi,../../csi/controller,../../csi/node,../../controllers/moveexec", "plinth-csi-controller,plinth-csi-node", false},
 	}
 	for _, c := range cases {
 		markers := markerGrants(t, c.dir)

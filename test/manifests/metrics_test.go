@@ -39,7 +39,7 @@ var beyondDesign = map[string]string{
 	"plinth_volume_size_bytes":             "bytes Block and Filesystem volumes hold per Store (Capacity dashboard); controllers/policy VolumeCollector",
 	"plinth_store_info":                    "a Store's node and zone, for days-until-full per failure domain (Capacity dashboard); controllers/policy VolumeCollector",
 	"plinth_nvmeof_publications":           "NVMe-oF volumes per target and host node (Provisioning dashboard); controllers/policy VolumeCollector",
-	"plinth_csi_node_volumes_inaccessible": "staged NVMe-oF volumes whose device is gone past ctrlLossTmo (PlinthVolumeInaccessible alert); csi volume health monitor",
+	"plinth_csi_node_volumes_inaccessible": "staged volumes whose device is gone or whose mount is dead (PlinthVolumeInaccessible alert, Abnormal volumes panel); csi volume health monitor",
 }
 
 // targetLabels are the labels Prometheus adds to every series of a Plinth target: job and
@@ -51,11 +51,10 @@ var targetLabels = []string{"cluster", "job", "instance", "instance_node", "comp
 // labels they have (kubelet's volume stats, one series per PVC: Kubernetes' kubelet
 // pkg/kubelet/metrics/collectors/volume_stats.go).
 var externalMetrics = map[string][]string{
-	"kubelet_volume_stats_capacity_bytes":         {"namespace", "persistentvolumeclaim"},
-	"kubelet_volume_stats_available_bytes":        {"namespace", "persistentvolumeclaim"},
-	"kubelet_volume_stats_used_bytes":             {"namespace", "persistentvolumeclaim"},
-	"kubelet_volume_stats_inodes":                 {"namespace", "persistentvolumeclaim"},
-	"kubelet_volume_stats_health_status_abnormal": {"namespace", "persistentvolumeclaim"},
+	"kubelet_volume_stats_capacity_bytes":  {"namespace", "persistentvolumeclaim"},
+	"kubelet_volume_stats_available_bytes": {"namespace", "persistentvolumeclaim"},
+	"kubelet_volume_stats_used_bytes":      {"namespace", "persistentvolumeclaim"},
+	"kubelet_volume_stats_inodes":          {"namespace", "persistentvolumeclaim"},
 }
 
 func registered(t *testing.T) map[string]Metric {

@@ -255,6 +255,12 @@ func testNodeScope(t *testing.T, c *cluster) {
 			}
 		}
 	}
+	// keyGen sets status.encryption: the key generation node n re-wrapped a header to.
+	keyGen := func(n string, gen int64) func(*storev1.VolumeStateStatus) {
+		return func(st *storev1.VolumeStateStatus) {
+			st.Encryption = &storev1.EncryptionStatus{KeyGeneration: gen, NodeName: n}
+		}
+	}
 	addFinalizer := func(o client.Object) { o.SetFinalizers(append(o.GetFinalizers(), "plinth.dev/volume")) }
 	toNodeB := func(o client.Object) {
 		l := o.GetLabels()
@@ -299,6 +305,8 @@ func testNodeScope(t *testing.T, c *cluster) {
 		{"CSI node A: its appliedAttributes entry on VolumeState of A", true, statusUpdate(csiNode, volName(nodeA), report(nodeA, 1))},
 		{"CSI node A: its appliedAttributes entry on a VolumeState of B published to A", true, statusUpdate(csiNode, remote.Name, report(nodeA, 1))},
 		{"CSI node A: drops its stale entry from VolumeState of B", true, statusUpdate(csiNode, volName(nodeB), report(nodeA, 0))},
+		{"CSI node A: its key generation report on VolumeState of A", true, statusUpdate(csiNode, volName(nodeA), keyGen(nodeA, 1))},
+		{"CSI node A: its key generation report on a VolumeState of B published to A", true, statusUpdate(csiNode, remote.Name, keyGen(nodeA, 2))},
 
 		{"agent A: status of Agent B", false, statusPatch(agent, agentOf(nodeB), agentStatus)},
 		{"agent A: status of Store pool.B", false, statusPatch(agent, storeOf(nodeB), storeStatus)},
@@ -336,6 +344,8 @@ func testNodeScope(t *testing.T, c *cluster) {
 			st.Conditions = append(st.Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Forged", LastTransitionTime: metav1.Now()})
 		})},
 		{"CSI node without user extra: its appliedAttributes entry on VolumeState of A", false, statusUpdate(csiNodeNoExtra, volName(nodeA), report(nodeA, 1))},
+		{"CSI node A: its key generation report on VolumeState of B, not published to A", false, statusUpdate(csiNode, volName(nodeB), keyGen(nodeA, 3))},
+		{"CSI node A: a key generation report as node B on VolumeState of A", false, statusUpdate(csiNode, volName(nodeA), keyGen(nodeB, 4))},
 	}
 
 	// RBAC and the admission policies are read from informers: wait (dry run, no effect) until
@@ -408,8 +418,8 @@ func testNodeScope(t *testing.T, c *cluster) {
 			t.Logf("%s: %v", w.what, err)
 		}
 	}
-	if allowed != 15 || refused != 32 {
-		t.Errorf("%d writes allowed and %d refused, want 15 and 32", allowed, refused)
+	if allowed != 17 || refused != 34 {
+		t.Errorf("%d writes allowed and %d refused, want 17 and 34", allowed, refused)
 	}
 
 	// What was allowed landed, what was refused did not.
@@ -465,7 +475,8 @@ func testNodeScope(t *testing.T, c *cluster) {
 func snapshotID(n string) string { return "snap-" + storev1.VolumeID(n)[len(storev1.VolumeIDPrefix):] }
 
 // TestCSINodeVolumeScopeNamesEveryStatusField: the node plugin's policy keeps every field of
-// VolumeStateStatus but appliedAttributes as it was by naming each one; a status field added
+// VolumeStateStatus but appliedAttributes (and encryption, its own report on a volume it
+// opens) as it was by naming each one; a status field added
 // later and not named there would be writable by every node plugin.
 func TestCSINodeVolumeScopeNamesEveryStatusField(t *testing.T) {
 	b, err := os.ReadFile("../../kustomize/rbac/node_scope.yaml")
@@ -488,7 +499,7 @@ func TestCSINodeVolumeScopeNamesEveryStatusField(t *testing.T) {
 			t.Errorf("plinth-csi-node-volume-scope lacks %q: status.%s is writable by every node plugin", want, tag)
 		}
 	}
-	if named != 7 {
-		t.Errorf("%d status fields besides appliedAttributes, want 7 (update this test with the policy)", named)
+	if named != 9 {
+		t.Errorf("%d status fields besides appliedAttributes, want 9 (update this test with the policy)", named)
 	}
 }

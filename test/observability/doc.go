@@ -5,8 +5,10 @@
 // configuration generated from the shipped ServiceMonitor (kustomize/monitoring), and loads the
 // shipped PrometheusRule. The test then runs every PromQL target of every dashboard panel
 // (template variables substituted as Grafana would) and checks the expectation table, and
-// waits for the drift, capacity, failed-volume and fencing alerts to fire after the scenario
-// made them true by hand.
+// waits for the drift, capacity, failed-volume, fencing, policy, reconcile-error and
+// inaccessible-volume alerts to fire after the scenario made them true by hand. Last, it stops
+// the agent and waits for PlinthAgentHeartbeatMissing: the wait is the shipped rule's own
+// threshold (180 s, read from its expression), so this step costs about three minutes.
 //
 // The Prometheus side (scrape configuration, rules, panel evaluation and the expectation table,
 // the PNG renderer) is test/framework/monitoring, shared with the real-node scenario of

@@ -8,7 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,17 +57,18 @@ const (
 )
 
 // firingAlerts must fire once the scenario made them true by hand.
-var firingAlerts = []string{"PlinthPoolNearlyFull", "PlinthDriftPersisting", "PlinthVolumesFailed", "PlinthFencingRejections", "PlinthPolicyNotReady"}
+var firingAlerts = []string{"PlinthPoolNearlyFull", "PlinthDriftPersisting", "PlinthVolumesFailed", "PlinthFencingRejections", "PlinthPolicyNotReady",
+	"PlinthReconcileErrors", "PlinthVolumeInaccessible"}
 
 func TestDashboardsAndAlertsOnRealData(t *testing.T) {
 	prereq.Env(t, prereq.EnvIntegration, "make test-integration sets it: this test runs a control plane, Plinth and Prometheus")
 	prereq.LoopControl(t)
-	prereq.Commands(t, "losetup", "mkfs.ext4")
+	prereq.Commands(t, "losetup", "mkfs.ext4", "findmnt")
 	if _, err := os.Stat(monitoring.PrometheusBinary); err != nil {
 		prereq.Missing(t, "%s (apt-get install prometheus): %v", monitoring.PrometheusBinary, err)
 	}
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager, controlplane.BinCSIProvisioner)
-	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 16*time.Minute)
 	defer cancel()
 
 	plinthBin := buildPlinth(t)
@@ -158,7 +162,7 @@ spec:
 	// kubelet would.
 	fs := pvc(t, ctx, p, "fs", 64*mi, corev1.PersistentVolumeFilesystem)
 	blk := pvc(t, ctx, p, "blk", 64*mi, corev1.PersistentVolumeBlock)
-	stage(t, ctx, p, fs)
+	staging := stage(t, ctx, p, fs)
 
 	// The pool filled: 64 + 64 + 96 of 240 Mi provisioned leaves 16 Mi, under 10 %.
 	pvc(t, ctx, p, "fill", 96*mi, corev1.PersistentVolumeFilesystem)
@@ -236,6 +240,24 @@ spec:
 		return monitoring.NonEmpty(ctx, prom.API, `plinth_policy_condition{kind="Placement", name="broken", type="Ready", status!="True"} == 1`)
 	})
 
+	// A staged volume's disk vanishes, as a pulled disk's node leaves /dev: the node plugin's
+	// health check reports it (DeviceGone) on its next round. The node is made again before
+	// clean-up, which detaches the loop device through it.
+	removeDeviceNode(t, staging)
+	step(t, ctx, "staged volume inaccessible (DeviceGone) scraped", func() error {
+		return monitoring.NonEmpty(ctx, prom.API, `plinth_csi_node_volumes_inaccessible{reason="DeviceGone"} == 1`)
+	})
+
+	// "Abnormal volumes", as Grafana runs it, counts both: the Failed VolumeState and the staged
+	// volume whose device is gone.
+	step(t, ctx, `"Abnormal volumes" shows the failed and the inaccessible volume`, func() error {
+		v, err := monitoring.PanelValue(ctx, prom.API, dashboardsDir, "capacity.json", "Abnormal volumes", start)
+		if err == nil && v != 2 {
+			err = fmt.Errorf("Abnormal volumes: %g, want 2", v)
+		}
+		return err
+	})
+
 	// The alerts the scenario made true, firing on the shipped rules.
 	step(t, ctx, "alerts "+strings.Join(firingAlerts, ", ")+" firing", func() error {
 		n, err := monitoring.Firing(ctx, prom.API, firingAlerts...)
@@ -253,7 +275,117 @@ spec:
 		return monitoring.NonEmpty(ctx, prom.API, fmt.Sprintf(`count(timestamp(up) > %d) == %d and count(count_over_time(up[1h]) >= 3)`, last.Add(3*scrapeEvery).Unix(), len(p.Targets)))
 	})
 	end := time.Now()
-	checkPanels(t, ctx, prom.API, start, end)
+	// The agent stops: its heartbeat ages past the shipped rule's threshold and
+	// PlinthAgentHeartbeatMissing fires for its node. The panels, queried at end, run meanwhile.
+	heartbeatLapse(t, ctx, p, prom.API, func() { checkPanels(t, ctx, prom.API, start, end) })
+}
+
+// heartbeatAlert fires for a node whose agent stopped refreshing its Agent status.
+const heartbeatAlert = "PlinthAgentHeartbeatMissing"
+
+// heartbeatLapse stops the storage node's agent, runs during, and waits until heartbeatAlert
+// fires for that node. The wait is the shipped rule's own threshold (read from its expression,
+// not shortened for the test; its "for" is dropped as for every alert here, see liveRules),
+// bounded by that threshold plus 90 s after the agent's last heartbeat. It fails when the
+// alert fires while the agent runs, fires sooner than the threshold after the last heartbeat
+// (one scrape interval of slack), names another node, or does not fire in time.
+func heartbeatLapse(t *testing.T, ctx context.Context, p *Plinth, api promv1.API, during func()) {
+	t.Helper()
+	threshold, err := alertThreshold(prometheusRule, heartbeatAlert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent runs: its age is scraped and the alert, evaluated on it, is quiet.
+	step(t, ctx, "heartbeat age of "+StorageNode+" scraped", func() error {
+		return monitoring.NonEmpty(ctx, api, fmt.Sprintf(`plinth_agent_heartbeat_age_seconds{node=%q} < %g`, StorageNode, threshold.Seconds()))
+	})
+	if n, _ := monitoring.Firing(ctx, api); n[heartbeatAlert] != 0 {
+		t.Fatalf("%s firing while the agent of %s runs: %v", heartbeatAlert, StorageNode, n)
+	}
+	if err := p.Agent.StopWithin(10 * time.Second); err != nil {
+		t.Fatalf("stop the agent: %v", err)
+	}
+	var a storev1.Agent
+	if err := p.Client.Get(ctx, client.ObjectKey{Name: StorageNode}, &a); err != nil {
+		t.Fatal(err)
+	}
+	if a.Status.LastHeartbeatTime == nil {
+		t.Fatalf("Agent %s has no lastHeartbeatTime", StorageNode)
+	}
+	last := a.Status.LastHeartbeatTime.Time
+	t.Logf("agent of %s stopped %.1fs after its last heartbeat (%s); %s threshold %s",
+		StorageNode, time.Since(last).Seconds(), last.Format(time.RFC3339), heartbeatAlert, threshold)
+	during()
+
+	var active time.Time
+	began := time.Now()
+	if err := monitoring.Poll(ctx, time.Until(last.Add(threshold+90*time.Second)), func() error {
+		res, err := api.Alerts(ctx)
+		if err != nil {
+			return err
+		}
+		for _, al := range res.Alerts {
+			if string(al.Labels["alertname"]) != heartbeatAlert || al.State != promv1.AlertStateFiring {
+				continue
+			}
+			if node := string(al.Labels["node"]); node != StorageNode {
+				return fmt.Errorf("%s firing for node %q, want %q", heartbeatAlert, node, StorageNode)
+			}
+			active = al.ActiveAt
+			return nil
+		}
+		return fmt.Errorf("%s not firing %.0fs after the last heartbeat", heartbeatAlert, time.Since(last).Seconds())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	after := active.Sub(last)
+	if after < threshold-scrapeEvery {
+		t.Fatalf("%s active %.1fs after the last heartbeat, sooner than the rule's %s", heartbeatAlert, after.Seconds(), threshold)
+	}
+	t.Logf("%s firing for %s, active %.1fs after the last heartbeat (threshold %s; waited %.1fs)",
+		heartbeatAlert, StorageNode, after.Seconds(), threshold, time.Since(began).Seconds())
+}
+
+// thresholdExpr matches an alert expression "<query> > <seconds>".
+var thresholdExpr = regexp.MustCompile(`>\s*([0-9]+(?:\.[0-9]+)?)\s*$`)
+
+// alertThreshold returns the number an alert's expression compares with ("... > 180" is
+// 180 s), read from the PrometheusRule in file. Errors: the file cannot be read, has no such
+// alert, or its expression does not end in "> <number>".
+func alertThreshold(file, alert string) (time.Duration, error) {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	var pr struct {
+		Spec struct {
+			Groups []struct {
+				Rules []struct {
+					Alert, Expr string
+				}
+			}
+		}
+	}
+	if err := yaml.Unmarshal(raw, &pr); err != nil {
+		return 0, fmt.Errorf("%s: %w", file, err)
+	}
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != alert {
+				continue
+			}
+			m := thresholdExpr.FindStringSubmatch(strings.TrimSpace(r.Expr))
+			if m == nil {
+				return 0, fmt.Errorf("%s: alert %s: expression %q does not end in \"> <seconds>\"", file, alert, r.Expr)
+			}
+			sec, err := strconv.ParseFloat(m[1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: alert %s: %w", file, alert, err)
+			}
+			return time.Duration(sec * float64(time.Second)), nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no alert %s", file, alert)
 }
 
 // checkPanels runs every target of every dashboard and compares with the expectation table
@@ -356,9 +488,34 @@ func pvc(t *testing.T, ctx context.Context, p *Plinth, name string, size int64, 
 	return &pv
 }
 
+// removeDeviceNode deletes the /dev node of the block device mounted at mountPoint, and makes it
+// again (same major:minor) when the test ends, before the clean-up that needs it.
+func removeDeviceNode(t *testing.T, mountPoint string) {
+	t.Helper()
+	out, err := exec.Command("findmnt", "-n", "-o", "SOURCE", "--mountpoint", mountPoint).Output()
+	if err != nil {
+		t.Fatalf("findmnt %s: %v", mountPoint, err)
+	}
+	dev := strings.TrimSpace(string(out))
+	var st syscall.Stat_t
+	if err := syscall.Stat(dev, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFBLK {
+		t.Fatalf("the device of %s, %q, is not a block device: %v", mountPoint, dev, err)
+	}
+	if err := os.Remove(dev); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Mknod(dev, syscall.S_IFBLK|0o660, int(st.Rdev)); err != nil && !os.IsExist(err) {
+			t.Errorf("make %s again: %v", dev, err)
+		}
+	})
+	t.Logf("%s (mounted at %s) removed from /dev", dev, mountPoint)
+}
+
 // stage publishes, stages and publishes pv on the storage node through the CSI sockets, as
-// csi-attacher and kubelet would, and writes a file through the mount.
-func stage(t *testing.T, ctx context.Context, p *Plinth, pv *corev1.PersistentVolume) {
+// csi-attacher and kubelet would, and writes a file through the mount; it returns the staging
+// path.
+func stage(t *testing.T, ctx context.Context, p *Plinth, pv *corev1.PersistentVolume) string {
 	t.Helper()
 	dial := func(sock string) *grpc.ClientConn {
 		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -399,6 +556,7 @@ func stage(t *testing.T, ctx context.Context, p *Plinth, pv *corev1.PersistentVo
 		t.Fatal(err)
 	}
 	t.Logf("%s published, staged at %s, published at %s, 4 Mi written", id, staging, target)
+	return staging
 }
 
 // volumeID is the CSI volume id of a CSI name (docs/design.md, "Names and keys").

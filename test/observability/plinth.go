@@ -74,6 +74,8 @@ type Plinth struct {
 	PoolDir string
 	// AgentStateDir is the agent's --state-dir (fencing marks under agent/marks).
 	AgentStateDir string
+	// Agent is the agent process of StorageNode (stopped by a test to let its heartbeat lapse).
+	Agent *controlplane.Process
 	// ControllerSocket, NodeSocket are the CSI controller's and node plugin's sockets.
 	ControllerSocket, NodeSocket string
 	// Targets are the metrics endpoints, for ScrapeConfig.
@@ -163,7 +165,7 @@ func Start(ctx context.Context, opts Options) (_ *Plinth, err error) {
 	if mport, hport, err = ports(); err != nil {
 		return nil, err
 	}
-	if _, err := p.CP.StartProcess(ctx, controlplane.ProcessSpec{
+	if p.Agent, err = p.CP.StartProcess(ctx, controlplane.ProcessSpec{
 		Name: "plinth-agent-" + StorageNode, Binary: opts.Plinth, ReadyTimeout: 2 * time.Minute,
 		Args: []string{"agent", "--node", StorageNode, "--kubeconfig", kc, "--state-dir", p.AgentStateDir,
 			"--refresh-interval", "2s", "--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport),

@@ -28,7 +28,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,7 +39,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/plinth-storage/plinth/agents/agent"
@@ -49,6 +51,7 @@ import (
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 	"github.com/plinth-storage/plinth/schema/vet"
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/framework/crdtest"
 	"github.com/plinth-storage/plinth/test/framework/wait"
 	"github.com/plinth-storage/plinth/test/prereq"
 )
@@ -98,8 +101,6 @@ spec:
     fsType: ext4
 `
 
-var claims = []string{"db-0", "db-1", "db-2"}
-
 func claimYAML(name string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: PersistentVolumeClaim
@@ -115,7 +116,7 @@ spec:
 `, name, namespace)
 }
 
-func scheme(t *testing.T) *runtime.Scheme {
+func scheme(t testing.TB) *runtime.Scheme {
 	s, err := adopt.Scheme()
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ type cluster struct {
 	policy *vet.Policies
 }
 
-func up(t *testing.T, ctx context.Context, gitDir string, opts agent.Options) *cluster {
+func up(t testing.TB, ctx context.Context, gitDir string, opts agent.Options) *cluster {
 	t.Helper()
 	cp, err := controlplane.Start(ctx, controlplane.Options{ControllerManager: true})
 	if err != nil {
@@ -144,14 +145,8 @@ func up(t *testing.T, ctx context.Context, gitDir string, opts agent.Options) *c
 	}
 	cl := &cluster{cp: cp}
 	t.Cleanup(func() { cl.down(t) })
-	root, err := controlplane.ModuleRoot()
-	if err != nil {
+	if err := crdtest.Install(cp); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := envtest.InstallCRDs(cp.Admin.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(root, "schema", "crd", "bases")}, ErrorIfPathMissing: true,
-	}); err != nil {
-		t.Fatalf("install CRDs: %v", err)
 	}
 	if cl.c, err = client.New(cp.Admin.Config, client.Options{Scheme: scheme(t)}); err != nil {
 		t.Fatal(err)
@@ -214,7 +209,7 @@ func up(t *testing.T, ctx context.Context, gitDir string, opts agent.Options) *c
 }
 
 // down stops the agent and the whole control plane; its etcd data goes with its folder.
-func (cl *cluster) down(t *testing.T) {
+func (cl *cluster) down(t testing.TB) {
 	if cl.stop != nil {
 		cl.stop()
 		select {
@@ -232,7 +227,7 @@ func (cl *cluster) down(t *testing.T) {
 	}
 }
 
-func poll(t *testing.T, ctx context.Context, d time.Duration, what string, f func() error) {
+func poll(t testing.TB, ctx context.Context, d time.Duration, what string, f func() error) {
 	t.Helper()
 	if err := wait.Poll(ctx, d, 200*time.Millisecond, f); err != nil {
 		t.Fatalf("%s: %v", what, err)
@@ -242,7 +237,7 @@ func poll(t *testing.T, ctx context.Context, d time.Duration, what string, f fun
 // frozen is the policy CreateVolume freezes from the live objects (csi/controller
 // newVolumeState: the Placement, its pool's backend, its protocol, the filesystem with the
 // class's fsType).
-func frozen(t *testing.T, ctx context.Context, c client.Client) storev1.FrozenPolicy {
+func frozen(t testing.TB, ctx context.Context, c client.Client) storev1.FrozenPolicy {
 	var pl policyv1.Placement
 	var pool policyv1.StoragePool
 	var proto policyv1.Protocol
@@ -261,7 +256,7 @@ func frozen(t *testing.T, ctx context.Context, c client.Client) storev1.FrozenPo
 	return storev1.FrozenPolicy{Placement: pl.Name, Pool: pool.Name, Protocol: proto.Name, Backend: pool.Spec.Backend, ProtocolSpec: proto.Spec, Filesystem: fs}
 }
 
-func sum(t *testing.T, dev string) [32]byte {
+func sum(t testing.TB, dev string) [32]byte {
 	t.Helper()
 	f, err := os.Open(dev)
 	if err != nil {
@@ -279,7 +274,7 @@ func sum(t *testing.T, dev string) [32]byte {
 
 // treeDigest is the sha256 of every file's name, size, mtime and bytes under dirs: the node's
 // data and the agent's state, to prove that planning writes nothing to them.
-func treeDigest(t *testing.T, dirs ...string) string {
+func treeDigest(t testing.TB, dirs ...string) string {
 	t.Helper()
 	h := sha256.New()
 	for _, d := range dirs {
@@ -312,14 +307,69 @@ func treeDigest(t *testing.T, dirs ...string) string {
 // re-binds the three claims to their old PVs with byte-equal data under a new fencing
 // lifecycle; a second plan finds nothing more to adopt.
 func TestControlPlaneLostVolumesReadopted(t *testing.T) {
+	f := scenario(t, 3)
+	t.Logf("plan %s, --confirm → VolumeStates Ready %s, → claims Bound %s", f.plan, f.ready, f.bound)
+}
+
+// BenchmarkControlPlaneLost100 is the scenario of TestControlPlaneLostVolumesReadopted at
+// PLINTH_BENCH_RECOVERY_VOLUMES claimed volumes (default 100): every checksum equal, nothing
+// written to the node before --confirm (digest of the volumes and the agent's state, and the
+// agent's stamp-write counter), then reports the plan time (plan-s: loading the checkout and
+// the cluster, and the plan), --confirm → every VolumeState Ready (ready-s) and → every claim
+// Bound to its old PV (bound-s). One run (b.N is ignored: run it with -benchtime 1x).
+func BenchmarkControlPlaneLost100(b *testing.B) {
+	n := controlplane.BenchKnob(b, "PLINTH_BENCH_RECOVERY_VOLUMES", 100, 1)
+	f := scenario(b, n)
+	b.ReportMetric(float64(n), "volumes")
+	b.ReportMetric(f.plan.Seconds(), "plan-s")
+	b.ReportMetric(f.ready.Seconds(), "ready-s")
+	b.ReportMetric(f.bound.Seconds(), "bound-s")
+	b.ReportMetric(float64(f.equal), "checksums-equal")
+	b.ReportMetric(f.stampWrites, "stamp-writes-before-confirm")
+	b.ReportMetric(0, "ns/op")
+}
+
+// figures are the scenario's timings.
+type figures struct {
+	// plan: LoadGit + LoadInput + Build; ready: Apply (--confirm) until every VolumeState is
+	// Ready; bound: --confirm until every claim is Bound to its old PV.
+	plan, ready, bound time.Duration
+	// stampWrites is the agent's identity-stamp writes between the plan and --confirm (the
+	// test fails unless 0); equal is how many volumes' checksums were equal after adoption.
+	stampWrites float64
+	equal       int
+}
+
+func claimNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("db-%d", i)
+	}
+	return out
+}
+
+func newClaim(name string) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: corev1.PersistentVolumeClaimSpec{
+		StorageClassName: ptr("plinth-fast"), AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+		Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("8Mi")}}}}
+}
+
+// scenario runs the loss and the recovery with n claimed volumes (plus the orphan, the torn
+// stamp and the claim whose volume was never made) and fails t on any difference.
+func scenario(t testing.TB, n int) figures {
 	if os.Getenv(controlplane.EnvIntegration) != "1" {
 		prereq.Missing(t, "%s=1: the recovery test runs a real control plane", controlplane.EnvIntegration)
 	}
 	prereq.LoopControl(t)
 	controlplane.RequireBinaries(t, controlplane.BinEtcd, controlplane.BinKubeAPIServer, controlplane.BinKubeControllerManager)
-	ctrllog.SetLogger(testr.New(t))
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	if tt, ok := t.(*testing.T); ok {
+		ctrllog.SetLogger(testr.New(tt))
+	} else {
+		ctrllog.SetLogger(logr.Discard()) // the benchmark's output is its figures
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute+time.Duration(n)*3*time.Second)
 	defer cancel()
+	claims := claimNames(n)
 
 	nodeDir := t.TempDir() // the node's disk: outlives both control planes
 	volDir, stateDir := filepath.Join(nodeDir, "volumes"), filepath.Join(nodeDir, "state")
@@ -347,32 +397,39 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 	sums := map[string][32]byte{}
 	oldUID := map[string]string{}
 	ids := map[string]string{}
-	for _, name := range append(append([]string(nil), claims...), "gone-0") {
-		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: corev1.PersistentVolumeClaimSpec{
-			StorageClassName: ptr("plinth-fast"), AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("8Mi")}}}}
+	pvcs := map[string]*corev1.PersistentVolumeClaim{}
+	made := append(append([]string(nil), claims...), "gone-0")
+	pol := frozen(t, ctx, c)
+	for _, name := range made {
+		pvc := newClaim(name)
 		if err := c.Create(ctx, pvc); err != nil {
 			t.Fatal(err)
 		}
+		pvcs[name] = pvc
 		pvName := "pvc-" + string(pvc.UID)
 		// stand-in for CreateVolume: the VolumeState it creates
 		vs := &storev1.VolumeState{ObjectMeta: metav1.ObjectMeta{Name: storev1.VolumeID(pvName), Finalizers: []string{storev1.FinalizerVolume},
 			Labels: map[string]string{policyv1.LabelPool: "files", policyv1.LabelNode: node}},
-			Spec: storev1.VolumeStateSpec{CSIName: pvName, StoreName: storeName, CapacityBytes: volBytes, VolumeMode: "Filesystem", Policy: frozen(t, ctx, c)}}
+			Spec: storev1.VolumeStateSpec{CSIName: pvName, StoreName: storeName, CapacityBytes: volBytes, VolumeMode: "Filesystem", Policy: pol}}
 		if err := c.Create(ctx, vs); err != nil {
 			t.Fatal(err)
 		}
 		ids[name] = vs.Name
-		poll(t, ctx, time.Minute, "VolumeState Ready", func() error {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(vs), vs); err != nil {
+	}
+	for _, name := range made {
+		vs := &storev1.VolumeState{}
+		poll(t, ctx, time.Minute+time.Duration(n)*time.Second, "VolumeState Ready", func() error {
+			if err := c.Get(ctx, client.ObjectKey{Name: ids[name]}, vs); err != nil {
 				return err
 			}
 			if vs.Status.Phase != storev1.VolumeReady || vs.Status.DevicePath == "" {
-				return fmt.Errorf("phase %q", vs.Status.Phase)
+				return fmt.Errorf("%s phase %q", name, vs.Status.Phase)
 			}
 			return nil
 		})
 		oldUID[name] = string(vs.UID)
+		pvc := pvcs[name]
+		pvName := vs.Spec.CSIName
 		// stand-in for csi-provisioner: the PV of the answer, bound to the claim
 		mode := corev1.PersistentVolumeFilesystem
 		pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: pvName, Annotations: map[string]string{adopt.AnnotationProvisionedBy: policyv1.DriverName}},
@@ -395,7 +452,7 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 		sums[name] = sum(t, vs.Status.DevicePath)
 	}
 	var store storev1.Store
-	poll(t, ctx, time.Minute, "every volume stamped with its claim", func() error {
+	poll(t, ctx, time.Minute+time.Duration(n)*time.Second, "every volume stamped with its claim", func() error {
 		if err := c.Get(ctx, client.ObjectKey{Name: storeName}, &store); err != nil {
 			return err
 		}
@@ -436,13 +493,15 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKey{Name: storeName}, &store); err != nil {
 			return err
 		}
-		if len(store.Status.Unclaimed) != 5 {
-			return fmt.Errorf("unclaimed %+v", store.Status.Unclaimed)
+		if len(store.Status.Unclaimed) != n+2 {
+			return fmt.Errorf("%d unclaimed, want %d", len(store.Status.Unclaimed), n+2)
 		}
 		return nil
 	})
 	os.WriteFile(filepath.Join(gitDir, "apps", "claims.yaml"), []byte(strings.Join(apps, "---\n")), 0o644)
 	before := treeDigest(t, volDir, stateDir)
+	stampsBefore := counterValue(t, agent.StampWrites)
+	planStart := time.Now()
 	git, err := adopt.LoadGit([]string{gitDir})
 	if err != nil {
 		t.Fatal(err)
@@ -451,18 +510,41 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	planStart := time.Now()
 	p := adopt.Build(in)
-	t.Logf("plan in %s: adopt %d / ambiguous %d / orphan %d / missing %d", time.Since(planStart), len(p.Adopt), len(p.Ambiguous), len(p.Orphan), len(p.Missing))
+	fig := figures{plan: time.Since(planStart)}
+	t.Logf("plan in %s: adopt %d / ambiguous %d / orphan %d / missing %d", fig.plan, len(p.Adopt), len(p.Ambiguous), len(p.Orphan), len(p.Missing))
 	var text bytes.Buffer
 	adopt.Write(&text, &adopt.Report{Plan: p}, adopt.FormatText)
-	t.Log(text.String())
-	if len(p.Adopt) != 3 || len(p.Ambiguous) != 1 || len(p.Orphan) != 1 || len(p.Missing) != 1 ||
+	if n <= 10 {
+		t.Log(text.String())
+	}
+	if len(p.Adopt) != n || len(p.Ambiguous) != 1 || len(p.Orphan) != 1 || len(p.Missing) != 1 ||
 		p.Ambiguous[0].VolumeID != torn || p.Orphan[0].VolumeID != ids["gone-0"] || p.Missing[0].Claim != namespace+"/lost-0" {
 		t.Fatalf("plan:\n%s", text.String())
 	}
+	// the agent keeps refreshing meanwhile: two Store heartbeats after the plan pass before
+	// the digest is taken again, so a write made by a refresh would show
+	for range 2 {
+		var hb time.Time
+		if store.Status.LastHeartbeatTime != nil {
+			hb = store.Status.LastHeartbeatTime.Time
+		}
+		poll(t, ctx, time.Minute, "a Store refresh after the plan", func() error {
+			if err := c.Get(ctx, client.ObjectKey{Name: storeName}, &store); err != nil {
+				return err
+			}
+			if h := store.Status.LastHeartbeatTime; h == nil || !h.After(hb) {
+				return fmt.Errorf("heartbeat %v", h)
+			}
+			return nil
+		})
+	}
 	if got := treeDigest(t, volDir, stateDir); got != before {
 		t.Fatal("planning wrote to the node's volumes or the agent's state")
+	}
+	fig.stampWrites = counterValue(t, agent.StampWrites) - stampsBefore
+	if w := counterValue(t, agent.StampWrites); w != stampsBefore {
+		t.Fatalf("the agent wrote %v identity stamps before --confirm", w-stampsBefore)
 	}
 	var vss storev1.VolumeStateList
 	var pvs corev1.PersistentVolumeList
@@ -475,7 +557,7 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 
 	// --- --confirm, then the apps' claims arrive (stand-in for Flux syncing apps/)
 	confirmStart := time.Now()
-	res, err := adopt.Apply(ctx, c, p, 2*time.Minute)
+	res, err := adopt.Apply(ctx, c, p, 2*time.Minute+time.Duration(n)*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,12 +566,10 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 			t.Fatalf("adoption %+v", r)
 		}
 	}
-	t.Logf("--confirm: %d VolumeStates Ready in %s", len(res), time.Since(confirmStart))
+	fig.ready = time.Since(confirmStart)
+	t.Logf("--confirm: %d VolumeStates Ready in %s", len(res), fig.ready)
 	for _, name := range append(append([]string(nil), claims...), "lost-0") {
-		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: corev1.PersistentVolumeClaimSpec{
-			StorageClassName: ptr("plinth-fast"), AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("8Mi")}}}}
-		if err := c.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := c.Create(ctx, newClaim(name)); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
 	}
@@ -499,7 +579,7 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 	}
 	for _, name := range claims {
 		var pvc corev1.PersistentVolumeClaim
-		poll(t, ctx, time.Minute, "claim "+name+" bound to its old PV", func() error {
+		poll(t, ctx, time.Minute+time.Duration(n)*time.Second, "claim "+name+" bound to its old PV", func() error {
 			if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &pvc); err != nil {
 				return err
 			}
@@ -508,6 +588,14 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 			}
 			return nil
 		})
+	}
+	fig.bound = time.Since(confirmStart)
+	equal := 0
+	for _, name := range claims {
+		var pvc corev1.PersistentVolumeClaim
+		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &pvc); err != nil {
+			t.Fatal(err)
+		}
 		var vs storev1.VolumeState
 		if err := c.Get(ctx, client.ObjectKey{Name: ids[name]}, &vs); err != nil {
 			t.Fatal(err)
@@ -517,12 +605,16 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 		}
 		if got := sum(t, vs.Status.DevicePath); got != sums[name] {
 			t.Errorf("data of %s differs after adoption", name)
+		} else {
+			equal++
 		}
 		m, found, err := marks.Load(vs.Name)
 		if err != nil || !found || m.UID != string(vs.UID) || len(m.Retired) == 0 || m.Retired[len(m.Retired)-1] != oldUID[name] {
 			t.Errorf("fencing mark of %s: %+v %v %v; want UID %s retiring %s", name, m, found, err, vs.UID, oldUID[name])
 		}
 	}
+	t.Logf("%d of %d checksums equal after adoption", equal, n)
+	fig.equal = equal
 	// lost-0 stays Pending: nothing was created for it (no CSI driver runs here, and adopt made no volume)
 	var lost corev1.PersistentVolumeClaim
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "lost-0"}, &lost); err != nil || lost.Status.Phase == corev1.ClaimBound {
@@ -538,14 +630,24 @@ func TestControlPlaneLostVolumesReadopted(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p := adopt.Build(in); len(p.Adopt) != 0 {
-		t.Errorf("second plan adopts %+v", p.Adopt)
+		t.Errorf("second plan adopts %d volumes", len(p.Adopt))
 	}
+	return fig
+}
+
+// counterValue reads a Prometheus counter of the agent.
+func counterValue(t testing.TB, c prometheus.Counter) float64 {
+	m := &dto.Metric{}
+	if err := c.Write(m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
 
 func ptr[T any](v T) *T { return &v }
 
 // detachAll removes the volumes left in dir with their loop devices.
-func detachAll(t *testing.T, dir string) {
+func detachAll(t testing.TB, dir string) {
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), ".img")

@@ -10,7 +10,9 @@ zfs create -V 16m $P/foreign
 i=0; while [ ! -e /dev/zvol/$P/$S ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 echo "=== links"; ls -l /dev/zvol/$P/ /dev/zd*
 dd if=/dev/urandom of=/dev/zvol/$P/$S bs=1M count=8 conv=fsync 2>/dev/null
-F=name,type,used,available,referenced,volsize,volblocksize,refreservation,plinth.dev:managed
+L="v=1;vol=$T;size=268435456;mode=Block;policy=00112233445566778899aabbccddeeff;store=rec-store"
+zfs set plinth.dev:identity="$L;sum=$(printf '%s\n' $(echo "$L" | tr ';' ' ') | sha256sum | cut -c1-16)" $P/$T
+F=name,type,used,available,referenced,volsize,volblocksize,refreservation,plinth.dev:managed,plinth.dev:identity
 echo "=== zfs-list-parent.txt"; zfs list -Hp -o $F -t filesystem,volume -d 1 $P
 echo "=== zfs-list-one.txt"; zfs list -Hp -o $F $P/$T
 echo "=== zpool-list.txt"; zpool list -Hp -o name,size,allocated,free,health plinthz

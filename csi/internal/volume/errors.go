@@ -25,6 +25,9 @@ var (
 	ErrPrecondition = errors.New("failed precondition")
 	// ErrInsufficientCapacity: no store has room (RESOURCE_EXHAUSTED).
 	ErrInsufficientCapacity = errors.New("insufficient capacity")
+	// ErrAttachLimit: the node has as many volumes published as its limit allows
+	// (RESOURCE_EXHAUSTED).
+	ErrAttachLimit = errors.New("attach limit reached")
 	// ErrOutOfRange: no size the store can have lies in the requested range (OUT_OF_RANGE).
 	ErrOutOfRange = errors.New("out of range")
 	// ErrUnavailable: the API server or an agent cannot answer now (UNAVAILABLE).

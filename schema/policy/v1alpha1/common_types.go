@@ -55,6 +55,12 @@ type PolicyStatus struct {
 	// +optional
 	InUseBy *int32 `json:"inUseBy,omitempty"`
 
+	// KeyRotation is where the rotation of the Placement's per-volume keys stands
+	// (encryption.keyGeneration; Placement only; written by the CSI controller, which also sets
+	// the condition KeysRotated).
+	// +optional
+	KeyRotation *KeyRotationStatus `json:"keyRotation,omitempty"`
+
 	// MatchedNodes is the number of Nodes the StoragePool's nodeSelector selects (StoragePool only).
 	// +optional
 	MatchedNodes *int32 `json:"matchedNodes,omitempty"`
@@ -84,3 +90,20 @@ func (in *PolicyStatus) GetConditions() []metav1.Condition { return in.Condition
 
 // SetConditions replaces the status conditions (fluxcd/pkg/runtime/conditions Setter).
 func (in *PolicyStatus) SetConditions(c []metav1.Condition) { in.Conditions = c }
+
+// KeyRotationStatus counts the volumes of a Placement by where their key rotation stands
+// (docs/design.md#volume-key-rotation).
+type KeyRotationStatus struct {
+	// KeyGeneration is the generation rotated to (spec.encryption.keyGeneration).
+	KeyGeneration int64 `json:"keyGeneration"`
+	// Rewrapped volumes have a key Secret of that generation and a LUKS2 header opened by
+	// its key only (reported by the node plugin that re-wrapped or opened it).
+	Rewrapped int32 `json:"rewrapped"`
+	// Pending volumes have not got there yet: their Secret holds a new key and the previous
+	// one until a node re-wraps the header (at its next stage or republish), or waits for a
+	// new key.
+	Pending int32 `json:"pending"`
+	// PendingVolumes names up to 10 pending volumes (CSI volume ids).
+	// +optional
+	PendingVolumes []string `json:"pendingVolumes,omitempty"`
+}

@@ -80,6 +80,7 @@ var fieldReaders = map[string]fieldReader{
 	"Placement.spec.encryption.keySize":                 {"csi/controller/key.go", "e.KeySize"},
 	"Placement.spec.encryption.keySecret.name":          {"csi/controller/key.go", "e.KeySecret.Name"},
 	"Placement.spec.encryption.keySecret.namespace":     {"csi/controller/key.go", "e.KeySecret.Namespace"},
+	"Placement.spec.encryption.keyGeneration":           {"csi/controller/rotate.go", "e.KeyGeneration"},
 }
 
 // policyFields lists the YAML paths of the leaf fields of t under prefix: structs are walked

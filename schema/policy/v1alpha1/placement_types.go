@@ -28,9 +28,10 @@ const (
 	// ExistingVolumesStay leaves existing volumes in the pool they were made in (their policy
 	// is frozen at creation); only new volumes go to the new pool. The default.
 	ExistingVolumesStay ExistingVolumes = "Stay"
-	// ExistingVolumesMove plans a move of each existing volume of the Placement to a Store of
-	// its new pool when poolRef changes (plinth diff shows the plan). Moving the data is not
-	// carried out yet (docs/design.md#data-mobility).
+	// ExistingVolumesMove moves each existing volume of the Placement to a Store of its new
+	// pool when poolRef changes: plinth diff shows the plan, the move executor (CSI
+	// controller) carries out the moves to a Store of the volume's own node; moves between
+	// nodes are not carried out yet (docs/design.md#data-mobility).
 	ExistingVolumesMove ExistingVolumes = "Move"
 )
 
@@ -70,7 +71,7 @@ type PlacementSpec struct {
 	Strategy Strategy `json:"strategy,omitempty"`
 	// ExistingVolumes is Stay (default: a change of poolRef applies to new volumes only) or
 	// Move (the existing volumes of this Placement follow a change of poolRef: plinth diff
-	// plans a move of each to a Store of the new pool; not carried out yet).
+	// plans a move of each to a Store of the new pool, carried out within a node).
 	// Unset is Stay; no API-server default, so that objects stored before the field existed
 	// read back unchanged after a CRD upgrade.
 	// +optional
@@ -123,6 +124,7 @@ type EncryptionProvider string
 const EncryptionLUKS2 EncryptionProvider = "LUKS2"
 
 // Encryption is how a Placement's volumes are encrypted.
+// +kubebuilder:validation:XValidation:rule="!has(self.keyGeneration) || self.keyGeneration == 0 || !has(self.keySecret)",message="encryption.keyGeneration rotates the per-volume keys Plinth generates: with keySecret, rotate your Secret by writing key-previous (the old passphrase) and key (plinth vet says the same)"
 type Encryption struct {
 	// Provider is LUKS2 (the only one; empty means LUKS2).
 	// +optional
@@ -144,6 +146,17 @@ type Encryption struct {
 	// StorageClass's node-stage secret).
 	// +optional
 	KeySecret *SecretReference `json:"keySecret,omitempty"`
+	// KeyGeneration rotates the per-volume keys: raising it in Git makes the CSI controller
+	// write a new random passphrase into the key Secret of every volume of the placement (the
+	// old one kept as key-previous until the volume's header no longer holds it), and the node
+	// that opens the volume re-wraps its LUKS2 header: a keyslot for the new passphrase added,
+	// the old one removed. The volume key stays, so no data is re-encrypted and nothing is
+	// unmounted (docs/design.md#volume-key-rotation). Lowering it does nothing. Only with
+	// per-volume keys (no keySecret). Default 0; at most 2^31-1.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	KeyGeneration int64 `json:"keyGeneration,omitempty"`
 }
 
 // SecretReference names a Secret.

@@ -46,9 +46,10 @@ type StoragePoolSpec struct {
 
 	// EvacuateNodes names the nodes (Node names) whose Stores of this pool are to be emptied:
 	// each such Store takes no new volume (as a draining one), and its volumes are planned to
-	// move to the pool's other Stores (plinth diff shows each move). Moving the data is not
-	// carried out yet: the controller reports the pool Evacuating (reason MovesNotExecuted)
-	// and moves or deletes nothing (docs/design.md#data-mobility). A node listed here that
+	// move to the pool's other Stores (plinth diff shows each move). The pool's Evacuating
+	// condition reports the moves' progress; those to another node (all of this pool's, a
+	// pool having one Store per node) are not carried out yet and are named there, their
+	// volumes left in place (docs/design.md#data-mobility). A node listed here that
 	// the pool does not select is a plinth diff violation (EvacuateNodeNotInPool). Unlike dropping a node from nodeSelector
 	// (its Store drains: kept until its owners delete their volumes), this is a Git change
 	// plinth diff can plan. 1 to 64 unique names.
@@ -62,7 +63,7 @@ type StoragePoolSpec struct {
 
 	// MaxParallelMovesPerStore is how many volume moves a Store of this pool takes part in at
 	// once, as source or target, 1–16. Default 1: one volume at a time per Store. plinth diff
-	// schedules its estimated durations with it.
+	// schedules its estimated durations with it; the move executor starts no more at once.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=16

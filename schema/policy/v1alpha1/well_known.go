@@ -36,6 +36,11 @@ const (
 	// strips them before CreateVolume.
 	ParamNodeStageSecretName      = "csi.storage.k8s.io/node-stage-secret-name"
 	ParamNodeStageSecretNamespace = "csi.storage.k8s.io/node-stage-secret-namespace"
+	// ParamNodePublishSecretName and ParamNodePublishSecretNamespace name the Secret kubelet
+	// hands to NodePublishVolume (the PV's nodePublishSecretRef): the same key Secret, read
+	// afresh at every republish, so that a key rotation reaches staged volumes.
+	ParamNodePublishSecretName      = "csi.storage.k8s.io/node-publish-secret-name"
+	ParamNodePublishSecretNamespace = "csi.storage.k8s.io/node-publish-secret-namespace"
 	// ParamFreezeTimeoutSeconds is the VolumeGroupSnapshotClass parameter that bounds the consumers' filesystem freeze of a group snapshot that needs one: an
 	// integer of seconds, 1 to 300; absent: DefaultFreezeTimeoutSeconds.
 	ParamFreezeTimeoutSeconds = "plinth.dev/freeze-timeout-seconds"
@@ -58,6 +63,13 @@ const (
 	// VolumeKeyData is the Secret data key that holds the passphrase: printable (hex), since
 	// kubelet hands Secret values to the CSI driver as protobuf strings, which are UTF-8.
 	VolumeKeyData = "key"
+	// VolumeKeyPreviousData is the Secret data key that holds the passphrase VolumeKeyData
+	// replaced in a key rotation, until no keyslot of the volume's header uses it.
+	VolumeKeyPreviousData = "key-previous"
+	// VolumeKeyGenerationData is the Secret data key that holds the key generation of
+	// VolumeKeyData (decimal; absent: 0), so that the node plugin, which gets the Secret's data
+	// only, can report the generation it re-wrapped to.
+	VolumeKeyGenerationData = "generation"
 	// VolumeKeyMinBytes is the shortest passphrase the node plugin accepts.
 	VolumeKeyMinBytes = 32
 )
@@ -82,6 +94,9 @@ const (
 	LabelNVMeInitiator = "plinth.dev/nvme-initiator"
 	// AnnotationHostNQN holds a node's NVMe host NQN, from /etc/nvme/hostnqn.
 	AnnotationHostNQN = "plinth.dev/host-nqn"
+	// AnnotationMaxVolumes holds the most volumes that may be published to a node at once (a
+	// positive decimal, the node plugin's --max-volumes-per-node); absent: no limit.
+	AnnotationMaxVolumes = "plinth.dev/max-volumes-per-node"
 	// FinalizerInUse keeps a Placement whose StorageClass is still used.
 	FinalizerInUse = "plinth.dev/in-use"
 )

@@ -64,6 +64,9 @@ type Publication struct {
 }
 
 // VolumeStateSpec is the desired state of one volume. The object name is the CSI volume id.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.move) || !has(self.move) || self.move == oldSelf.move",message="move cannot change while it is set (one move of a volume at a time): clear it first"
+// +kubebuilder:validation:XValidation:rule="!has(self.move) || (!has(oldSelf.move) && self.storeName == self.move.sourceStore) || (has(oldSelf.move) && (self.storeName == oldSelf.storeName || (oldSelf.storeName == self.move.sourceStore && self.storeName == self.move.targetStore)))",message="a move starts from spec.storeName, and while it is set storeName changes only from its sourceStore to its targetStore"
 type VolumeStateSpec struct {
 	// CSIName is the CreateVolume name as the CO gave it (up to 128 bytes, any characters).
 	CSIName string `json:"csiName"`
@@ -102,6 +105,86 @@ type VolumeStateSpec struct {
 	// pods' cgroups. Unset: no limits. Unlike Policy it changes over the volume's life.
 	// +optional
 	Attributes *VolumeAttributes `json:"attributes,omitempty"`
+	// Move asks for the volume to leave SourceStore for TargetStore (docs/design.md, "Data
+	// mobility"). One field per volume, so two moves of one volume cannot exist: it is set
+	// when spec.storeName is its sourceStore, never changed while set (only cleared), and
+	// storeName changes, while it is set, only from sourceStore to targetStore (the switch,
+	// once status.move says the copy is verified). Unset: the volume stays.
+	// +optional
+	Move *VolumeMove `json:"move,omitempty"`
+}
+
+// VolumeMove is one move of a volume between two Stores.
+//
+// +kubebuilder:validation:XValidation:rule="self.sourceStore != self.targetStore",message="targetStore must differ from sourceStore"
+type VolumeMove struct {
+	// ID names this move; status.move.id echoes the move the agent's status is about, so a
+	// status of an earlier move of the volume never counts for this one.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	ID string `json:"id"`
+	// SourceStore is the Store the volume leaves (spec.storeName when the move was set).
+	// +kubebuilder:validation:MinLength=1
+	SourceStore string `json:"sourceStore"`
+	// TargetStore is the Store the volume goes to.
+	// +kubebuilder:validation:MinLength=1
+	TargetStore string `json:"targetStore"`
+}
+
+// MovePhase is the step a move has reached (status.move.phase).
+// +kubebuilder:validation:Enum=Waiting;Copying;Copied;Done;Failed
+type MovePhase string
+
+const (
+	// MoveWaiting: the move cannot start yet (the consumer still uses the volume: it has
+	// publications); message says what it waits for. Nothing is made on the target.
+	MoveWaiting MovePhase = "Waiting"
+	// MoveCopying: the target volume exists and the data is being copied; the source is the
+	// live copy.
+	MoveCopying MovePhase = "Copying"
+	// MoveCopied: the target holds the source's bytes, verified by checksum; the source is
+	// still the live copy until the controller switches spec.storeName to the target.
+	MoveCopied MovePhase = "Copied"
+	// MoveDone: spec.storeName is the target, the volume is served from there and the
+	// source's copy is deleted; the controller then clears spec.move.
+	MoveDone MovePhase = "Done"
+	// MoveFailed: the move cannot be carried out as asked (message says why); the source
+	// stays the live copy and nothing of the move is left on the target.
+	MoveFailed MovePhase = "Failed"
+)
+
+// MoveStatus is the progress of spec.move, written by the agent.
+type MoveStatus struct {
+	// ID is the spec.move.id this status is about.
+	ID string `json:"id"`
+	// Phase is the step reached.
+	Phase MovePhase `json:"phase"`
+	// SourceStore and TargetStore repeat spec.move's.
+	SourceStore string `json:"sourceStore"`
+	TargetStore string `json:"targetStore"`
+	// BytesTotal is what the copy carries: the source volume's size in bytes.
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+	// BytesCopied is how many bytes of it are copied (and, from Copied on, verified).
+	// +optional
+	BytesCopied int64 `json:"bytesCopied,omitempty"`
+	// Checksum is "sha256:" and the hex SHA-256 of the copied range, read back from the
+	// target and equal to the source's; set from Copied on.
+	// +optional
+	Checksum string `json:"checksum,omitempty"`
+	// PublicationGeneration is the spec.publicationGeneration the copy was made under (no
+	// publication then). The switch is valid only while spec still has it: a consumer let in
+	// since may have written the source after the copy, which is then made again.
+	// +optional
+	PublicationGeneration int64 `json:"publicationGeneration,omitempty"`
+	// StartedAt is when the copy started; CopiedAt when it was verified.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// +optional
+	CopiedAt *metav1.Time `json:"copiedAt,omitempty"`
+	// Message says what the move waits for or why it failed.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // VolumeAttributes is a volume's tier.
@@ -194,6 +277,25 @@ type VolumeStateStatus struct {
 	// +listType=map
 	// +listMapKey=nodeName
 	AppliedAttributes []AppliedAttributes `json:"appliedAttributes,omitempty"`
+	// Move is the progress of spec.move (kept after the move ends, until the next one).
+	// +optional
+	Move *MoveStatus `json:"move,omitempty"`
+	// Encryption is where the key rotation of an encrypted volume stands: written by the node
+	// plugin that opened or re-wrapped its LUKS2 header (docs/design.md#volume-key-rotation).
+	// +optional
+	Encryption *EncryptionStatus `json:"encryption,omitempty"`
+}
+
+// EncryptionStatus is the key generation an encrypted volume's LUKS2 header holds.
+type EncryptionStatus struct {
+	// KeyGeneration is the generation (the key Secret's data "generation", 0 when it has none)
+	// of the only passphrase the header's keyslots open: once it reaches the Secret's, the
+	// CSI controller drops the previous passphrase from the Secret.
+	// +kubebuilder:validation:Minimum=0
+	KeyGeneration int64 `json:"keyGeneration"`
+	// NodeName is the node whose plugin last opened or re-wrapped the header.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
 }
 
 // VolumeState is one volume: the CSI controller writes spec, the agent writes status.

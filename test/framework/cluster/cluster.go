@@ -350,11 +350,12 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 		return fmt.Errorf("node %s: CNI config: %w", n.Name, err)
 	}
 	var err error
-	n.Containerd, err = StartContainerd(ctx, ContainerdOptions{
+	n.containerdOpts = ContainerdOptions{
 		Name: n.Name, Dir: filepath.Join(n.Dir, "containerd"), LogDir: c.logDir,
 		Binary: c.opts.Containerd, SandboxImage: c.opts.SandboxImage, CNIConfDir: confDir,
 		Wrap: n.Enter(), StartTimeout: c.timeout,
-	})
+	}
+	n.Containerd, err = StartContainerd(ctx, n.containerdOpts)
 	if err != nil {
 		return err
 	}

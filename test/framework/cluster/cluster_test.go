@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -391,6 +392,47 @@ func exercise(t *testing.T, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 	}
 	if bytes.Contains(out, []byte(cluster.KubeletRootDir+"/plinth-test/t ")) {
 		t.Errorf("node %s sees node %s's pod mount under its own %s", other.Name, n1.Name, cluster.KubeletRootDir)
+	}
+
+	// Node services killed and started again (as their systemd units restart on a real node):
+	// the node's pod keeps its one container (no restart), answers exec through the new
+	// kubelet and containerd, and the node stays Ready.
+	pod := "bb-" + n1.Name
+	containerID := func() (string, int32) {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, pod, metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) != 1 {
+			t.Fatalf("pod %s: %v %+v", pod, err, p.Status)
+		}
+		return p.Status.ContainerStatuses[0].ContainerID, p.Status.ContainerStatuses[0].RestartCount
+	}
+	id0, _ := containerID()
+	for _, restart := range []struct {
+		what string
+		do   func(context.Context, string, bool) error
+	}{{"kubelet", c.RestartKubelet}, {"containerd", c.RestartContainerd}} {
+		oldPIDs := c.PIDs()
+		if err := restart.do(ctx, n1.Name, true); err != nil {
+			t.Fatalf("restart %s: %v", restart.what, err)
+		}
+		if slices.Equal(oldPIDs, c.PIDs()) {
+			t.Errorf("restart %s: the node's PIDs did not change (%v)", restart.what, oldPIDs)
+		}
+		eventually(t, "exec in "+pod+" after the "+restart.what+" restart", func() error {
+			out, err := kctl("exec", pod, "--", "cat", "/etc/hostname")
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(out) != pod {
+				return fmt.Errorf("hostname %q", out)
+			}
+			return nil
+		})
+		if id, restarts := containerID(); id != id0 || restarts != 0 {
+			t.Errorf("after the %s restart: container %s (restarts %d), want %s unchanged with 0 restarts", restart.what, id, restarts, id0)
+		}
+	}
+	if err := c.WaitReady(ctx); err != nil {
+		t.Errorf("nodes after the restarts: %v", err)
 	}
 }
 

@@ -65,10 +65,12 @@ type Node struct {
 	Containerd *Containerd
 
 	kubelet *process.Process
-	logDir  string
-	index   int
-	shared  bool // RootDir bind-mounted shared on the host
-	nsMade  bool
+	// containerdOpts started Containerd; RestartContainerd starts it again with them.
+	containerdOpts ContainerdOptions
+	logDir         string
+	index          int
+	shared         bool // RootDir bind-mounted shared on the host
+	nsMade         bool
 }
 
 // KubeletLogPath is the node's kubelet log.
@@ -164,8 +166,10 @@ func (n *Node) writeCNIConfig(confDir string) error {
 // GC off so a busy shared host neither evicts pods nor deletes imported
 // images (they cannot be pulled again); x509 client certificates from the
 // cluster CA and webhook authorization, as in a real cluster; CSIVolumeHealth on, so kubelet
-// asks the node plugin for each volume's condition and exports
-// kubelet_volume_stats_health_status_abnormal (the "Abnormal volumes" panel).
+// asks the node plugin for each volume's health (NodeGetVolumeHealth) for the pod's
+// status.volumeHealth, which the API server keeps only with the same gate (the control plane
+// does not set it yet). Kubelet v1.37 exports no volume-health metric: the "Abnormal volumes"
+// panel counts the node plugins' own plinth_csi_node_volumes_inaccessible.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -236,6 +240,56 @@ func (n *Node) startKubelet(ctx context.Context, c *Cluster, kubeconfig string) 
 	}
 	n.kubelet = p
 	return nil
+}
+
+// RestartKubelet ends the kubelet of the node named name and starts it again with the same
+// configuration, as restarting the kubelet service does on a real node: the node's pods keep
+// running under containerd meanwhile, and the new kubelet finds them, its plugins' sockets and
+// its volumes' mounts where the old one left them. hard ends it with SIGKILL (a crashed
+// kubelet); otherwise SIGTERM with 5 s of grace. ctx bounds the new kubelet's start-up (its
+// /healthz). The error names the node.
+func (c *Cluster) RestartKubelet(ctx context.Context, name string, hard bool) error {
+	n := c.Node(name)
+	if n == nil || n.kubelet == nil {
+		return fmt.Errorf("restart kubelet: no running node %q", name)
+	}
+	if err := n.kubelet.StopWithin(grace(hard)); err != nil {
+		return fmt.Errorf("node %s: stop kubelet: %w", name, err)
+	}
+	kubeconfig, err := c.opts.NodeKubeconfig(n.Name)
+	if err != nil {
+		return fmt.Errorf("node %s: kubeconfig: %w", n.Name, err)
+	}
+	return n.startKubelet(ctx, c, kubeconfig)
+}
+
+// RestartContainerd ends the containerd of the node named name and starts it again with the
+// same configuration and state folders, as restarting the containerd service does: running
+// containers keep running (their shims are not containerd's children) and the new containerd
+// reconnects to them; kubelet's CRI connection comes back on its own. hard ends it with
+// SIGKILL, otherwise SIGTERM with 5 s of grace. ctx bounds the new containerd's start-up.
+func (c *Cluster) RestartContainerd(ctx context.Context, name string, hard bool) error {
+	n := c.Node(name)
+	if n == nil || n.Containerd == nil {
+		return fmt.Errorf("restart containerd: no running node %q", name)
+	}
+	if err := n.Containerd.proc.StopWithin(grace(hard)); err != nil {
+		return fmt.Errorf("node %s: stop containerd: %w", name, err)
+	}
+	cd, err := StartContainerd(ctx, n.containerdOpts)
+	if err != nil {
+		return err
+	}
+	n.Containerd = cd
+	return nil
+}
+
+// grace is how long a restart waits after SIGTERM before SIGKILL: none when hard.
+func grace(hard bool) time.Duration {
+	if hard {
+		return 0
+	}
+	return 5 * time.Second
 }
 
 // createCgroups makes CgroupRoot in every v1 hierarchy: kubelet checks it

@@ -166,7 +166,6 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			return nil, err
 		}
 	}
-	// Every binary and its version first: fail before starting anything.
 	if opts.Nodes {
 		opts.ControllerManager = true
 		if opts.Controllers == nil {
@@ -180,27 +179,9 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		opts.ExtraSANs = append(append([]string(nil), opts.ExtraSANs...), cp.NodeIP)
 		cp.opts = opts
 	}
-	need := []string{BinEtcd, BinKubeAPIServer}
-	if opts.Scheduler {
-		need = append(need, BinPlinthScheduler)
-	}
-	if opts.ControllerManager {
-		need = append(need, BinKubeControllerManager)
-	}
-	pins := PinnedVersions()
-	want := map[string]string{
-		BinEtcd:                  strings.TrimPrefix(pins["ETCD_VERSION"], "v"),
-		BinKubeAPIServer:         pins["KUBERNETES_VERSION"],
-		BinKubeControllerManager: pins["KUBERNETES_VERSION"],
-	}
-	for _, name := range need {
-		path, err := BinaryPath(cp.binDir, name)
-		if err != nil {
-			return nil, err
-		}
-		if err := checkVersion(name, path, want[name]); err != nil {
-			return nil, err
-		}
+	// Every binary and its version first: fail before starting anything.
+	if err := checkBinaries(cp.binDir, opts); err != nil {
+		return nil, err
 	}
 	if opts.APIServerPort != 0 {
 		if err := checkPortFree(BinKubeAPIServer, opts.APIServerPort); err != nil {
@@ -236,14 +217,65 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		return nil, fmt.Errorf("certificates: %w", err)
 	}
 
-	// etcd
+	if err := cp.startEtcd(ctx, timeout); err != nil {
+		return nil, err
+	}
+	if err := cp.startAPIServer(ctx, pki, timeout); err != nil {
+		return nil, err
+	}
+	cp.StartDuration = time.Since(t0)
+
+	if opts.ControllerManager {
+		if err := cp.startControllerManager(ctx, pki, timeout); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Scheduler {
+		if err := cp.startScheduler(ctx, timeout); err != nil {
+			return nil, err
+		}
+	}
+	return cp, nil
+}
+
+// checkBinaries finds every binary start needs in binDir and checks its version against
+// the pins (test/tools/versions.env): it fails before anything starts.
+func checkBinaries(binDir string, opts Options) error {
+	need := []string{BinEtcd, BinKubeAPIServer}
+	if opts.Scheduler {
+		need = append(need, BinPlinthScheduler)
+	}
+	if opts.ControllerManager {
+		need = append(need, BinKubeControllerManager)
+	}
+	pins := PinnedVersions()
+	want := map[string]string{
+		BinEtcd:                  strings.TrimPrefix(pins["ETCD_VERSION"], "v"),
+		BinKubeAPIServer:         pins["KUBERNETES_VERSION"],
+		BinKubeControllerManager: pins["KUBERNETES_VERSION"],
+	}
+	for _, name := range need {
+		path, err := BinaryPath(binDir, name)
+		if err != nil {
+			return err
+		}
+		if err := checkVersion(name, path, want[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startEtcd starts etcd on two free loopback ports (client, peer) with its data in cp.Dir
+// and waits for /health; it sets cp.EtcdURL.
+func (cp *ControlPlane) startEtcd(ctx context.Context, timeout time.Duration) error {
 	cport, err := FreePort()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	pport, err := FreePort()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cp.EtcdURL = fmt.Sprintf("http://127.0.0.1:%d", cport)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", pport)
@@ -261,14 +293,22 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		Ready:        HTTPReady(cp.EtcdURL+"/health", nil),
 		ReadyTimeout: timeout,
 	}); err != nil {
-		return nil, err
+		return err
 	}
 
-	// kube-apiserver
+	return nil
+}
+
+// startAPIServer starts kube-apiserver on opts.APIServerPort (a free port when 0) against
+// cp's etcd, with the node flags when opts.Nodes, and waits for /readyz as the admin; it
+// sets cp.URL.
+func (cp *ControlPlane) startAPIServer(ctx context.Context, pki map[string]string, timeout time.Duration) error {
+	opts := cp.opts
 	port := opts.APIServerPort
 	if port == 0 {
+		var err error
 		if port, err = FreePort(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	cp.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
@@ -295,14 +335,14 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if opts.Nodes {
 		kc, err := cp.issueKubeletClient()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		args = nodeArgs(args, cp.NodeIP, kc)
 	}
 	args = append(args, opts.APIServerArgs...)
 	adminTLS, err := cp.tlsConfig(cp.Admin)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := cp.StartProcess(ctx, ProcessSpec{
 		Name:         BinKubeAPIServer,
@@ -311,21 +351,9 @@ func start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		Ready:        HTTPReady(cp.URL+"/readyz", adminTLS),
 		ReadyTimeout: timeout,
 	}); err != nil {
-		return nil, err
+		return err
 	}
-	cp.StartDuration = time.Since(t0)
-
-	if opts.ControllerManager {
-		if err := cp.startControllerManager(ctx, pki, timeout); err != nil {
-			return nil, err
-		}
-	}
-	if opts.Scheduler {
-		if err := cp.startScheduler(ctx, timeout); err != nil {
-			return nil, err
-		}
-	}
-	return cp, nil
+	return nil
 }
 
 // nodeArgs turns the kube-apiserver flags of a control plane without kubelets

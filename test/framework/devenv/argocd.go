@@ -206,6 +206,62 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 		}
 		lines = append(lines, fmt.Sprintf("Kustomization %s/%s suspended", FluxNamespace, fluxRepoName))
 	}
+	bin, err := e.installArgoCD(ctx)
+	if err != nil {
+		return "", err
+	}
+	if err := e.commitArgoRepo(); err != nil {
+		return "", err
+	}
+	line, err := e.applyArgoKustomize(ctx)
+	if err != nil {
+		return "", err
+	}
+	lines = append(lines, line)
+	before, err := e.plinthWorkloads(ctx)
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	procs, err := e.startArgoProcesses(ctx, bin)
+	if err != nil {
+		return "", err
+	}
+	lines = append(lines, procs)
+	res, err := e.waitArgoApp(ctx, 3*time.Minute, "Synced", "Healthy")
+	if err != nil {
+		return "", err
+	}
+	sum.Synced = time.Since(start)
+	keys, err := e.delivered.keys(e.delivered.names())
+	if err != nil {
+		return "", err
+	}
+	sum.Resources, sum.PolicyObjects = len(res), len(keys)
+	if len(res) != len(keys) {
+		return "", fmt.Errorf("Application %s tracks %d resources %v, the policy has %d objects %v", ArgoCDPolicyApp, len(res), res, len(keys), keys)
+	}
+	for _, r := range res {
+		// Healthy only through argocd-cm's scripts: they read Plinth's Ready condition.
+		if r.Status != "Synced" || r.Health != "Healthy" {
+			return "", fmt.Errorf("Application %s resource %s/%s: %s, health %s: %s", ArgoCDPolicyApp, r.Kind, r.Name, r.Status, r.Health, r.Message)
+		}
+		lines = append(lines, fmt.Sprintf("  %s/%s Synced, Healthy: %s", r.Kind, r.Name, r.Message))
+	}
+	lines = append(lines, fmt.Sprintf("Application %s Synced and Healthy %.1fs after the controllers started (%d resources)", ArgoCDPolicyApp, sum.Synced.Seconds(), len(res)))
+	plinth, err := e.argoPlinthSynced(ctx, before, sum, start)
+	if err != nil {
+		return "", err
+	}
+	lines = append(lines, plinth)
+	return strings.Join(lines, "\n"), nil
+}
+
+// installArgoCD makes what Argo CD's install manifests and API server provide and its two
+// controllers read: the Application and AppProject CRDs (from testbin), the namespace,
+// argocd-secret and the default AppProject. It returns the testbin folder and replaces
+// e.Client with one whose REST mapper knows the new kinds.
+func (e *Walk) installArgoCD(ctx context.Context) (string, error) {
 	bin := e.Opts.BinDir
 	if bin == "" {
 		var err error
@@ -245,7 +301,6 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	}); err != nil {
 		return "", fmt.Errorf("Argo CD kinds not served: %w", err)
 	}
-	// What Argo CD's install manifests and its API server provide and the two controllers read:
 	// argocd-secret (settings) and the default AppProject.
 	partOf := map[string]string{"app.kubernetes.io/part-of": "argocd"}
 	// server.secretkey: argocd-server generates it at its first start; the application-controller
@@ -270,24 +325,34 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	if err := e.apply(ctx, proj); err != nil {
 		return "", fmt.Errorf("AppProject default: %w", err)
 	}
+	return bin, nil
+}
 
-	// The policy repository Argo CD syncs: the policy Flux delivered last, on a second repository.
+// commitArgoRepo commits, on a second Git repository, what Argo CD syncs: the policy Flux
+// delivered last and Plinth's kustomize tree.
+func (e *Walk) commitArgoRepo() error {
 	var err error
 	if e.argoGit, err = newGitRepo(filepath.Join(e.Dir, "argocd")); err != nil {
-		return "", err
+		return err
 	}
 	files := argoFiles(e.delivered)
 	plinthFiles, err := argoPlinthFiles(e.Root)
 	if err != nil {
-		return "", err
+		return err
 	}
 	for p, data := range plinthFiles {
 		files[p] = data
 	}
 	if err := e.argoGit.commit("Plinth's kustomize tree and the policy, for Argo CD", files); err != nil {
-		return "", err
+		return err
 	}
+	return nil
+}
 
+// applyArgoKustomize applies kustomize/argocd as a user does, with the repository URL and
+// revisions set, checks that exactly the shipped objects were applied and that argocd-cm
+// holds the shipped health checks key for key, and returns a line saying so.
+func (e *Walk) applyArgoKustomize(ctx context.Context) (string, error) {
 	// kustomize/argocd as a user applies it, with the repository URL and revision set.
 	out, err := exec.CommandContext(ctx, e.Kubectl, "kustomize", filepath.Join(e.Root, "kustomize", "argocd")).Output()
 	if err != nil {
@@ -346,46 +411,8 @@ func (e *Walk) startArgoCD(ctx context.Context, sum *ArgoCDSummary) (string, err
 	if healthKeys != 3 || len(cm.Data) != len(want) {
 		return "", fmt.Errorf("argocd-cm: %d health keys, %d keys live, %d shipped; want 3 health keys, live = shipped", healthKeys, len(cm.Data), len(want))
 	}
-	lines = append(lines, fmt.Sprintf("applied kustomize/argocd: %s (Application %s → %s, path %s; Application %s, path %s/%s); argocd-cm = the shipped file (%d health checks)",
-		strings.Join(applied, ", "), ArgoCDPolicyApp, e.argoGit.url, fluxRepoPath, ArgoCDPlinthApp, argoPlinthRoot, DevOverlay, healthKeys))
-
-	before, err := e.plinthWorkloads(ctx)
-	if err != nil {
-		return "", err
-	}
-	start := time.Now()
-	procs, err := e.startArgoProcesses(ctx, bin)
-	if err != nil {
-		return "", err
-	}
-	lines = append(lines, procs)
-	res, err := e.waitArgoApp(ctx, 3*time.Minute, "Synced", "Healthy")
-	if err != nil {
-		return "", err
-	}
-	sum.Synced = time.Since(start)
-	keys, err := e.delivered.keys(e.delivered.names())
-	if err != nil {
-		return "", err
-	}
-	sum.Resources, sum.PolicyObjects = len(res), len(keys)
-	if len(res) != len(keys) {
-		return "", fmt.Errorf("Application %s tracks %d resources %v, the policy has %d objects %v", ArgoCDPolicyApp, len(res), res, len(keys), keys)
-	}
-	for _, r := range res {
-		// Healthy only through argocd-cm's scripts: they read Plinth's Ready condition.
-		if r.Status != "Synced" || r.Health != "Healthy" {
-			return "", fmt.Errorf("Application %s resource %s/%s: %s, health %s: %s", ArgoCDPolicyApp, r.Kind, r.Name, r.Status, r.Health, r.Message)
-		}
-		lines = append(lines, fmt.Sprintf("  %s/%s Synced, Healthy: %s", r.Kind, r.Name, r.Message))
-	}
-	lines = append(lines, fmt.Sprintf("Application %s Synced and Healthy %.1fs after the controllers started (%d resources)", ArgoCDPolicyApp, sum.Synced.Seconds(), len(res)))
-	plinth, err := e.argoPlinthSynced(ctx, before, sum, start)
-	if err != nil {
-		return "", err
-	}
-	lines = append(lines, plinth)
-	return strings.Join(lines, "\n"), nil
+	return fmt.Sprintf("applied kustomize/argocd: %s (Application %s → %s, path %s; Application %s, path %s/%s); argocd-cm = the shipped file (%d health checks)",
+		strings.Join(applied, ", "), ArgoCDPolicyApp, e.argoGit.url, fluxRepoPath, ArgoCDPlinthApp, argoPlinthRoot, DevOverlay, healthKeys), nil
 }
 
 // startArgoProcesses starts redis-server on loopback, repo-server and application-controller.

@@ -33,6 +33,10 @@ const (
 	// EnvChaosSteps is the number of faults of a run (a positive integer); unset, the caller's
 	// default (test/e2e: a short run).
 	EnvChaosSteps = "PLINTH_CHAOS_STEPS"
+	// EnvChaosDuration makes a run last a time rather than a number of faults (a Go duration,
+	// e.g. 30m): faults go on until it has passed since the first. The summary prints the
+	// number of faults made: that number with the seed (EnvChaosSteps) replays the sequence.
+	EnvChaosDuration = "PLINTH_CHAOS_DURATION"
 	// ChaosClaim names the PVC and the writer pod of the run.
 	ChaosClaim = "chaos-data"
 
@@ -54,12 +58,15 @@ done`
 type ChaosOptions struct {
 	// Seed of the fault sequence.
 	Seed int64
-	// Steps is the number of faults.
+	// Steps is the number of faults (when Duration is 0).
 	Steps int
+	// Duration, when positive, is how long faults go on (from the first one); Steps is then
+	// not used.
+	Duration time.Duration
 }
 
-// ChaosOptionsFromEnv reads EnvChaosSeed and EnvChaosSteps; defaultSteps applies when
-// EnvChaosSteps is unset. A malformed value is an error naming the variable.
+// ChaosOptionsFromEnv reads EnvChaosSeed, EnvChaosSteps and EnvChaosDuration; defaultSteps
+// applies when EnvChaosSteps is unset. A malformed value is an error naming the variable.
 func ChaosOptionsFromEnv(defaultSteps int) (ChaosOptions, error) {
 	o := ChaosOptions{Seed: time.Now().UnixNano(), Steps: defaultSteps}
 	if v := os.Getenv(EnvChaosSeed); v != "" {
@@ -76,7 +83,30 @@ func ChaosOptionsFromEnv(defaultSteps int) (ChaosOptions, error) {
 		}
 		o.Steps = n
 	}
+	if v := os.Getenv(EnvChaosDuration); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return o, fmt.Errorf("%s=%q: want a positive duration such as 30m", EnvChaosDuration, v)
+		}
+		o.Duration = d
+	}
 	return o, nil
+}
+
+// String says how long a run is and how to replay it.
+func (o ChaosOptions) String() string {
+	if o.Duration > 0 {
+		return fmt.Sprintf("seed %d, faults for %s (replay: %s=%d %s=<the number of faults made>)", o.Seed, o.Duration, EnvChaosSeed, o.Seed, EnvChaosSteps)
+	}
+	return fmt.Sprintf("seed %d, %d faults (replay: %s=%d %s=%d)", o.Seed, o.Steps, EnvChaosSeed, o.Seed, EnvChaosSteps, o.Steps)
+}
+
+// more says whether a run of o goes on to fault step (1-based), begun at begin.
+func (o ChaosOptions) more(step int, begin time.Time) bool {
+	if o.Duration > 0 {
+		return step == 1 || time.Since(begin) < o.Duration
+	}
+	return step <= o.Steps
 }
 
 // ChaosSummary is what a run did.
@@ -87,6 +117,8 @@ type ChaosSummary struct {
 	Acked int
 	// Claims is the number of incarnations of the claim (one, plus one per recreation).
 	Claims int
+	// Elapsed is the time from the first fault to the last one's checks.
+	Elapsed time.Duration
 }
 
 // chaosFault is one kind of fault: what it does, on which node the writer runs.
@@ -95,19 +127,21 @@ type chaosFault struct {
 	do   func(ctx context.Context, node string) (string, error)
 }
 
-// Chaos runs o.Steps faults chosen by o.Seed among: the agent or the CSI node plugin of the
+// Chaos runs o.Steps faults (or faults for o.Duration) chosen by o.Seed among: the agent or the CSI node plugin of the
 // writer's node killed (pod deleted with no grace period), the CSI controller or the policy
 // controller killed, the claim deleted and created again. After each fault it checks the
 // invariants: every write the writer acknowledged reads back with its checksum (from the
 // volume's current incarnation); the writer acknowledges new writes (within a minute); the
-// claim's VolumeState, every Store and every Plinth pod are Ready again (bounded). At the end
-// the claim is deleted: its PV, VolumeState, file and loop device go, and no mount of the
-// writer's pod is left on its node. Restarting kubelets and containerd is not among the faults
-// yet (test/framework/cluster has no restart of a node's kubelet).
+// claim's VolumeState, every Store and every Plinth pod are Ready again (bounded). The kubelet
+// or containerd of the writer's node killed and started again (cluster.RestartKubelet,
+// RestartContainerd) are faults too: the writer's pod must go on acknowledging writes through
+// both, as a pod does on a node whose kubelet or containerd service restarts. At the end the
+// claim is deleted: its PV, VolumeState, file and loop device go, and no mount of the writer's
+// pod is left on its node.
 func (e *Walk) Chaos(ctx context.Context, o ChaosOptions) (*ChaosSummary, error) {
 	sum := &ChaosSummary{}
-	title := fmt.Sprintf("randomized faults: seed %d, %d faults (replay: %s=%d %s=%d) while %s writes checksummed records → no acknowledged write lost, all Ready, nothing leaked",
-		o.Seed, o.Steps, EnvChaosSeed, o.Seed, EnvChaosSteps, o.Steps, ChaosClaim)
+	title := fmt.Sprintf("randomized faults: %s while %s writes checksummed records → no acknowledged write lost, all Ready, nothing leaked",
+		o, ChaosClaim)
 	return sum, e.step(title, []string{"agent", "csi-controller", "csi-node", "controller"}, func() (string, error) {
 		rng := rand.New(rand.NewSource(o.Seed))
 		id, node, err := e.chaosClaim(ctx)
@@ -129,6 +163,8 @@ func (e *Walk) Chaos(ctx context.Context, o ChaosOptions) (*ChaosSummary, error)
 			{"kill the CSI node plugin of the writer's node", kill("csi-node", true)},
 			{"kill the CSI controller", kill("csi-controller", false)},
 			{"kill the policy controller", kill("controller", false)},
+			{"kill the kubelet of the writer's node and start it again", e.restartNodeService("kubelet", e.Nodes.RestartKubelet)},
+			{"kill containerd of the writer's node and start it again", e.restartNodeService("containerd", e.Nodes.RestartContainerd)},
 			{"delete and recreate the claim", func(ctx context.Context, _ string) (string, error) {
 				n, err := e.chaosAcked(ctx, 0)
 				if err != nil {
@@ -146,7 +182,8 @@ func (e *Walk) Chaos(ctx context.Context, o ChaosOptions) (*ChaosSummary, error)
 			}},
 		}
 		lines := []string{fmt.Sprintf("seed %d; the writer %s on %s, volume %s", o.Seed, ChaosClaim, node, id)}
-		for step := 1; step <= o.Steps; step++ {
+		begin := time.Now()
+		for step := 1; o.more(step, begin); step++ {
 			f := faults[rng.Intn(len(faults))]
 			before, err := e.chaosAcked(ctx, 0)
 			if err != nil {
@@ -169,6 +206,8 @@ func (e *Walk) Chaos(ctx context.Context, o ChaosOptions) (*ChaosSummary, error)
 			}
 			lines = append(lines, fmt.Sprintf("%d. %s: %s; %d acknowledged writes read back, all Ready", step, f.name, what, acked))
 		}
+		sum.Elapsed = time.Since(begin)
+		lines = append(lines, fmt.Sprintf("%d faults in %s (replay: %s=%d %s=%d)", len(sum.Faults), sum.Elapsed.Round(time.Second), EnvChaosSeed, o.Seed, EnvChaosSteps, len(sum.Faults)))
 		n, err := e.chaosAcked(ctx, 0)
 		if err != nil {
 			return "", err
@@ -374,6 +413,20 @@ func (e *Walk) killPlinthPod(ctx context.Context, component, node string) (strin
 		return "", err
 	}
 	return fmt.Sprintf("pod %s killed, replaced and Ready after %.1fs", victim.Name, time.Since(start).Seconds()), nil
+}
+
+// restartNodeService returns the fault that kills a node service (SIGKILL) through restart and
+// starts it again; the new process is added to the PID log that clean-up after a crashed run
+// reads.
+func (e *Walk) restartNodeService(what string, restart func(context.Context, string, bool) error) func(context.Context, string) (string, error) {
+	return func(ctx context.Context, node string) (string, error) {
+		start := time.Now()
+		if err := restart(ctx, node, true); err != nil {
+			return "", err
+		}
+		e.logNodePIDs()
+		return fmt.Sprintf("%s of %s killed and started again in %.1fs", what, node, time.Since(start).Seconds()), nil
+	}
 }
 
 // noPodMounts checks that nothing of the deleted pod stays mounted on its node.

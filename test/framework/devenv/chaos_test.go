@@ -3,6 +3,7 @@ package devenv
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // The invariant of the randomized run: a write the writer acknowledged and the volume lost (or
@@ -52,9 +53,22 @@ func TestChaosOptionsFromEnv(t *testing.T) {
 	if o, err := ChaosOptionsFromEnv(3); err != nil || o.Steps != 60 {
 		t.Errorf("steps 60: %+v, %v", o, err)
 	}
-	for name, v := range map[string][2]string{"seed not a number": {"x", ""}, "steps zero": {"1", "0"}, "steps not a number": {"1", "many"}} {
+	t.Setenv(EnvChaosDuration, "30m")
+	if o, err := ChaosOptionsFromEnv(3); err != nil || o.Duration != 30*time.Minute || !strings.Contains(o.String(), "faults for 30m0s") {
+		t.Errorf("duration 30m: %+v (%s), %v", o, o, err)
+	}
+	begin := time.Now().Add(-31 * time.Minute)
+	if o := (ChaosOptions{Duration: 30 * time.Minute}); !o.more(1, begin) || o.more(2, begin) || !o.more(2, time.Now()) {
+		t.Errorf("a run of 30m: the first fault always, no second after 31m, a second after 0s")
+	}
+	if o := (ChaosOptions{Steps: 2}); !o.more(2, begin) || o.more(3, time.Now()) {
+		t.Errorf("a run of 2 faults: a second, no third")
+	}
+	for name, v := range map[string][3]string{"seed not a number": {"x", "", ""}, "steps zero": {"1", "0", ""}, "steps not a number": {"1", "many", ""},
+		"duration not a duration": {"1", "", "30"}, "duration negative": {"1", "", "-1m"}} {
 		t.Setenv(EnvChaosSeed, v[0])
 		t.Setenv(EnvChaosSteps, v[1])
+		t.Setenv(EnvChaosDuration, v[2])
 		if _, err := ChaosOptionsFromEnv(3); err == nil || !strings.Contains(err.Error(), "PLINTH_CHAOS_") {
 			t.Errorf("%s: %v, want an error naming the variable", name, err)
 		}

@@ -328,17 +328,24 @@ func (e *Env) startNodes(ctx context.Context) (string, error) {
 		return "", err
 	}
 	e.Nodes = c
-	if e.pidLog != nil {
-		for _, pid := range c.PIDs() {
-			fmt.Fprintf(e.pidLog, "node-process %d\n", pid)
-		}
-	}
+	e.logNodePIDs()
 	var lines []string
 	for _, n := range c.Nodes {
 		lines = append(lines, fmt.Sprintf("node %s (zone %s): kubelet on %s:%d, root %s, log %s", n.Name, n.Zone, c.NodeIP, n.KubeletPort, n.RootDir, n.KubeletLogPath()))
 	}
 	lines = append(lines, fmt.Sprintf("all Ready in %.1fs; %d images imported into each", c.StartDuration.Seconds(), len(images)))
 	return strings.Join(lines, "\n"), nil
+}
+
+// logNodePIDs adds the node processes (kubelets, containerds, kube-proxy) to the PID log, so
+// clean-up after a crashed run finds them; a PID logged twice is harmless.
+func (e *Env) logNodePIDs() {
+	if e.pidLog == nil || e.Nodes == nil {
+		return
+	}
+	for _, pid := range e.Nodes.PIDs() {
+		fmt.Fprintf(e.pidLog, "node-process %d\n", pid)
+	}
 }
 
 // deployPlinth deploys Plinth as users do (test/framework/deploy) and waits until

@@ -100,6 +100,14 @@ func ServeGit(dir string, files map[string][]byte) (url string, stop func(), err
 	return g.url, g.close, nil
 }
 
+// CommitServed commits files (path relative to the repository → content) on top of what the
+// repository ServeGit serves from dir at url holds, with message msg, and pushes them: the
+// next commit of a policy repository. Files not named stay.
+func CommitServed(dir, url, msg string, files map[string][]byte) error {
+	g := &gitRepo{bare: filepath.Join(dir, "git", fluxRepoName+".git"), work: filepath.Join(dir, "git", "work"), url: url}
+	return g.commit(msg, files)
+}
+
 // commit writes files (path relative to the repository → content), commits
 // and pushes to the served bare repository.
 func (g *gitRepo) commit(msg string, files map[string][]byte) error {

@@ -91,15 +91,10 @@ var Expectations = map[string]map[string]PanelExpect{
 		"Available by failure domain":                   both(has()),
 		"Available in 7 days (predict_linear)":          both(has()),
 		"Volumes by phase":                              both(has()),
-		"Abnormal volumes": {
-			Host: Expect{Data: true, FallbackWhy: map[string]string{
-				"kubelet_volume_stats_health_status_abnormal": "kubelets report volume health; none runs in this harness"}},
-			RealNodes: Expect{Data: true, FallbackWhy: map[string]string{
-				"kubelet_volume_stats_health_status_abnormal": "not exported by the scenario's kubelets (v1.37.2, CSIVolumeHealth on) while every volume is healthy; no step breaks a mount yet"}},
-		},
-		"Failed volumes by Store":                     both(has()),
-		"Provisioned to Block and Filesystem volumes": both(has()),
-		"Thin pool data allocated":                    both(empty(whyThin)),
+		"Abnormal volumes":                              both(has()),
+		"Failed volumes by Store":                       both(has()),
+		"Provisioned to Block and Filesystem volumes":   both(has()),
+		"Thin pool data allocated":                      both(empty(whyThin)),
 		"PVC used / capacity (kubelet)": {
 			Host:      empty("kubelet_volume_stats_* come from kubelets; none runs in this harness"),
 			RealNodes: has(),

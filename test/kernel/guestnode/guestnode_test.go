@@ -38,10 +38,14 @@ const EnvGuestKubelet = "PLINTH_GUEST_KUBELET"
 type nodeSpec struct {
 	name, mac, addr, podSubnet string
 	side                       func(*netrelay.Relay) *netrelay.Side
+	// stateDisk is the node's disk for /var/lib/plinth ("": the root's tmpfs).
+	stateDisk string
 }
 
+// The storage node's /var/lib/plinth is on the disk the hand-made phase's agent used
+// (handStateDisk, wiped by its teardown).
 var nodeSpecs = []nodeSpec{
-	{name: "storage-0", mac: "52:54:00:77:00:01", addr: "192.168.77.1", podSubnet: "10.244.1.0/24",
+	{name: "storage-0", mac: "52:54:00:77:00:01", addr: "192.168.77.1", podSubnet: "10.244.1.0/24", stateDisk: handStateDisk,
 		side: func(r *netrelay.Relay) *netrelay.Side { return r.A }},
 	{name: "worker-a", mac: "52:54:00:77:00:02", addr: "192.168.77.2", podSubnet: "10.244.2.0/24",
 		side: func(r *netrelay.Relay) *netrelay.Side { return r.B }},
@@ -148,9 +152,10 @@ cp $S/svcforward /usr/bin/svcforward
 echo "127.0.0.1 %[15]s" >> /etc/hosts
 for i in /sys/class/net/*; do [ "$(cat $i/address)" = %[5]s ] && dev=${i##*/}; done
 [ -n "$dev" ] || { echo "no NIC with MAC %[5]s"; exit 1; }
-ip addr add %[6]s/24 dev $dev && ip link set $dev up
+ip addr replace %[6]s/24 dev $dev && ip link set $dev up
 ip route add %[16]s via %[17]s dev $dev
 sysctl -qw net.ipv4.ip_forward=1
+%[18]s
 cp $S/containerd.toml /etc/containerd/config.toml
 cp $S/10-plinth-bridge.conflist %[7]s/
 cp $S/ca.crt %[8]s
@@ -172,7 +177,16 @@ i=0; until wget -q -O /dev/null http://127.0.0.1:%[10]d/healthz 2>/dev/null; do 
 echo "kubelet healthy $(cut -d' ' -f1 /proc/uptime)"`,
 		guest.SharePath, n.name, apiPort, guest.GuestForwardAddr, n.mac, n.addr, cniConfDir, caFile,
 		containerdSock, kubeletHealthz, apiHost, cluster.PodCIDR, guestRegistryPort, keyServerPort, keyServerHost,
-		other.podSubnet, other.addr)
+		other.podSubnet, other.addr, stateDiskScript(n.stateDisk))
+}
+
+// stateDiskScript mounts the node's state disk, when it has one, at /var/lib/plinth (made
+// ext4 at its first use): the agent's state outlives a reboot, as on a real node's disk.
+func stateDiskScript(disk string) string {
+	if disk == "" {
+		return ""
+	}
+	return fmt.Sprintf("mkdir -p /var/lib/plinth && { blkid %[1]s >/dev/null || mkfs.ext4 -q %[1]s; } && mount %[1]s /var/lib/plinth", disk)
 }
 
 func goBuild(t *testing.T, root, out, pkg string) {
@@ -225,6 +239,7 @@ func TestGuestKubelet(t *testing.T) {
 	}
 	goBuild(t, root, filepath.Join(work, "apimux"), "./test/kernel/cmd/apimux")
 	goBuild(t, root, filepath.Join(work, "svcforward"), "./test/kernel/guestnode/cmd/svcforward")
+	hand := prepareHandMade(t, root, work)
 	apiURL, err := url.Parse(cp.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -289,23 +304,38 @@ func TestGuestKubelet(t *testing.T) {
 		egress.Route(fmt.Sprintf("%s:%d", spec.addr, kubeletPort), fmt.Sprintf("127.0.0.1:%d", port))
 	}
 
-	// Both guests boot at once, each on one vCPU; then each joins (in parallel).
+	// Both guests boot at once, each on one vCPU; the hand-made phase runs on them, then each
+	// joins (in parallel). The storage guest's disks: the kubelet phase's pool (/dev/vda), the
+	// hand-made phase's pool and agent state (handPoolDisk, handStateDisk); its WorkDir keeps
+	// them over a reboot.
 	var wg sync.WaitGroup
 	errs := make([]error, len(nodes))
+	opts := make([]guest.Options, len(nodes))
 	bootStart := time.Now()
+	// Each guest lives as long as the suite may (its -timeout; the Makefile gives 80m): a
+	// fixed 40 minutes killed the worker mid-suite on a loaded host (timeout(1)'s exit 124,
+	// in the steps after the helm upgrade). Cleanup stops both.
+	life := 80 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		life = time.Until(d) + time.Minute
+	}
 	for i, n := range nodes {
+		opts[i] = guest.Options{Flavor: guest.FlavorNode, MemoryMiB: 2560,
+			Timeout: life, BootTimeout: 5 * time.Minute,
+			GuestForwards: append([]guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, {HostPort: regDemux.Port(), GuestPort: guestRegistryPort}},
+				hand.guestForwards()...),
+			HostForwards: append([]guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}}, hand.hostForwards(i == 0)...),
+			ExtraArgs:    n.side(relay).NetdevArgs("p0")}
+		if i == 0 {
+			opts[i].DiskBytes = []int64{2 << 30, 2 << 30, 64 << 20}
+			opts[i].WorkDir = t.TempDir()
+		} else { // the worker's /dev/vdb: its disk of the spread pool (SpreadAcrossZones)
+			opts[i].DiskBytes = []int64{64 << 20, 2 << 30}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var disks []int64
-			if i == 0 { // the storage node's disk for its thin pool
-				disks = []int64{2 << 30}
-			}
-			n.g, errs[i] = guest.Boot(t.Context(), guest.Options{Flavor: guest.FlavorNode, MemoryMiB: 2560, DiskBytes: disks,
-				Timeout: 40 * time.Minute, BootTimeout: 5 * time.Minute,
-				GuestForwards: []guest.Forward{{HostPort: demux.Port(), GuestPort: 6443}, {HostPort: regDemux.Port(), GuestPort: guestRegistryPort}},
-				HostForwards:  []guest.Forward{{HostPort: n.hostPort, GuestPort: kubeletPort}},
-				ExtraArgs:     n.side(relay).NetdevArgs("p0")})
+			n.g, errs[i] = guest.Boot(t.Context(), opts[i])
 		}()
 	}
 	wg.Wait()
@@ -326,6 +356,24 @@ func TestGuestKubelet(t *testing.T) {
 			}
 		}
 	})
+
+	// The hand-made phase, then its teardown: the kubelet phase starts on guests that hold
+	// nothing of it (its control plane stops here too).
+	handStart := time.Now()
+	hs := hand.newSuite(nodes[0].g, nodes[1].g, opts[0], relay)
+	t.Run("HandMade", func(t *testing.T) {
+		hand.start(t, hs)
+		testHandMade(t, hs)
+	})
+	if hs.storage == nil {
+		t.Fatal("the storage guest did not boot again in the hand-made phase")
+	}
+	nodes[0].g = hs.storage.g // rebooted in StorageRebootRestoresExports
+	hs.teardown(t)
+	if err := hand.cp.Stop(); err != nil {
+		t.Errorf("stop the hand-made phase's control plane: %v", err)
+	}
+	t.Logf("TIMING hand-made phase with its teardown %s", time.Since(handStart).Round(time.Millisecond))
 
 	for _, n := range nodes {
 		if _, err := cp.NodeKubeconfig(n.name); err != nil {
@@ -356,22 +404,27 @@ func TestGuestKubelet(t *testing.T) {
 			copyShare(t, n.g, filepath.Join("images", filepath.Base(a)), a)
 		}
 	}
+	// join makes the booted guest of nodes[i] a node (at first, and after a reboot).
+	join := func(t *testing.T, i int) error {
+		n := nodes[i]
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		res, err := n.g.Run(ctx, joinScript(n, nodes[1-i].nodeSpec, cp.NodeIP, apiPort), nil)
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("exit %d", res.ExitCode)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: join: %w\n%s", n.name, err, res.Output)
+		}
+		t.Logf("%s (guest clock):\n%s", n.name, res.Output)
+		return nil
+	}
 	joinStart := time.Now()
-	for i, n := range nodes {
+	for i := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-			defer cancel()
-			res, err := n.g.Run(ctx, joinScript(n, nodes[1-i].nodeSpec, cp.NodeIP, apiPort), nil)
-			if err == nil && res.ExitCode != 0 {
-				err = fmt.Errorf("exit %d", res.ExitCode)
-			}
-			if err != nil {
-				errs[i] = fmt.Errorf("%s: join: %w\n%s", n.name, err, res.Output)
-				return
-			}
-			t.Logf("%s (guest clock):\n%s", n.name, res.Output)
+			errs[i] = join(t, i)
 		}()
 	}
 	wg.Wait()
@@ -461,7 +514,7 @@ func TestGuestKubelet(t *testing.T) {
 	t.Logf("TIMING pods created → logs read on both nodes %s", time.Since(podStart).Round(time.Millisecond))
 
 	for _, n := range nodes {
-		controlplane.Eventually(t, 2*time.Minute, time.Second, n.name+": kube-proxy's rule for the kubernetes Service", func() error {
+		controlplane.Eventually(t, 5*time.Minute, time.Second, n.name+": kube-proxy's rule for the kubernetes Service", func() error {
 			if out := n.sh(t, time.Minute, "iptables-save -t nat | grep -c 'default/kubernetes:https' || true"); strings.TrimSpace(out) == "0" {
 				return fmt.Errorf("none in iptables-save -t nat; kube-proxy's log:\n%s", n.try(time.Minute, "tail -n 20 /var/log/kube-proxy.log"))
 			}
@@ -475,7 +528,8 @@ func TestGuestKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &scene{cs: cs, c: c, cp: cp, root: root, work: work, nodes: nodes, relay: relay, reg: reg.Addr}
+	s := &scene{cs: cs, c: c, cp: cp, root: root, work: work, nodes: nodes, relay: relay, reg: reg.Addr,
+		storageOpts: opts[0], join: join, cleanup: t.Cleanup}
 	// Every step needs the release and the writer's volume: a failure of the first two ends the
 	// test; the others run on after a failure of one of them.
 	for i, step := range []struct {
@@ -486,10 +540,13 @@ func TestGuestKubelet(t *testing.T) {
 		{"NVMeoFVolumeOnWorker", testNVMeVolume},
 		{"ShortLinkCutPausesIO", testShortCut},
 		{"LongLinkCutFailsIOThenRestartRecovers", testLongCut},
+		{"StorageNodeRebootRestoresExports", testStorageReboot},
 		{"HelmUpgradeUnderMounts", testHelmUpgrade},
 		{"HelmUninstallKeepsDataReinstallAdopts", testReinstall},
 		{"PodMovedRevokesTheOldHostFirst", testMove},
 		{"LocalVolumeGrownOnline", testLocalGrow},
+		{"NodeLacksModules", testNodeLacksModules},
+		{"SpreadAcrossZones", testSpread},
 	} {
 		stepStart := time.Now()
 		ok := t.Run(step.name, func(t *testing.T) { step.run(t, s) })

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -177,7 +176,8 @@ func podStates(ctx context.Context, cs *kubernetes.Clientset) string {
 // set) rolls the whole chart out on the two guest nodes: the controller, CSI controller and
 // scheduler Deployments (two replicas each) and the agent and CSI node DaemonSets (one pod on
 // each guest), every image pulled by the guests' containerd from the registry. With the policy
-// (a StoragePool on the storage guest's thin pool) committed, the controller in its pod renders
+// (a StoragePool on the storage guest's thin pool and its classes, guestPolicy) committed to
+// Git and applied by Flux (commitPolicy), the controller in its pod renders
 // the Store and Agent; the agent's modules init container has loaded nvmet, nvmet_tcp and
 // dm_thin_pool from the guest's /lib/modules, it makes the thin pool on the guest's disk and
 // reports the Store Ready with its capacity. kubelet registers the node plugin on both guests
@@ -215,7 +215,7 @@ func testHelmInstall(t *testing.T, s *scene) {
 		}
 	})
 	var deps, dss int
-	poll(t, 12*time.Minute, 2*time.Second, "the chart rolled out on the guests", func() (err error) {
+	poll(t, 20*time.Minute, 2*time.Second, "the chart rolled out on the guests", func() (err error) {
 		deps, dss, err = rolledOut(t.Context(), cs)
 		return err
 	})
@@ -239,14 +239,9 @@ func testHelmInstall(t *testing.T, s *scene) {
 		t.Errorf("images pulled from %s: %d %v, want the chart's 6", guestRegistry, len(pulled), keys(pulled))
 	}
 
-	// The policy: a thin pool on the storage guest; the controller renders its Store and Agent.
-	backend := policyv1.Backend{LVM: &policyv1.LVMBackend{VolumeGroup: agentVG, Devices: []string{"/dev/vda"},
-		ThinPool: &policyv1.ThinPool{Name: "pool", SizePercent: 80}}}
-	if err := c.Create(t.Context(), &policyv1.StoragePool{ObjectMeta: metav1.ObjectMeta{Name: agentPool}, Spec: policyv1.StoragePoolSpec{
-		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelHostname: storage.name}},
-		Backend:      backend, Reserve: "5%", OvercommitPercent: ptr.To[int32](400)}}); err != nil {
-		t.Fatal(err)
-	}
+	// The policy, committed to Git and applied by Flux: a thin pool on the storage guest and its
+	// classes (guestPolicy); the controller renders its Store and Agent.
+	commitPolicy(t, s, guestPolicy(storage.name))
 	store := storev1.StoreName(agentPool, storage.name)
 	poll(t, 6*time.Minute, 2*time.Second, "store "+store+" Ready", func() error {
 		var st storev1.Store

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/plinth-storage/plinth/test/framework/controlplane"
+	"github.com/plinth-storage/plinth/test/kernel/guest"
 	"github.com/plinth-storage/plinth/test/kernel/netrelay"
 )
 
@@ -35,6 +36,16 @@ type scene struct {
 	chart, values string
 	// sum is the sha256 of the data the writer pod wrote on its NVMe-oF volume.
 	sum string
+	// storageOpts boot the storage guest again (its WorkDir: the same disks); join makes
+	// nodes[i]'s booted guest a node.
+	storageOpts guest.Options
+	join        func(t *testing.T, i int) error
+	// policyRepo and policyURL: the policy repository Flux reads (commitPolicy), its folder on
+	// the host and its URL.
+	policyRepo, policyURL string
+	// cleanup registers f to run when the whole test ends (TestGuestKubelet's t.Cleanup): what
+	// a step starts for the later steps (the policy repository's Git server) must outlive it.
+	cleanup func(f func())
 }
 
 func (s *scene) storage() *node { return s.nodes[0] }

@@ -1,9 +1,12 @@
 package guestnode
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,10 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
+	"github.com/plinth-storage/plinth/test/kernel/guest"
 )
 
 // shortCut is shorter than ctrlLossTmo: the kernel keeps the controller and reconnects.
@@ -31,6 +33,7 @@ const shortCut = 5 * time.Second
 func testShortCut(t *testing.T, s *scene) {
 	w := s.worker()
 	s.waitTicks(t, writerPod, w.uptimeF(t), 2*time.Minute)
+	ctrlsBefore := controllers(t, w)
 	before := s.relay.Counts()
 	cutAt := w.uptimeF(t)
 	s.relay.Cut()
@@ -50,14 +53,50 @@ func testShortCut(t *testing.T, s *scene) {
 	if c := s.relay.Counts(); c.DroppedAB+c.DroppedBA == before.DroppedAB+before.DroppedBA {
 		t.Errorf("the relay dropped no frame during the cut: %+v", c)
 	}
+	if after := controllers(t, w); len(ctrlsBefore) != 1 || !slices.Equal(after, ctrlsBefore) {
+		t.Errorf("the worker's NVMe controllers after the short cut: %v, were %v: want the same one, reconnected, not removed and made anew", after, ctrlsBefore)
+	}
 }
+
+// controllers lists the NVMe controllers of node n's kernel (nvme0...), sorted.
+func controllers(t *testing.T, n *node) []string {
+	t.Helper()
+	return strings.Fields(n.sh(t, time.Minute, "ls /sys/class/nvme 2>/dev/null | sort"))
+}
+
+// nodeMetric reads one sample (the exact series with labels, as /metrics prints it) of the CSI
+// node plugin's /metrics on node n (the chart's --metrics-address :9473, host network); 0 when
+// the series is absent.
+func nodeMetric(t *testing.T, n *node, series string) float64 {
+	t.Helper()
+	out := n.sh(t, time.Minute, "wget -q -O - http://127.0.0.1:9473/metrics")
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q: %v", series, line, err)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// The node plugin's series of a volume it found gone (csi's volume health monitor).
+const (
+	inaccessibleGone = `plinth_csi_node_volumes_inaccessible{reason="DeviceGone"}`
+	failuresGone     = `plinth_csi_node_volume_failures_total{reason="DeviceGone"}`
+)
 
 // testLongCut: Expected: a cut longer than ctrlLossTmo: the worker's kernel gives up the
 // controller and fails the held write; the writer pod sees the error (EIO, or EROFS once ext4
 // remounted read-only after it); the node plugin reports the volume inaccessible unasked: a
-// Warning event DeviceGone on its VolumeState. After the link returns, a restart of the pod
-// (kubelet unstages and stages the volume again: a new NVMe-oF connection) reads the data
-// back with the sum it had.
+// Warning event DeviceGone on its VolumeState naming the worker, its gauge
+// plinth_csi_node_volumes_inaccessible{reason="DeviceGone"} at 1 and its counter
+// plinth_csi_node_volume_failures_total{reason="DeviceGone"} one higher. After the link
+// returns, a restart of the pod (kubelet unstages and stages the volume again: a new NVMe-oF
+// connection) reads the data back with the sum it had, from the same filesystem (UUID
+// unchanged: not re-formatted), and the gauge is back at 0.
 func testLongCut(t *testing.T, s *scene) {
 	w := s.worker()
 	pvc, err := s.cs.CoreV1().PersistentVolumeClaims(volumeNS).Get(t.Context(), writerClaim, metav1.GetOptions{})
@@ -69,6 +108,8 @@ func testLongCut(t *testing.T, s *scene) {
 		t.Fatal(err)
 	}
 	volumeID := pv.Spec.CSI.VolumeHandle
+	uuid := s.fsUUID(t, w)
+	failuresBefore := nodeMetric(t, w, failuresGone)
 	cutAt := w.uptimeF(t)
 	s.relay.Cut()
 	restored := false
@@ -106,6 +147,20 @@ func testLongCut(t *testing.T, s *scene) {
 		return fmt.Errorf("%d DeviceGone events, none of %s", len(evs.Items), volumeID)
 	})
 	t.Logf("reported: %s", reported)
+	if !strings.Contains(reported, w.name) {
+		t.Errorf("DeviceGone event %q does not name node %s", reported, w.name)
+	}
+	// the monitor counts at its first check after the kernel removed the controller, which may
+	// come after the event read above
+	poll(t, 2*time.Minute, time.Second, "the cut counted once by the node plugin's monitor", func() error {
+		if g := nodeMetric(t, w, inaccessibleGone); g != 1 {
+			return fmt.Errorf("%s = %v, want 1", inaccessibleGone, g)
+		}
+		if c := nodeMetric(t, w, failuresGone); c != failuresBefore+1 {
+			return fmt.Errorf("%s %v → %v, want +1", failuresGone, failuresBefore, c)
+		}
+		return nil
+	})
 	s.relay.Restore()
 	restored = true
 	restart := time.Now()
@@ -114,6 +169,15 @@ func testLongCut(t *testing.T, s *scene) {
 	if got := blobSum(t, log); got != s.sum {
 		t.Errorf("after the long cut and a pod restart the data's sum is %s, was %s", got, s.sum)
 	}
+	if u := s.fsUUID(t, w); u != uuid {
+		t.Errorf("filesystem UUID %s after the long cut and a restage, was %s: re-formatted", u, uuid)
+	}
+	poll(t, 2*time.Minute, time.Second, "no volume inaccessible after the restage", func() error {
+		if g := nodeMetric(t, w, inaccessibleGone); g != 0 {
+			return fmt.Errorf("%s = %v", inaccessibleGone, g)
+		}
+		return nil
+	})
 	s.waitTicks(t, writerPod, w.uptimeF(t), 2*time.Minute)
 }
 
@@ -190,7 +254,10 @@ func (s *scene) nodePods(t *testing.T) map[string]string {
 }
 
 // testHelmUpgrade: Expected: `helm upgrade` to a new chart version (0.1.1, its images tagged
-// v0.1.1 in the registry) while the writer's volume is mounted and written: every agent and
+// v0.1.1) before its images are in the registry: the rollout stops at a new pod whose
+// container waits (ErrImagePull or ImagePullBackOff) with a message naming the missing image;
+// once the images are pushed (tagged v0.1.1 in the registry) it goes on, while the writer's
+// volume is mounted and written: every agent and
 // CSI node pod is replaced (new pods on both nodes), the release is at revision 2 with the new
 // chart; the writer's writes go on — none fails, the longest is the data path's pause,
 // measured — and the volume's filesystem is the same (UUID unchanged: not re-formatted) with
@@ -202,20 +269,53 @@ func testHelmUpgrade(t *testing.T, s *scene) {
 	if len(before) != 4 {
 		t.Fatalf("agent and CSI node pods before the upgrade: %v, want 4", before)
 	}
-	for _, im := range []string{"plinth-storage/plinth", "plinth-storage/plinth-scheduler"} {
-		s.retag(t, im, "v0.1.0", "v0.1.1")
-	}
 	chart := s.newChartVersion(t, "v0.1.1")
 	from := w.uptimeF(t)
 	t0 := time.Now()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the upgrade's rollout: %s", rolloutTimeline(context.Background(), s.cs, t0))
+		}
+	})
+	// The release's images are pushed after the upgrade began: until then the rollout stops at
+	// its first new pod, whose status names the image the registry lacks.
 	s.helm.run(t, "upgrade", "plinth", chart, "--namespace", releaseNS, "-f", s.values,
 		"--set", "images.plinth.tag=v0.1.1", "--set", "images.plinth-scheduler.tag=v0.1.1")
+	var pullErr string
+	poll(t, 5*time.Minute, time.Second, "a new pod that names the image missing from the registry", func() error {
+		pods, err := s.cs.CoreV1().Pods(plinthNS).List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			for _, c := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+				if wt := c.State.Waiting; wt != nil && (wt.Reason == "ErrImagePull" || wt.Reason == "ImagePullBackOff") {
+					pullErr = fmt.Sprintf("pod %s container %s: %s: %s", p.Name, c.Name, wt.Reason, wt.Message)
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("no container waiting on an image pull in %d pods", len(pods.Items))
+	})
+	t.Logf("before the push: %s", pullErr)
+	if !strings.Contains(pullErr, guestRegistry+"/plinth-storage/plinth") || !strings.Contains(pullErr, ":v0.1.1") {
+		t.Errorf("the stopped rollout says %q, want the image %s/plinth-storage/plinth...:v0.1.1 named", pullErr, guestRegistry)
+	}
+	for _, im := range []string{"plinth-storage/plinth", "plinth-storage/plinth-scheduler"} {
+		s.retag(t, im, "v0.1.0", "v0.1.1")
+	}
+	pushed := time.Now()
+	t.Logf("TIMING helm upgrade → the missing image named, then pushed %s", pushed.Sub(t0).Round(time.Millisecond))
 	poll(t, 10*time.Minute, 2*time.Second, "the upgrade rolled out", func() error {
 		_, _, err := rolledOut(t.Context(), s.cs)
 		return err
 	})
 	to := w.uptimeF(t)
-	t.Logf("TIMING helm upgrade → rolled out %s", time.Since(t0).Round(time.Millisecond))
+	t.Logf("TIMING helm upgrade → rolled out %s (push → rolled out %s)", time.Since(t0).Round(time.Millisecond), time.Since(pushed).Round(time.Millisecond))
+	t.Logf("the upgrade's rollout: %s", rolloutTimeline(t.Context(), s.cs, t0))
+	if n, by, err := livenessKills(t.Context(), s.cs, t0); err == nil {
+		t.Logf("MEASURE containers restarted by a failed liveness probe during the upgrade: %d %v", n, by)
+	}
 	after := s.nodePods(t)
 	for k, uid := range before {
 		if after[k] == "" || after[k] == uid {
@@ -388,24 +488,13 @@ func testMove(t *testing.T, s *scene) {
 // The local class: thin LVs on the storage node, used there.
 const localClass = agentPool + "-local"
 
-// testLocalGrow: Expected: a local class (Protocol local, WaitForFirstConsumer, expansion
-// allowed) on the same pool: a pod scheduled by the chart's scheduler onto the storage node gets
+// testLocalGrow: Expected: the local class of the policy Flux applied (Protocol local,
+// WaitForFirstConsumer, expansion allowed; guestPolicy) on the same pool: a pod scheduled by the chart's scheduler onto the storage node gets
 // a thin LV of 64 MiB through its own kubelet; the claim grown to 128 MiB is expanded online
 // (csi-resizer → ControllerExpandVolume → the agent's lvextend; kubelet → NodeExpandVolume →
 // resize2fs) and the running pod's df shows the new size.
 func testLocalGrow(t *testing.T, s *scene) {
 	st := s.storage()
-	for _, o := range []client.Object{
-		&policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: localClass}, Spec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}},
-		&policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: localClass}, Spec: policyv1.PlacementSpec{
-			PoolRef: policyv1.LocalObjectReference{Name: agentPool}, ProtocolRef: policyv1.LocalObjectReference{Name: localClass},
-			StorageClass: policyv1.StorageClassTemplate{Name: localClass, VolumeBindingMode: "WaitForFirstConsumer", AllowVolumeExpansion: true},
-			Filesystem:   policyv1.Filesystem{FSType: "ext4"}}},
-	} {
-		if err := s.c.Create(t.Context(), o); err != nil {
-			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
-		}
-	}
 	poll(t, 3*time.Minute, time.Second, "StorageClass "+localClass, func() error {
 		_, err := s.cs.StorageV1().StorageClasses().Get(t.Context(), localClass, metav1.GetOptions{})
 		return err
@@ -479,4 +568,63 @@ func testLocalGrow(t *testing.T, s *scene) {
 	if p2, err := s.cs.CoreV1().Pods(volumeNS).Get(t.Context(), pod.Name, metav1.GetOptions{}); err != nil || p2.UID != p.UID || p2.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("the local pod was restarted or replaced during the growth: %v", err)
 	}
+}
+
+// testStorageReboot: Expected: the storage guest powers off (qemu ends: no clean shutdown)
+// while the writer pod on the worker writes to its NVMe-oF volume, and boots again on the same
+// disks; it joins again as the same Node (containerd's and kubelet's state went with its tmpfs
+// root; /var/lib/plinth is on its disk). The chart's pods on it run again (every DaemonSet and
+// Deployment rolled out), and its agent, with nothing restored by hand, exports the volume
+// again from its VolumeState: the one subsystem, whose allowed_hosts lists only the worker's
+// host NQN, linked into one port on the storage node's private address. The worker's kernel
+// gave the controller up meanwhile (ctrlLossTmo); a restart of the writer pod (a new,
+// authenticated connection) reads the data back with its sum and writes again.
+func testStorageReboot(t *testing.T, s *scene) {
+	st, w := s.storage(), s.worker()
+	workerNQN := strings.TrimSpace(w.sh(t, time.Minute, "cat /etc/nvme/hostnqn"))
+	subs := strings.Fields(st.sh(t, time.Minute, "ls /sys/kernel/config/nvmet/subsystems"))
+	if len(subs) != 1 {
+		t.Fatalf("nvmet subsystems on the storage node: %v, want the writer's one", subs)
+	}
+	down := time.Now()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the rollout after the reboot: %s", rolloutTimeline(context.Background(), s.cs, down))
+		}
+	})
+	if err := st.g.Stop(); err != nil {
+		t.Logf("stop %s: %v", st.name, err)
+	}
+	g, err := guest.Boot(t.Context(), s.storageOpts)
+	if err != nil {
+		t.Fatalf("boot %s again: %v", st.name, err)
+	}
+	st.g = g
+	t.Logf("TIMING %s booted again in %s", st.name, g.BootTime.Round(time.Millisecond))
+	if err := s.join(t, 0); err != nil {
+		t.Fatal(err)
+	}
+	startServiceForward(t, s.cs, []*node{st})
+	poll(t, 10*time.Minute, 2*time.Second, "the chart's pods running again on "+st.name, func() error {
+		_, _, err := rolledOut(t.Context(), s.cs)
+		return err
+	})
+	t.Logf("TIMING %s down → joined and rolled out again %s", st.name, time.Since(down).Round(time.Millisecond))
+	poll(t, 5*time.Minute, 2*time.Second, "the writer's export restored", func() error {
+		hosts := strings.Fields(st.try(time.Minute, fmt.Sprintf("ls /sys/kernel/config/nvmet/subsystems/%s/allowed_hosts", subs[0])))
+		if len(hosts) != 1 || hosts[0] != workerNQN {
+			return fmt.Errorf("allowed_hosts of %s: %v, want only %s", subs[0], hosts, workerNQN)
+		}
+		ports := strings.TrimSpace(st.try(time.Minute, fmt.Sprintf(`for p in /sys/kernel/config/nvmet/ports/*; do [ -e $p/subsystems/%s ] && echo "$(cat $p/addr_traddr) $(cat $p/addr_trsvcid)"; done; true`, subs[0])))
+		if want := fmt.Sprintf("%s %d", st.addr, nvmePort); ports != want {
+			return fmt.Errorf("ports linking %s: %q, want one: %s", subs[0], ports, want)
+		}
+		return nil
+	})
+	t.Logf("TIMING %s down → export restored %s", st.name, time.Since(down).Round(time.Millisecond))
+	log := s.recreate(t)
+	if got := blobSum(t, log); got != s.sum {
+		t.Errorf("after the storage node's reboot and a pod restart the data's sum is %s, was %s", got, s.sum)
+	}
+	s.waitTicks(t, writerPod, w.uptimeF(t), 2*time.Minute)
 }

@@ -15,7 +15,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
 )
 
@@ -34,9 +33,9 @@ const (
 
 var sumLine = regexp.MustCompile(`(?m)([0-9a-f]{64})  /data/blob$`)
 
-// testNVMeVolume: Expected: with the policy (a Protocol nvme-tcp on the relay's network with
-// bidirectional DH-HMAC-CHAP, a Placement with an Immediate ext4 class on the storage guest's
-// pool) rendered by the chart's controller, a StatefulSet's claim of that class is provisioned
+// testNVMeVolume: Expected: with the policy Flux applied (a Protocol nvme-tcp on the relay's
+// network with bidirectional DH-HMAC-CHAP, a Placement with an Immediate ext4 class on the
+// storage guest's pool: guestPolicy) rendered by the chart's controller, a StatefulSet's claim of that class is provisioned
 // by the chart's CSI controller (csi-provisioner → CreateVolume → the agent's thin LV) and
 // Bound; its pod, scheduled onto the worker guest (a nodeSelector, no nodeName), gets the
 // volume through the worker's kubelet: the attach-detach controller's VolumeAttachment is
@@ -52,20 +51,6 @@ var sumLine = regexp.MustCompile(`(?m)([0-9a-f]{64})  /data/blob$`)
 func testNVMeVolume(t *testing.T, s *scene) {
 	cs, c, nodes, storage, worker := s.cs, s.c, s.nodes, s.storage(), s.worker()
 	t0 := time.Now()
-	for _, o := range []client.Object{
-		&policyv1.Protocol{ObjectMeta: metav1.ObjectMeta{Name: volumeClass}, Spec: policyv1.ProtocolSpec{
-			NVMeoFTCP: &policyv1.NVMeoFTCPProtocol{Port: nvmePort, BindCIDR: netCIDR, ACL: ptr.To(true),
-				CtrlLossTmo: ptr.To[int32](ctrlLossTmo), ReconnectDelay: reconnectDelay,
-				Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP, Hash: "sha256", DHGroup: "ffdhe2048", Bidirectional: true}}}},
-		&policyv1.Placement{ObjectMeta: metav1.ObjectMeta{Name: volumeClass}, Spec: policyv1.PlacementSpec{
-			PoolRef: policyv1.LocalObjectReference{Name: agentPool}, ProtocolRef: policyv1.LocalObjectReference{Name: volumeClass},
-			StorageClass: policyv1.StorageClassTemplate{Name: volumeClass, VolumeBindingMode: "Immediate"},
-			Filesystem:   policyv1.Filesystem{FSType: "ext4"}}},
-	} {
-		if err := c.Create(t.Context(), o); err != nil {
-			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
-		}
-	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, n := range nodes {

@@ -11,8 +11,10 @@ import (
 // times out leaves the command it waited for behind (a process blocked in the
 // kernel outlives the test binary's exit), so this lists every user process
 // with its state and kernel stack, prints the memory left (tmpfs and ZFS's ARC
-// share the guest's RAM), asks the kernel to log its blocked tasks (sysrq w),
-// and prints the kernel log's tail.
+// share the guest's RAM) and, where ZFS is loaded, each pool's state and the
+// last ZFS events (zpool events, which may block behind a hung pool: given 10 s
+// in the background, then reported as not answering), asks the kernel to log
+// its blocked tasks (sysrq w), and prints the kernel log's tail.
 const guestDiagnostics = `echo "kguest-diag: user processes (pid state cmdline, kernel stack)"
 for p in /proc/[0-9]*; do
 	c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null)
@@ -22,12 +24,24 @@ for p in /proc/[0-9]*; do
 	sed 's/^/kguest-diag:     /' $p/stack 2>/dev/null
 done
 grep -E '^(MemTotal|MemAvailable|Shmem|Dirty|Writeback):' /proc/meminfo | sed 's/^/kguest-diag: meminfo /'
+if [ -e /dev/zfs ]; then
+	for f in /proc/spl/kstat/zfs/*/state; do
+		[ -e "$f" ] || continue
+		p=${f%/state}
+		echo "kguest-diag: zfs pool ${p##*/} $(cat $f)"
+	done
+	zpool events > /tmp/kguest-zevents 2>&1 &
+	z=$! i=0
+	while kill -0 $z 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+	kill -0 $z 2>/dev/null && echo "kguest-diag: zfs zpool events (pid $z) did not answer in 10 s"
+	tail -n 15 /tmp/kguest-zevents | sed 's/^/kguest-diag: zfs events /'
+fi
 echo w > /proc/sysrq-trigger 2>/dev/null
 dmesg | tail -n 60 | sed 's/^/kguest-diag: dmesg /'
 exit 0`
 
 // maxDiagnosticLines bounds what failureDigest keeps of the guest diagnostics.
-const maxDiagnosticLines = 40
+const maxDiagnosticLines = 60
 
 // failureDigest picks out of the guest diagnostics and of a failed test
 // binary's output (go test -test.v) the lines that say what failed, in this
@@ -48,10 +62,12 @@ func failureDigest(testOutput, diagnostics string) []string {
 		}
 		msg, isLog := strings.CutPrefix(rest, "dmesg ")
 		if !isLog {
-			// Processes and their stacks, but not the guest's own shells
-			// (init and the runner of this script), always waiting for a child.
+			// Processes and their stacks, but not the guest's own plumbing: its
+			// shells (init and the runner of this script), always waiting for a
+			// child, and the zvol uevent listener, always waiting for a uevent.
 			if !strings.HasPrefix(rest, " ") { // not a stack line: a process or another report
-				plumbing = strings.Contains(rest, ") /bin/sh /init") || strings.Contains(rest, ") sh "+guest.SharePath+"/cmd/")
+				plumbing = strings.Contains(rest, ") /bin/sh /init") || strings.Contains(rest, ") sh "+guest.SharePath+"/cmd/") ||
+					strings.Contains(rest, ") uevent /run/zvol-uevent")
 			}
 			if !plumbing {
 				out = append(out, d)

@@ -21,6 +21,8 @@ func TestFailureDigestTimeout(t *testing.T) {
 		"kguest-diag: user processes (pid state cmdline, kernel stack)",
 		"kguest-diag: 1 S (sleeping) /bin/sh /init ",
 		"kguest-diag:     [<0>] do_wait+0x114/0x320",
+		"kguest-diag: 206 S (sleeping) uevent /run/zvol-uevent ",
+		"kguest-diag:     [<0>] netlink_recvmsg+0x78/0x460",
 		"kguest-diag: 192 S (sleeping) sh /mnt/host/cmd/000002.sh ",
 		"kguest-diag:     [<0>] do_wait+0x114/0x320",
 		"kguest-diag: 812 D (disk sleep) zfs destroy plinthz/k8s/volumes/a",

@@ -5,12 +5,18 @@
 // and a digest of what failed is printed before the closing summary. The exit
 // code is 0 only when every binary passed.
 //
-//	kguest [-disks 2G,4G,4G,1G] [-timeout 30m] [-mem MiB] [-sh SCRIPT] BINARY[=PKGDIR]...
+// A binary that has not exited -hang-after its start (its -test.timeout plus two
+// minutes: a process blocked in the kernel keeps the binary from exiting after its
+// timeout panic) is reported hung by name, with the same diagnostics, instead of
+// holding the guest until its whole-life timeout ends qemu.
+//
+//	kguest [-disks 2G,4G,4G,1G] [-timeout 30m] [-hang-after 17m] [-mem MiB] [-sh SCRIPT] BINARY[=PKGDIR]...
 package main
 
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -61,11 +67,74 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// testTimeout is each binary's -test.timeout; hangGrace the time after it that a binary
+// still running is reported hung (its timeout panic prints within seconds; a binary that
+// outlives it has a thread blocked in the kernel).
+const (
+	testTimeout = 15 * time.Minute
+	hangGrace   = 2 * time.Minute
+)
+
+// runner runs a shell script in the guest (*guest.Guest.Run).
+type runner interface {
+	Run(ctx context.Context, script string, w io.Writer) (guest.Result, error)
+}
+
+// binaryResult is the outcome of one test binary for kguest's summary and digest.
+type binaryResult struct {
+	summary     string   // the summary table's line
+	failed      bool     // exit code not 0, hung, or not run to its end
+	digest      []string // what failed, digested (failureDigest), headed by the binary's name
+	interrupted bool     // kguest's context ended (signal): run no more binaries
+}
+
+// runBinary runs script (one test binary) in the guest, its output streamed to out, and
+// reports it. A binary still running hangAfter after its start is reported hung: the guest
+// command keeps running (a task blocked in the kernel cannot be killed), the guest's
+// diagnostics (guestDiagnostics, run beside it) go to out and into the digest, and the
+// caller goes on with the next binary. After a failed exit the same diagnostics run.
+func runBinary(ctx context.Context, g runner, name, script string, hangAfter time.Duration, out io.Writer) binaryResult {
+	t0 := time.Now()
+	bctx, cancel := context.WithTimeout(ctx, hangAfter)
+	w := bufio.NewWriter(out)
+	res, err := g.Run(bctx, script, flushWriter{w})
+	cancel()
+	w.Flush()
+	d := time.Since(t0)
+	hung := err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)
+	status := "ok"
+	switch {
+	case hung:
+		status = fmt.Sprintf("HUNG (still running %s after its start; -test.timeout %s)", hangAfter, testTimeout)
+	case err != nil || res.ExitCode != 0:
+		status = fmt.Sprintf("FAIL (exit %d, %v)", res.ExitCode, err)
+	}
+	fmt.Fprintf(out, "=== KERNEL %s %s %.1fs\n", name, status, d.Seconds())
+	r := binaryResult{summary: fmt.Sprintf("  %-20s %s %.1fs", name, status, d.Seconds()), failed: status != "ok"}
+	if err != nil && ctx.Err() != nil {
+		r.interrupted = true
+		return r
+	}
+	if !r.failed {
+		return r
+	}
+	var diag []byte
+	if err == nil || hung {
+		dctx, dcancel := context.WithTimeout(ctx, 2*time.Minute)
+		dres, _ := g.Run(dctx, guestDiagnostics, out)
+		dcancel()
+		diag = dres.Output
+	}
+	r.digest = append([]string{"--- " + name + " " + status + " ---"}, failureDigest(string(res.Output), string(diag))...)
+	return r
+}
+
 func run() int {
 	disks := flag.String("disks", "2G,4G,4G,1G", "comma-separated sizes of the spare virtio disks /dev/vda, /dev/vdb, ...")
 	timeout := flag.Duration("timeout", 30*time.Minute, "bound on the guest's whole life")
 	mem := flag.Int("mem", 1024, "guest memory in MiB")
 	shell := flag.String("sh", "", "run this shell script in the guest (after the binaries), output to stdout")
+	hangAfter := flag.Duration("hang-after", testTimeout+hangGrace, "a test binary still running this long after its start is reported hung: its output so far and the guest's diagnostics are printed, and the next binary runs")
 	flavor := flag.String("flavor", guest.FlavorStable, "kernel of test/kernel/setup.sh: stable (with ZFS), backports (NVMe auth, TLS) or node (backports + node-assets.sh)")
 	flag.Parse()
 	var sizes []int64
@@ -121,32 +190,15 @@ func run() int {
 			}
 		}
 		fmt.Printf("=== KERNEL %s\n", name)
-		t0 := time.Now()
-		script := fmt.Sprintf("cd %s && PLINTH_KERNEL_TEST=1 %s/%s -test.v -test.count=1 -test.timeout=15m", cwd, guest.SharePath, name)
-		w := bufio.NewWriter(os.Stdout)
-		res, err := g.Run(ctx, script, flushWriter{w})
-		w.Flush()
-		d := time.Since(t0)
-		status := "ok"
-		if err != nil || res.ExitCode != 0 {
+		script := fmt.Sprintf("cd %s && PLINTH_KERNEL_TEST=1 %s/%s -test.v -test.count=1 -test.timeout=%s", cwd, guest.SharePath, name, testTimeout)
+		r := runBinary(ctx, g, name, script, *hangAfter, os.Stdout)
+		summary = append(summary, r.summary)
+		if r.failed {
 			failed++
-			status = fmt.Sprintf("FAIL (exit %d, %v)", res.ExitCode, err)
+			digest = append(digest, r.digest...)
 		}
-		fmt.Printf("=== KERNEL %s %s %.1fs\n", name, status, d.Seconds())
-		summary = append(summary, fmt.Sprintf("  %-20s %s %.1fs", name, status, d.Seconds()))
-		if err != nil && ctx.Err() != nil {
+		if r.interrupted {
 			break
-		}
-		if status != "ok" {
-			var diag []byte
-			if err == nil {
-				dctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-				dres, _ := g.Run(dctx, guestDiagnostics, os.Stdout)
-				cancel()
-				diag = dres.Output
-			}
-			digest = append(digest, "--- "+name+" ---")
-			digest = append(digest, failureDigest(string(res.Output), string(diag))...)
 		}
 	}
 	if *shell != "" {

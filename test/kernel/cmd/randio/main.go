@@ -5,7 +5,7 @@
 //	randio rw=read bs=4096 jobs=4 seconds=10.00 ops=12345 iops=1234.5
 //
 // It stands in for fio (whose Debian package links Ceph, GlusterFS and RDMA libraries the guest
-// initramfs would have to carry); the crossnode suite builds it with CGO_ENABLED=0 and ships it
+// initramfs would have to carry); the guestnode suite builds it with CGO_ENABLED=0 and ships it
 // through the share like the plinth binary. Writes destroy the device's data: use them only on a
 // volume that holds nothing.
 package main

@@ -1,4 +1,4 @@
-package crossnode
+package guestnode
 
 import (
 	"encoding/json"
@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/plinth-storage/plinth/csi"
 	"github.com/plinth-storage/plinth/internal/hostnqn"
 	policyv1 "github.com/plinth-storage/plinth/schema/policy/v1alpha1"
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -302,47 +301,6 @@ func (s *suite) removeVolume(t testing.TB, v *volume) {
 	if _, err := s.ctrl.DeleteVolume(t.Context(), &csipb.DeleteVolumeRequest{VolumeId: v.id}); err != nil {
 		t.Errorf("DeleteVolume %s: %v", v.id, err)
 	}
-}
-
-// Expected, for the long cut (LongCutFailsWithEIOThenRestage): once the worker's kernel removed
-// the controller, worker A's node plugin reports the failure without being asked — a Warning
-// event DeviceGone on the VolumeState naming the node, plinth_csi_node_volumes_inaccessible
-// {reason="DeviceGone"} 1 and plinth_csi_node_volume_failures_total{reason="DeviceGone"} one
-// higher than before the cut (before is that counter read then).
-func (s *suite) assertLongCutReported(t *testing.T, v *volume, before float64) {
-	t.Helper()
-	msg := s.waitEvent(t, v.id, csi.ReasonDeviceGone, "Warning")
-	if !strings.Contains(msg, workerA) {
-		t.Errorf("DeviceGone event %q does not name node %s", msg, workerA)
-	}
-	// The node plugin's monitor checks every --volume-health-interval (2 s here): the cut is
-	// reported at its first check after the kernel removed the controller, which may come
-	// after the event read above (an event of an earlier failure of this volume, too).
-	controlplane.Eventually(t, time.Minute, 500*time.Millisecond, "the cut counted once by the node plugin's monitor", func() error {
-		if g := metric(t, s.worker, nodeMetricsAddr(50051), `plinth_csi_node_volumes_inaccessible{reason="DeviceGone"}`); g != 1 {
-			return fmt.Errorf("plinth_csi_node_volumes_inaccessible{reason=DeviceGone} = %v, want 1", g)
-		}
-		if c := s.nodeFailures(t); c != before+1 {
-			return fmt.Errorf("plinth_csi_node_volume_failures_total{reason=DeviceGone} %v → %v, want +1", before, c)
-		}
-		return nil
-	})
-}
-
-// nodeFailures reads worker A's plinth_csi_node_volume_failures_total{reason="DeviceGone"}.
-func (s *suite) nodeFailures(t testing.TB) float64 {
-	return metric(t, s.worker, nodeMetricsAddr(50051), `plinth_csi_node_volume_failures_total{reason="DeviceGone"}`)
-}
-
-// assertRecovered: after unstage + stage the gauge is back to 0.
-func (s *suite) assertRecovered(t *testing.T) {
-	t.Helper()
-	controlplane.Eventually(t, time.Minute, 500*time.Millisecond, "no volume inaccessible after the restage", func() error {
-		if g := metric(t, s.worker, nodeMetricsAddr(50051), `plinth_csi_node_volumes_inaccessible{reason="DeviceGone"}`); g != 0 {
-			return fmt.Errorf("plinth_csi_node_volumes_inaccessible{reason=DeviceGone} = %v", g)
-		}
-		return nil
-	})
 }
 
 // Metrics of the guests' processes, read with wget inside the guest.

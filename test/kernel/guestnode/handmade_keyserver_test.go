@@ -1,4 +1,4 @@
-package crossnode
+package guestnode
 
 import (
 	"crypto/tls"
@@ -40,7 +40,7 @@ import (
 // port keyServerGuestPort on 127.0.0.1) over a guestfwd to a Demux on the host.
 const (
 	// keyServerGuestPort is where the key server answers inside each guest.
-	keyServerGuestPort = 8443
+	keyServerGuestPort = 8444
 	// keyServerCAFile and keyServerTokenFile (a %s for the node) are the key server's CA and
 	// the callers' tokens in the guests' share.
 	keyServerCAFile    = "key-server-ca.crt"
@@ -56,7 +56,7 @@ func keyServerFlags(node string) string {
 }
 
 // keyServerMuxScript starts the guest's end of the key server's mux.
-var keyServerMuxScript = fmt.Sprintf("(/tmp/apimux -listen 127.0.0.1:%[1]d -upstream %[2]s:%[1]d >/tmp/apimux-keys.log 2>&1 &)",
+var keyServerMuxScript = fmt.Sprintf("(/tmp/apimux -listen 127.0.0.1:%[1]d -upstream %[2]s:%[1]d >/tmp/apimux-keys.log 2>&1 & echo $! > /tmp/apimux-keys.pid)",
 	keyServerGuestPort, guest.GuestForwardAddr)
 
 // keyServer is the key server of the suite and what it served.

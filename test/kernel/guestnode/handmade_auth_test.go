@@ -1,4 +1,4 @@
-package crossnode
+package guestnode
 
 import (
 	"fmt"
