@@ -421,21 +421,14 @@ func TestHostFaults(t *testing.T) {
 			}
 			return nil
 		})
+		// The agent counts the refusal after its status write and before its event: the
+		// counter is read once the event is there, never right after the condition.
+		eventually(t, 30*time.Second, "Warning event StalePublicationGeneration on the VolumeState", func() error {
+			return warningEvent(ctx, e.c, vs.Name, fencing.ReasonStalePublicationGeneration)
+		})
 		if after := counter(agent.FencingRejections, fencing.ReasonStalePublicationGeneration); after != before+1 {
 			t.Errorf("plinth_agent_fencing_rejections_total{reason=StalePublicationGeneration} %v → %v, want +1", before, after)
 		}
-		eventually(t, 30*time.Second, "Warning event StalePublicationGeneration on the VolumeState", func() error {
-			var list corev1.EventList
-			if err := e.c.List(ctx, &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
-				return err
-			}
-			for _, ev := range list.Items {
-				if ev.InvolvedObject.Name == vs.Name && ev.Reason == fencing.ReasonStalePublicationGeneration && ev.Type == corev1.EventTypeWarning {
-					return nil
-				}
-			}
-			return fmt.Errorf("no event about %s yet", vs.Name)
-		})
 		if _, err := os.Stat(filepath.Join(dir, vs.Name+".img")); !os.IsNotExist(err) {
 			t.Errorf("stale publication work created a volume: %v", err)
 		}
@@ -702,4 +695,19 @@ func loadMark(dir, id string) (fencing.Mark, bool, error) {
 	var m fencing.Mark
 	err = json.Unmarshal(b, &m)
 	return m, err == nil, err
+}
+
+// warningEvent is nil once a Warning event with reason about VolumeState name is recorded
+// (the agent records a VolumeState's events in the default namespace).
+func warningEvent(ctx context.Context, c client.Client, name, reason string) error {
+	var list corev1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
+		return err
+	}
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Name == name && ev.Reason == reason && ev.Type == corev1.EventTypeWarning {
+			return nil
+		}
+	}
+	return fmt.Errorf("no Warning event %s about %s yet", reason, name)
 }

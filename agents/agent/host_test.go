@@ -416,6 +416,10 @@ func TestHostFileBackend(t *testing.T) {
 			}
 			return nil
 		})
+		// Counted after the status write, before the event: read once the event is there.
+		eventually(t, 30*time.Second, "Warning event StaleGeneration on the VolumeState", func() error {
+			return warningEvent(ctx, e.c, staleName, fencing.ReasonStaleGeneration)
+		})
 		if after := counter(agent.FencingRejections, fencing.ReasonStaleGeneration); after != before+1 {
 			t.Errorf("plinth_agent_fencing_rejections_total{reason=StaleGeneration} %v → %v, want +1 (one refusal, its first status write conflicted)", before, after)
 		}

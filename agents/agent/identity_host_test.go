@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -116,6 +117,16 @@ func identityHost(t *testing.T, e *env, s *storev1.Store, dir string, in agent.O
 	}()
 
 	in.OrphanGracePeriod = time.Nanosecond
+	// The agent counts a stamp write after the file is in place: a wait on the file alone
+	// could read the counter before it moved, so each wait below ends on both, with the
+	// count of writes so far exact.
+	base := counterValue(agent.StampWrites)
+	counted := func(n float64) error {
+		if got := counterValue(agent.StampWrites) - base; got != n {
+			return fmt.Errorf("%v stamp writes counted, want %v", got, n)
+		}
+		return nil
+	}
 	r := &runner{t: t, cfg: e.cfg}
 	r.start(in)
 	defer r.stop()
@@ -139,12 +150,12 @@ func identityHost(t *testing.T, e *env, s *storev1.Store, dir string, in agent.O
 		}
 		return nil
 	}
-	eventually(t, 30*time.Second, "claimed volume stamped", stamped)
+	eventually(t, 30*time.Second, "claimed volume stamped, one write", func() error { return errors.Join(stamped(), counted(1)) })
 	ino := inode(t, filepath.Join(dir, vs.Name+".img"))
 	if err := os.Remove(rec); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "lost record written again at the next pass", stamped)
+	eventually(t, 30*time.Second, "lost record written again at the next pass, one write", func() error { return errors.Join(stamped(), counted(2)) })
 	if inode(t, filepath.Join(dir, vs.Name+".img")) != ino {
 		t.Error("restamping re-provisioned the volume")
 	}
