@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -261,6 +262,9 @@ csiNode:
   resources: {requests: {cpu: 10m, memory: 32Mi}}
 csiController:
   sidecarResources: {requests: {cpu: 5m, memory: 16Mi}}
+  replicas: 1
+scheduler:
+  replicas: 3
 `
 
 // What each value changes, and nothing else.
@@ -357,6 +361,12 @@ func TestHelmChartValues(t *testing.T) {
 		own := strings.Contains(c["image"].(string), "/plinth:")
 		if sidecar := string(res) == `{"requests":{"cpu":"5m","memory":"16Mi"}}`; sidecar == own {
 			t.Errorf("csi-controller container %s (image %s): resources %s", c["name"], c["image"], res)
+		}
+	}
+	// replicas replaces a Deployment's shipped 2 where set, and only there.
+	for name, want := range map[string]string{"plinth-csi-controller": "1", "plinth-scheduler": "3", "plinth-controller": "2"} {
+		if got, _, _ := unstructured.NestedFieldNoCopy(find(t, objs, "Deployment", name).Object, "spec", "replicas"); fmt.Sprint(got) != want {
+			t.Errorf("Deployment %s: replicas %v, want %s", name, got, want)
 		}
 	}
 	// Shipped tolerations stay when the value is left out.

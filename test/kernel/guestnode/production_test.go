@@ -56,9 +56,9 @@ func (h helm) run(t *testing.T, args ...string) string {
 	return stdout.String()
 }
 
-// productionValues are the chart's values of a production install from a private registry:
-// every image of values.yaml at the path and tag `make push` gives it in reg (as the nodes
-// reach reg). Nothing else changes.
+// productionValues are the chart's values of a production install from a private registry on a
+// small cluster: every image of values.yaml at the path and tag `make push` gives it in reg (as
+// the nodes reach reg), and one replica of each Deployment (guestReplicas). Nothing else changes.
 func productionValues(t *testing.T, root, reg string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, "charts", "plinth", "values.yaml"))
@@ -82,12 +82,21 @@ func productionValues(t *testing.T, root, reg string) []byte {
 	if len(images) != 6 {
 		t.Fatalf("values.yaml names %d images, want 6", len(images))
 	}
-	out, err := yaml.Marshal(map[string]any{"images": images})
+	one := map[string]any{"replicas": guestReplicas}
+	out, err := yaml.Marshal(map[string]any{"images": images, "controller": one, "csiController": one, "scheduler": one})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return out
 }
+
+// guestReplicas is the replicas value of the chart's three Deployments on the guests. Each
+// guest is one emulated vCPU: with the shipped two replicas of each (eight CSI sidecars), a
+// loaded host left the guests' processes so little CPU that the sidecars lost their leader
+// leases to API timeouts and containerd's container creates hit their deadline, turning every
+// step into a wait on restarts. The dev overlay on the host's kubelets sets one replica too, so
+// no test runs the shipped standby under a kubelet.
+const guestReplicas = 1
 
 // startServiceForward points each guest's stand-in for cluster DNS at the key server
 // Service's ClusterIP (svcforward on keyServerHost's 127.0.0.1:keyServerPort), replacing the
@@ -172,9 +181,9 @@ func podStates(ctx context.Context, cs *kubernetes.Clientset) string {
 }
 
 // testHelmInstall: Expected: `helm lint` passes the chart; `helm install` of charts/plinth
-// with production values (every image from the registry, as the nodes reach it; nothing else
-// set) rolls the whole chart out on the two guest nodes: the controller, CSI controller and
-// scheduler Deployments (two replicas each) and the agent and CSI node DaemonSets (one pod on
+// with production values (every image from the registry, as the nodes reach it, and one replica
+// of each Deployment: productionValues) rolls the whole chart out on the two guest nodes: the
+// controller, CSI controller and scheduler Deployments and the agent and CSI node DaemonSets (one pod on
 // each guest), every image pulled by the guests' containerd from the registry. With the policy
 // (a StoragePool on the storage guest's thin pool and its classes, guestPolicy) committed to
 // Git and applied by Flux (commitPolicy), the controller in its pod renders
