@@ -36,8 +36,8 @@ const (
 
 // guestPolicy is the first policy commit of the walkthrough (docs/install.md, step 4): a thin
 // pool on the storage node's disk, NVMe-oF/TCP on the relay's network with DH-HMAC-CHAP both
-// ways and an Immediate class of it, and a local class of the same pool (WaitForFirstConsumer,
-// expansion allowed).
+// ways and an Immediate class of it with two write-limit tiers (guestTiers), and a local class
+// of the same pool (WaitForFirstConsumer, expansion allowed).
 func guestPolicy(storage string) []client.Object {
 	return []client.Object{
 		&policyv1.StoragePool{TypeMeta: metav1.TypeMeta{Kind: "StoragePool"}, ObjectMeta: metav1.ObjectMeta{Name: agentPool}, Spec: policyv1.StoragePoolSpec{
@@ -51,8 +51,9 @@ func guestPolicy(storage string) []client.Object {
 				Auth: &policyv1.NVMeoFAuth{Mode: policyv1.AuthDHHMACCHAP, Hash: "sha256", DHGroup: "ffdhe2048", Bidirectional: true}}}},
 		&policyv1.Placement{TypeMeta: metav1.TypeMeta{Kind: "Placement"}, ObjectMeta: metav1.ObjectMeta{Name: volumeClass}, Spec: policyv1.PlacementSpec{
 			PoolRef: policyv1.LocalObjectReference{Name: agentPool}, ProtocolRef: policyv1.LocalObjectReference{Name: volumeClass},
-			StorageClass: policyv1.StorageClassTemplate{Name: volumeClass, VolumeBindingMode: "Immediate"},
-			Filesystem:   policyv1.Filesystem{FSType: "ext4"}}},
+			StorageClass:      policyv1.StorageClassTemplate{Name: volumeClass, VolumeBindingMode: "Immediate"},
+			Filesystem:        policyv1.Filesystem{FSType: "ext4"},
+			AttributesClasses: guestTiers()}},
 		&policyv1.Protocol{TypeMeta: metav1.TypeMeta{Kind: "Protocol"}, ObjectMeta: metav1.ObjectMeta{Name: localClass},
 			Spec: policyv1.ProtocolSpec{Local: &policyv1.LocalProtocol{}}},
 		&policyv1.Placement{TypeMeta: metav1.TypeMeta{Kind: "Placement"}, ObjectMeta: metav1.ObjectMeta{Name: localClass}, Spec: policyv1.PlacementSpec{

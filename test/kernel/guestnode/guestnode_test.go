@@ -545,6 +545,7 @@ func TestGuestKubelet(t *testing.T) {
 		{"HelmUninstallKeepsDataReinstallAdopts", testReinstall},
 		{"PodMovedRevokesTheOldHostFirst", testMove},
 		{"LocalVolumeGrownOnline", testLocalGrow},
+		{"TierLimitsOnCgroupV2", testTierLimits},
 		{"NodeLacksModules", testNodeLacksModules},
 		{"SpreadAcrossZones", testSpread},
 	} {

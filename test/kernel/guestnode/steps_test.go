@@ -66,20 +66,38 @@ func controllers(t *testing.T, n *node) []string {
 
 // nodeMetric reads one sample (the exact series with labels, as /metrics prints it) of the CSI
 // node plugin's /metrics on node n (the chart's --metrics-address :9473, host network); 0 when
-// the series is absent.
+// the series is absent. An unreachable endpoint or an unparsable sample fails t.
 func nodeMetric(t *testing.T, n *node, series string) float64 {
 	t.Helper()
-	out := n.sh(t, time.Minute, "wget -q -O - http://127.0.0.1:9473/metrics")
-	for _, line := range strings.Split(out, "\n") {
+	v, err := readNodeMetric(n, series)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// readNodeMetric is nodeMetric's reading as an error, for polls: a node plugin that is
+// restarting (its endpoint refuses) is a reading to retry, not a verdict.
+func readNodeMetric(n *node, series string) (float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := n.g.Run(ctx, "wget -q -O - http://127.0.0.1:9473/metrics", nil)
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("exit %d: %s", res.ExitCode, strings.TrimSpace(string(res.Output)))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s: the node plugin's /metrics: %w", n.name, err)
+	}
+	for _, line := range strings.Split(string(res.Output), "\n") {
 		if rest, ok := strings.CutPrefix(line, series+" "); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
 			if err != nil {
-				t.Fatalf("metric %s: %q: %v", series, line, err)
+				return 0, fmt.Errorf("%s: metric %s: %q: %w", n.name, series, line, err)
 			}
-			return f
+			return f, nil
 		}
 	}
-	return 0
+	return 0, nil
 }
 
 // The node plugin's series of a volume it found gone (csi's volume health monitor).
@@ -153,11 +171,11 @@ func testLongCut(t *testing.T, s *scene) {
 	// the monitor counts at its first check after the kernel removed the controller, which may
 	// come after the event read above
 	poll(t, 2*time.Minute, time.Second, "the cut counted once by the node plugin's monitor", func() error {
-		if g := nodeMetric(t, w, inaccessibleGone); g != 1 {
-			return fmt.Errorf("%s = %v, want 1", inaccessibleGone, g)
+		if g, err := readNodeMetric(w, inaccessibleGone); err != nil || g != 1 {
+			return fmt.Errorf("%s = %v (%v), want 1", inaccessibleGone, g, err)
 		}
-		if c := nodeMetric(t, w, failuresGone); c != failuresBefore+1 {
-			return fmt.Errorf("%s %v → %v, want +1", failuresGone, failuresBefore, c)
+		if c, err := readNodeMetric(w, failuresGone); err != nil || c != failuresBefore+1 {
+			return fmt.Errorf("%s %v → %v (%v), want +1", failuresGone, failuresBefore, c, err)
 		}
 		return nil
 	})
@@ -173,8 +191,8 @@ func testLongCut(t *testing.T, s *scene) {
 		t.Errorf("filesystem UUID %s after the long cut and a restage, was %s: re-formatted", u, uuid)
 	}
 	poll(t, 2*time.Minute, time.Second, "no volume inaccessible after the restage", func() error {
-		if g := nodeMetric(t, w, inaccessibleGone); g != 0 {
-			return fmt.Errorf("%s = %v", inaccessibleGone, g)
+		if g, err := readNodeMetric(w, inaccessibleGone); err != nil || g != 0 {
+			return fmt.Errorf("%s = %v (%v)", inaccessibleGone, g, err)
 		}
 		return nil
 	})
