@@ -27,6 +27,7 @@ func newControllerCommand() *cobra.Command {
 		resync                                                              time.Duration
 		qps                                                                 float32
 		burst                                                               int
+		lease                                                               leaseFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -58,6 +59,10 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 				return &exitError{code: exitUsage, err: fmt.Errorf("--log-level: %w", err)}
 			}
 			logger := zap.New(zap.UseFlagOptions(&opts))
+			leaseDuration, renewDeadline, retryPeriod, err := lease.timings()
+			if err != nil {
+				return err
+			}
 			if kubeconfig != "" {
 				os.Setenv("KUBECONFIG", kubeconfig)
 			}
@@ -81,6 +86,7 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 			mgr, _, err := policy.NewManager(ctx, policy.Options{
 				Config: cfg, MetricsAddr: metricsAddr, HealthAddr: healthAddr,
 				LeaderElection: leaderElection, LeaderElectionNamespace: leaderElectionNamespace,
+				LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 				Namespace: namespace, InventoryName: inventoryName, FieldManager: fieldManager,
 				ArgoNamespace: argoNamespace, Resync: resync, Logger: logger, QPS: qps, Burst: burst,
 				KeyServerAddr: keyServerAddr,
@@ -98,6 +104,7 @@ The in-cluster configuration is used when --kubeconfig and $KUBECONFIG are unset
 	f.StringVar(&healthAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" disables them)`)
 	f.BoolVar(&leaderElection, "leader-elect", false, "elect a leader with a Lease so only one replica reconciles")
 	f.StringVar(&leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: --namespace)")
+	lease.bind(f)
 	f.StringVar(&namespace, "namespace", "", "namespace of the inventory ConfigMap, usually the controller's own (default: $POD_NAMESPACE)")
 	f.StringVar(&inventoryName, "inventory-name", inventory.DefaultName, "name of the inventory ConfigMap")
 	f.StringVar(&fieldManager, "field-manager", policy.DefaultFieldManager, "server-side apply field manager of every write")

@@ -175,6 +175,7 @@ modes, GetInfo on the registration socket; 200 "ok" or 500 with the reason.`,
 type moveExecutorFlags struct {
 	enabled                 bool
 	leaderElectionNamespace string
+	lease                   leaseFlags
 	// skipNameValidation: tests make several executors in one process
 	skipNameValidation bool
 }
@@ -182,6 +183,7 @@ type moveExecutorFlags struct {
 func (m *moveExecutorFlags) bind(f *pflag.FlagSet) {
 	f.BoolVar(&m.enabled, "move-executor", true, "controller and all modes: run the volume move executor (start the moves plinth diff plans, up to each pool's maxParallelMovesPerStore; switch and end them; report the pool's Evacuating condition)")
 	f.StringVar(&m.leaderElectionNamespace, "leader-election-namespace", os.Getenv("NAMESPACE"), "namespace of the move executor's leader election Lease (default $NAMESPACE); empty runs it without leader election (one replica only)")
+	m.lease.bind(f)
 }
 
 // manager returns the move executor's manager, or nil when this process runs none (node
@@ -190,8 +192,13 @@ func (m *moveExecutorFlags) manager(opts csi.Options, reg prometheus.Registerer)
 	if !m.enabled || opts.Mode == csi.ModeNode || opts.Config == nil {
 		return nil, nil
 	}
+	leaseDuration, renewDeadline, retryPeriod, err := m.lease.timings()
+	if err != nil {
+		return nil, err
+	}
 	return moveexec.NewManager(moveexec.ManagerOptions{
 		Config: opts.Config, LeaderElection: m.leaderElectionNamespace != "", LeaderElectionNamespace: m.leaderElectionNamespace,
+		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 		Registerer: reg, Log: opts.Log.WithName("move-executor"), SkipNameValidation: m.skipNameValidation,
 	})
 }

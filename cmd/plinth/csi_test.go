@@ -197,8 +197,8 @@ func TestCSIMoveExecutorWiring(t *testing.T) {
 	}
 }
 
-// plinth csi --mode=controller, as the Deployment runs it (leader election in $NAMESPACE),
-// runs the move executor: a verified copy (status.move Copied) is switched to its target
+// plinth csi --mode=controller, as the Deployment runs it (leader election in $NAMESPACE,
+// with the Lease timings its flags give), runs the move executor: a verified copy (status.move Copied) is switched to its target
 // Store by the process, with nothing else running.
 func TestCSIControllerRunsTheMoveExecutor(t *testing.T) {
 	cp := crdtest.ControlPlane(t, controlplane.Options{})
@@ -244,7 +244,8 @@ func TestCSIControllerRunsTheMoveExecutor(t *testing.T) {
 	t.Setenv("NAMESPACE", "plinth-system")
 	cmd := newCSICommand()
 	cmd.SetArgs([]string{"--mode=controller", "--endpoint=unix://" + filepath.Join(dir, "csi.sock"), "--kubeconfig=" + cp.Admin.Kubeconfig,
-		"--health-address=", "--registration-dir=", "--key-rotation-interval=-1s"})
+		"--health-address=", "--registration-dir=", "--key-rotation-interval=-1s",
+		"--leader-election-lease-duration=37s", "--leader-election-renew-deadline=30s", "--leader-election-retry-period=3s"})
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(cctx) }()
@@ -277,7 +278,12 @@ func TestCSIControllerRunsTheMoveExecutor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cs.CoordinationV1().Leases("plinth-system").Get(ctx, moveexec.LeaderElectionID, metav1.GetOptions{}); err != nil {
-		t.Errorf("no leader election Lease %s in plinth-system: %v", moveexec.LeaderElectionID, err)
+	lease, err := cs.CoordinationV1().Leases("plinth-system").Get(ctx, moveexec.LeaderElectionID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("no leader election Lease %s in plinth-system: %v", moveexec.LeaderElectionID, err)
+	}
+	// the timings given on the command line are the Lease's (client-go writes the duration)
+	if d := lease.Spec.LeaseDurationSeconds; d == nil || *d != 37 {
+		t.Errorf("Lease %s: leaseDurationSeconds %v, want 37 (--leader-election-lease-duration=37s)", moveexec.LeaderElectionID, d)
 	}
 }

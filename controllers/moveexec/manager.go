@@ -2,6 +2,7 @@ package moveexec
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +40,9 @@ type ManagerOptions struct {
 	// LeaderElectionNamespace (required with it).
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// LeaseDuration, RenewDeadline and RetryPeriod time the Lease (nil: controller-runtime's
+	// 15 s, 10 s and 2 s).
+	LeaseDuration, RenewDeadline, RetryPeriod *time.Duration
 	// Registerer, when set, receives plinth_volume_moves_total,
 	// plinth_volume_move_duration_seconds and plinth_volume_moves_planned besides
 	// controller-runtime's registry.
@@ -90,6 +94,9 @@ func NewManager(o ManagerOptions) (ctrl.Manager, error) {
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 o.LeaseDuration,
+		RenewDeadline:                 o.RenewDeadline,
+		RetryPeriod:                   o.RetryPeriod,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("move executor: create manager: %w", err)

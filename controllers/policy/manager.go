@@ -40,6 +40,9 @@ type Options struct {
 	// LeaderElection makes only one replica reconcile; the Lease lives in LeaderElectionNamespace.
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// LeaseDuration, RenewDeadline and RetryPeriod time the Lease (nil: controller-runtime's
+	// 15 s, 10 s and 2 s).
+	LeaseDuration, RenewDeadline, RetryPeriod *time.Duration
 	// Namespace holds the inventory ConfigMap InventoryName (default inventory.DefaultName).
 	Namespace     string
 	InventoryName string
@@ -112,6 +115,9 @@ func NewManager(ctx context.Context, o Options) (ctrl.Manager, *Reconciler, erro
 		LeaderElectionID:              "plinth-controller.plinth.dev",
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 o.LeaseDuration,
+		RenewDeadline:                 o.RenewDeadline,
+		RetryPeriod:                   o.RetryPeriod,
 		// Secrets: only the DH-HMAC-CHAP host Secrets of its own namespace (controllers/nvmeauth),
 		// never a cluster-wide Secret informer
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{

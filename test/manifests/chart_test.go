@@ -265,6 +265,7 @@ csiController:
   replicas: 1
 scheduler:
   replicas: 3
+leaderElection: {leaseDuration: 137s, renewDeadline: 107s, retryPeriod: 26s}
 `
 
 // What each value changes, and nothing else.
@@ -278,7 +279,7 @@ func TestHelmChartValues(t *testing.T) {
 			changed++
 		}
 		if k := o.GetKind(); k != "Deployment" && k != "DaemonSet" {
-			if canonical(t, o) != defs[ID(o)] {
+			if canonical(t, o) != defs[ID(o)] && !isSchedulerConfig(o) {
 				t.Errorf("%s changed by values", ID(o))
 			}
 			continue
@@ -334,8 +335,8 @@ func TestHelmChartValues(t *testing.T) {
 			t.Errorf("%s imagePullSecrets %s, want regcred", ID(o), b)
 		}
 	}
-	if changed != workloads || workloads != 5 {
-		t.Errorf("%d objects changed by the values, want the %d workloads (5)", changed, workloads)
+	if changed != workloads+1 || workloads != 5 {
+		t.Errorf("%d objects changed by the values, want the %d workloads (5) and the scheduler's configuration", changed, workloads)
 	}
 	sd := find(t, objs, "Deployment", "plinth-scheduler")
 	if img := podContainers(sd, "containers")[0]["image"]; !strings.HasPrefix(img.(string), "ghcr.io/plinth-storage/plinth-scheduler:") {
@@ -369,11 +370,78 @@ func TestHelmChartValues(t *testing.T) {
 			t.Errorf("Deployment %s: replicas %v, want %s", name, got, want)
 		}
 	}
+	// leaderElection: every container that elects a leader (the controller, the CSI
+	// controller's plinth csi and four sidecars) gets the three timing flags, no other
+	// container any; the scheduler's KubeSchedulerConfiguration gets them, and its pod an
+	// annotation that rolls it when they change.
+	leFlags := []string{"--leader-election-lease-duration=137s", "--leader-election-renew-deadline=107s", "--leader-election-retry-period=26s"}
+	electing := 0
+	for _, o := range objs {
+		if k := o.GetKind(); k != "Deployment" && k != "DaemonSet" {
+			continue
+		}
+		for _, c := range podContainers(o, "containers") {
+			var args []string
+			for _, a := range c["args"].([]any) {
+				args = append(args, a.(string))
+			}
+			elects := slices.Contains(args, "--leader-elect") || slices.Contains(args, "--leader-election") || slices.Contains(args, "--leader-election-namespace=$(NAMESPACE)")
+			n := 0
+			for _, f := range leFlags {
+				if slices.Contains(args, f) {
+					n++
+				}
+			}
+			if elects {
+				electing++
+			}
+			if (elects && n != 3) || (!elects && n != 0) {
+				t.Errorf("%s container %s (elects a leader: %v): %d of the timing flags in %v", ID(o), c["name"], elects, n, args)
+			}
+		}
+	}
+	if electing != 6 {
+		t.Errorf("%d containers elect a leader, want 6 (controller, plinth csi, four sidecars)", electing)
+	}
+	var schedCfg *unstructured.Unstructured
+	for _, o := range objs {
+		if isSchedulerConfig(o) {
+			schedCfg = o
+		}
+	}
+	if schedCfg == nil {
+		t.Fatal("no scheduler configuration ConfigMap")
+	}
+	data, _, _ := unstructured.NestedString(schedCfg.Object, "data", "config.yaml")
+	var sc struct {
+		Kind           string
+		LeaderElection map[string]any `json:"leaderElection"`
+		Profiles       []any
+	}
+	if err := yaml.Unmarshal([]byte(data), &sc); err != nil {
+		t.Fatalf("scheduler configuration: %v", err)
+	}
+	if b, _ := json.Marshal(sc.LeaderElection); sc.Kind != "KubeSchedulerConfiguration" || len(sc.Profiles) != 1 ||
+		string(b) != `{"leaderElect":true,"leaseDuration":"137s","renewDeadline":"107s","resourceName":"plinth-scheduler","resourceNamespace":"plinth-system","retryPeriod":"26s"}` {
+		t.Errorf("scheduler configuration: kind %s, %d profiles, leaderElection %s", sc.Kind, len(sc.Profiles), b)
+	}
+	if a := sd.GetAnnotations(); a != nil {
+		t.Errorf("scheduler Deployment annotations %v: the roll annotation belongs on the pod template", a)
+	}
+	if a, _, _ := unstructured.NestedString(sd.Object, "spec", "template", "metadata", "annotations", "plinth.dev/leader-election"); a != strings.Join(leFlags, " ") {
+		t.Errorf("scheduler pod annotation plinth.dev/leader-election %q, want the timings", a)
+	}
 	// Shipped tolerations stay when the value is left out.
 	dtol, _, _ := unstructured.NestedSlice(find(t, def, "DaemonSet", "plinth-csi-node").Object, "spec", "template", "spec", "tolerations")
 	if b, _ := json.Marshal(dtol); string(b) != `[{"operator":"Exists"}]` {
 		t.Errorf("default csi-node tolerations %s, want the shipped [{operator: Exists}]", b)
 	}
+}
+
+// isSchedulerConfig: the ConfigMap of plinth-scheduler's KubeSchedulerConfiguration (its name
+// has kustomize's hash suffix).
+func isSchedulerConfig(o *unstructured.Unstructured) bool {
+	return o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "plinth-scheduler-config-")
 }
 
 // podContainers returns the containers of a workload's pod template under field

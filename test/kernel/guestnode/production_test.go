@@ -58,7 +58,8 @@ func (h helm) run(t *testing.T, args ...string) string {
 
 // productionValues are the chart's values of a production install from a private registry on a
 // small cluster: every image of values.yaml at the path and tag `make push` gives it in reg (as
-// the nodes reach reg), and one replica of each Deployment (guestReplicas). Nothing else changes.
+// the nodes reach reg), one replica of each Deployment (guestReplicas) and longer Lease timings
+// (guestLeaderElection). Nothing else changes.
 func productionValues(t *testing.T, root, reg string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, "charts", "plinth", "values.yaml"))
@@ -83,7 +84,8 @@ func productionValues(t *testing.T, root, reg string) []byte {
 		t.Fatalf("values.yaml names %d images, want 6", len(images))
 	}
 	one := map[string]any{"replicas": guestReplicas}
-	out, err := yaml.Marshal(map[string]any{"images": images, "controller": one, "csiController": one, "scheduler": one})
+	out, err := yaml.Marshal(map[string]any{"images": images, "controller": one, "csiController": one, "scheduler": one,
+		"leaderElection": guestLeaderElection})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,6 +99,16 @@ func productionValues(t *testing.T, root, reg string) []byte {
 // step into a wait on restarts. The dev overlay on the host's kubelets sets one replica too, so
 // no test runs the shipped standby under a kubelet.
 const guestReplicas = 1
+
+// guestLeaderElection is the chart's leaderElection value on the guests: the guests' API
+// requests go through the emulated network to the host's API server, and under host load a
+// Lease renewal took longer than the shipped 10 s renew deadline, so the leaders (CSI sidecars
+// above all) stepped down and their containers restarted, over and over. These timings are
+// OpenShift's for slow clusters; the install step checks every Lease carries them.
+var guestLeaderElection = map[string]string{"leaseDuration": "137s", "renewDeadline": "107s", "retryPeriod": "26s"}
+
+// guestLeaseSeconds is guestLeaderElection's lease duration in seconds, as a Lease records it.
+const guestLeaseSeconds = 137
 
 // startServiceForward points each guest's stand-in for cluster DNS at the key server
 // Service's ClusterIP (svcforward on keyServerHost's 127.0.0.1:keyServerPort), replacing the
@@ -178,6 +190,55 @@ func podStates(ctx context.Context, cs *kubernetes.Clientset) string {
 		}
 	}
 	return b.String()
+}
+
+// checkLeases: every leader of the chart holds its Lease in plinth-system with the lease
+// duration of the leaderElection value: Plinth's controller and move executor, the CSI
+// controller's four sidecars and the scheduler (7 Leases). Restarts of the chart's containers
+// so far are logged (MEASURE), the count leader step-downs would raise.
+func checkLeases(t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	var names []string
+	bad := map[string]string{}
+	poll(t, 5*time.Minute, 2*time.Second, "7 Leases in "+plinthNS, func() error {
+		leases, err := cs.CoordinationV1().Leases(plinthNS).List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		names = names[:0]
+		for _, l := range leases.Items {
+			if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+				continue // released
+			}
+			if d := l.Spec.LeaseDurationSeconds; d == nil || *d != guestLeaseSeconds {
+				bad[l.Name] = fmt.Sprint(d)
+			}
+			names = append(names, l.Name)
+		}
+		if len(names) < 7 {
+			return fmt.Errorf("held Leases %v", names)
+		}
+		return nil
+	})
+	if len(names) != 7 {
+		t.Errorf("held Leases in %s: %v, want 7 (controller, move executor, four sidecars, scheduler)", plinthNS, names)
+	}
+	for name, d := range bad {
+		t.Errorf("Lease %s: leaseDurationSeconds %s, want %d (the leaderElection value)", name, d, guestLeaseSeconds)
+	}
+	pods, err := cs.CoreV1().Pods(plinthNS).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restarts []string
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			if c.RestartCount > 0 {
+				restarts = append(restarts, fmt.Sprintf("%s/%s %d", p.Name, c.Name, c.RestartCount))
+			}
+		}
+	}
+	t.Logf("MEASURE container restarts in %s after install: %d containers %v", plinthNS, len(restarts), restarts)
 }
 
 // testHelmInstall: Expected: `helm lint` passes the chart; `helm install` of charts/plinth
@@ -264,6 +325,7 @@ func testHelmInstall(t *testing.T, s *scene) {
 		return nil
 	})
 	t.Logf("TIMING store Ready %s after helm install", time.Since(t0).Round(time.Millisecond))
+	checkLeases(t, cs)
 	for _, n := range nodes {
 		nqn := strings.TrimSpace(n.sh(t, time.Minute, "cat /etc/nvme/hostnqn"))
 		poll(t, 3*time.Minute, 2*time.Second, "node plugin registered on "+n.name, func() error {
