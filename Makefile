@@ -169,7 +169,7 @@ test-kernel-csi: kernel-assets testbin skipcheck ## csi-sanity against plinth cs
 # with setup). The timeout leaves CI's limit room to report a hang as a test failure with its
 # goroutines rather than as a killed run.
 GUESTNODE_CI_RUN := ^(TestEgress|TestGuestKubelet)$$/^(HandMade|HelmInstall|NVMeoFVolumeOnWorker|ShortLinkCutPausesIO|LongLinkCutFailsIOThenRestartRecovers|PodMovedRevokesTheOldHostFirst)$$
-GUESTNODE_CI_TIMEOUT ?= 40m
+GUESTNODE_CI_TIMEOUT ?= 45m
 
 test-kernel-guestnode: kernel-node-assets images skipcheck ## make test's two-guest phase, one boot of two backports guests: NVMe-oF with hand-made CSI calls (fencing, agent crash points, storage reboot, DH-HMAC-CHAP and key rotation, LUKS on the wire, snapshots), then kubelets joined to the host's control plane with the chart installed by helm from a registry (Flux applies the policy), an NVMe-oF volume through the worker's kubelet, link cuts and a pod move. The other kubelet steps run in test-kernel-guestnode-full.
 	PLINTH_TESTBIN=$(BIN) PLINTH_INTEGRATION=1 PLINTH_GUEST_KUBELET=1 go test -json -count=1 -timeout $(GUESTNODE_CI_TIMEOUT) -run '$(GUESTNODE_CI_RUN)' ./test/kernel/guestnode/ | $(SKIPCHECK) json -phase kernel-guestnode -dir $(SKIPS)
