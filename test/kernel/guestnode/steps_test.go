@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	storev1 "github.com/plinth-storage/plinth/schema/storage/v1alpha1"
@@ -588,6 +589,29 @@ func testLocalGrow(t *testing.T, s *scene) {
 	}
 }
 
+// runningSince: every pod of plinth-system on node is Running with each container ready and
+// started after since (none of them, or one not yet restarted, is an error naming it).
+func runningSince(ctx context.Context, cs kubernetes.Interface, node string, since time.Time) error {
+	pods, err := cs.CoreV1().Pods(plinthNS).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return err
+	}
+	if len(pods.Items) == 0 {
+		return fmt.Errorf("no pod of %s on %s", plinthNS, node)
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) == 0 {
+			return fmt.Errorf("pod %s on %s: %s", p.Name, node, p.Status.Phase)
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if r := c.State.Running; r == nil || !c.Ready || r.StartedAt.Time.Before(since) {
+				return fmt.Errorf("pod %s on %s: container %s not ready since %s (ready %v, state %+v)", p.Name, node, c.Name, since.Format(time.TimeOnly), c.Ready, c.State)
+			}
+		}
+	}
+	return nil
+}
+
 // testStorageReboot: Expected: the storage guest powers off (qemu ends: no clean shutdown)
 // while the writer pod on the worker writes to its NVMe-oF volume, and boots again on the same
 // disks; it joins again as the same Node (containerd's and kubelet's state went with its tmpfs
@@ -623,9 +647,14 @@ func testStorageReboot(t *testing.T, s *scene) {
 		t.Fatal(err)
 	}
 	startServiceForward(t, s.cs, []*node{st})
+	// Right after the join the workloads' status is still the one from before the power-off
+	// (every pod Ready), so rolled out alone proves nothing: each of the chart's pods on the
+	// node must run containers started after it went down.
 	poll(t, 10*time.Minute, 2*time.Second, "the chart's pods running again on "+st.name, func() error {
-		_, _, err := rolledOut(t.Context(), s.cs)
-		return err
+		if _, _, err := rolledOut(t.Context(), s.cs); err != nil {
+			return err
+		}
+		return runningSince(t.Context(), s.cs, st.name, down)
 	})
 	t.Logf("TIMING %s down → joined and rolled out again %s", st.name, time.Since(down).Round(time.Millisecond))
 	poll(t, 5*time.Minute, 2*time.Second, "the writer's export restored", func() error {
