@@ -198,8 +198,8 @@ func TestCSIMoveExecutorWiring(t *testing.T) {
 }
 
 // plinth csi --mode=controller, as the Deployment runs it (leader election in $NAMESPACE,
-// with the Lease timings its flags give), runs the move executor: a verified copy (status.move Copied) is switched to its target
-// Store by the process, with nothing else running.
+// with the Lease timings its flags give), runs the move executor: a verified copy (status.move
+// Copied) is switched to its target Store by the process, with nothing else running.
 func TestCSIControllerRunsTheMoveExecutor(t *testing.T) {
 	cp := crdtest.ControlPlane(t, controlplane.Options{})
 	ctx := t.Context()
