@@ -107,9 +107,6 @@ const guestReplicas = 1
 // OpenShift's for slow clusters; the install step checks every Lease carries them.
 var guestLeaderElection = map[string]string{"leaseDuration": "137s", "renewDeadline": "107s", "retryPeriod": "26s"}
 
-// guestLeaseSeconds is guestLeaderElection's lease duration in seconds, as a Lease records it.
-const guestLeaseSeconds = 137
-
 // startServiceForward points each guest's stand-in for cluster DNS at the key server
 // Service's ClusterIP (svcforward on keyServerHost's 127.0.0.1:keyServerPort), replacing the
 // forwarder a previous install started.
@@ -198,6 +195,12 @@ func podStates(ctx context.Context, cs *kubernetes.Clientset) string {
 // so far are logged (MEASURE), the count leader step-downs would raise.
 func checkLeases(t *testing.T, cs kubernetes.Interface) {
 	t.Helper()
+	// the value's lease duration in seconds, as a Lease records it
+	lease, err := time.ParseDuration(guestLeaderElection["leaseDuration"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSeconds := int32(lease / time.Second)
 	var names []string
 	bad := map[string]string{}
 	poll(t, 5*time.Minute, 2*time.Second, "7 Leases in "+plinthNS, func() error {
@@ -210,7 +213,7 @@ func checkLeases(t *testing.T, cs kubernetes.Interface) {
 			if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 				continue // released
 			}
-			if d := l.Spec.LeaseDurationSeconds; d == nil || *d != guestLeaseSeconds {
+			if d := l.Spec.LeaseDurationSeconds; d == nil || *d != wantSeconds {
 				bad[l.Name] = fmt.Sprint(d)
 			}
 			names = append(names, l.Name)
@@ -224,7 +227,7 @@ func checkLeases(t *testing.T, cs kubernetes.Interface) {
 		t.Errorf("held Leases in %s: %v, want 7 (controller, move executor, four sidecars, scheduler)", plinthNS, names)
 	}
 	for name, d := range bad {
-		t.Errorf("Lease %s: leaseDurationSeconds %s, want %d (the leaderElection value)", name, d, guestLeaseSeconds)
+		t.Errorf("Lease %s: leaseDurationSeconds %s, want %d (the leaderElection value)", name, d, wantSeconds)
 	}
 	pods, err := cs.CoreV1().Pods(plinthNS).List(t.Context(), metav1.ListOptions{})
 	if err != nil {
